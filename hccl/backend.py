@@ -1,0 +1,31 @@
+"""Registration of the "hccl" backend with ``torch.distributed``."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+__all__ = ["BACKEND_NAME", "register_backend", "create_process_group"]
+
+BACKEND_NAME = "hccl"
+
+
+def create_process_group(dist_backend_opts, backend_options=None):
+    """Creator called by ``init_process_group``/``new_group`` (extended API)."""
+    from .process_group import ProcessGroupHCCL
+
+    return ProcessGroupHCCL(
+        dist_backend_opts.store,
+        dist_backend_opts.group_rank,
+        dist_backend_opts.group_size,
+        dist_backend_opts.timeout,
+        str(dist_backend_opts.group_id),
+    )
+
+
+def register_backend() -> None:
+    """Register "hccl" for the cpu and hpu device types (idempotent)."""
+    if hasattr(dist.Backend, BACKEND_NAME.upper()):
+        return
+    dist.Backend.register_backend(
+        BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "hpu"]
+    )

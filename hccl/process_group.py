@@ -1,0 +1,471 @@
+"""``ProcessGroupHCCL``: the emulated "hccl" torch.distributed backend.
+
+Each method validates its arguments, hands flat contiguous buffers to the shared-memory
+engine (real bytes between processes), asks the timing model for the simulated duration
+from every rank's ready time, records the collective on the simulated device's collective
+stream and returns a completed :class:`~hccl.work.HcclWork`.
+
+Errors: a bad argument (unsupported dtype or reduce op, wrong number of tensors, root out of
+range) raises ``ValueError``/``TypeError`` on the calling rank before anything is sent; a
+mismatch between ranks (different sizes, dtypes, ops, roots or collective order) raises
+:class:`~hccl.shm_engine.CollectiveMismatchError` on every rank; a dead or failed peer
+raises :class:`~hccl.transport.shm.PeerFailure` and a peer that never arrives raises
+:class:`~hccl.transport.shm.HcclTimeoutError` after the group's timeout. After any of
+these the group is unusable and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import shm_engine as eng
+from hpu_runtime.bridge import bridge_disabled
+from hpu_runtime.device import get_device
+
+from .reduce_ops import check_dtype, reduce_op_code
+from .timing import collective_times
+from .transport.shm import ShmArena, ShmSegment
+from .work import CollectiveRecord, HcclWork
+
+__all__ = ["ProcessGroupHCCL", "HcclError"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_BUFFER_MB = 16
+
+
+class HcclError(RuntimeError):
+    """The process group cannot be used (an earlier collective failed)."""
+
+
+def _buffer_bytes() -> int:
+    raw = os.environ.get("HCCL_SHM_BUFFER_MB", str(_DEFAULT_BUFFER_MB))
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(f"HCCL_SHM_BUFFER_MB={raw!r} is not a number") from None
+    if not 0 < mb <= 4096:
+        raise ValueError(f"HCCL_SHM_BUFFER_MB={raw!r} must be in (0, 4096]")
+    return max(4096, int(mb * 1024 * 1024) // 64 * 64)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A flat contiguous view of ``t`` (or a contiguous copy, written back by the caller)."""
+    return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
+
+
+def _writeback(orig: torch.Tensor, flat: torch.Tensor) -> None:
+    if orig.numel() and flat.data_ptr() != orig.data_ptr():
+        orig.copy_(flat.view(orig.shape))
+
+
+class ProcessGroupHCCL(dist.ProcessGroup):
+    """The emulated HCCL backend for one group of ranks on one host.
+
+    Args:
+        store: the c10d store of the group (small metadata only, never tensor data).
+        rank: this process's rank in the group.
+        world_size: ranks in the group.
+        timeout: limit for any single wait on peers.
+        group_id: a name unique to the group (keys in the store, segment names).
+
+    Raises:
+        NotImplementedError: ranks of the group are on different hosts.
+        HcclTimeoutError: peers did not rendezvous within ``timeout``.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        timeout: timedelta = timedelta(minutes=5),
+        group_id: str = "",
+    ) -> None:
+        super().__init__(rank, world_size)
+        self._rank = rank
+        self._world_size = world_size
+        self._timeout_s = timeout.total_seconds() if timeout.total_seconds() > 0 else 300.0
+        self._seq = 0
+        self._error: str | None = None
+        self.history: list[CollectiveRecord] = []
+        self._history_limit = 100_000
+        self._device = get_device()  # the simulated card of this process
+        self._arena = self._rendezvous(store, group_id)
+
+    # ---- set-up -----------------------------------------------------------------------
+    def _rendezvous(self, store: dist.Store, group_id: str) -> ShmArena:
+        rank, n = self._rank, self._world_size
+        store.set_timeout(timedelta(seconds=self._timeout_s))
+        host = os.environ.get("HCCL_HOST_ID") or socket.gethostname()
+        if rank == 0:
+            store.set("hccl/token", secrets.token_hex(8))
+        token = store.get("hccl/token").decode()
+        store.set(f"hccl/host/{rank}", host)
+        hosts = [store.get(f"hccl/host/{r}").decode() for r in range(n)]
+        if len(set(hosts)) > 1:
+            raise NotImplementedError(
+                f"hccl: ranks of group {group_id!r} span hosts {sorted(set(hosts))}; this build only"
+                " has the shared-memory transport (one host)"
+            )
+        capacity = _buffer_bytes()
+        names = [f"hccl_{token}_{r}" for r in range(n)]
+        mine = ShmSegment(names[rank], capacity, create=True)
+        segments: list[ShmSegment] = []
+        try:
+            store.set(f"hccl/seg/{rank}", names[rank])
+            store.wait([f"hccl/seg/{r}" for r in range(n)], timedelta(seconds=self._timeout_s))
+            for r in range(n):
+                segments.append(mine if r == rank else ShmSegment(names[r], capacity, create=False))
+            arena = ShmArena(segments, rank, self._timeout_s)
+            # everyone has mapped everyone: the names are no longer needed
+            eng.barrier(arena, self._meta("barrier", 0, 0), "hccl rendezvous")
+        except BaseException:
+            for seg in segments or [mine]:
+                seg.close()
+            raise
+        mine.unlink()
+        return arena
+
+    # ---- plumbing ---------------------------------------------------------------------
+    def _meta(self, kind: str, dtype: int, numel: int, op: int = 0, root: int = 0, ready_ns: int = 0, x0: int = 0) -> list[int]:
+        return [self._seq, eng.KIND_CODES[kind], dtype, numel, op, root, ready_ns, x0, 0, 0, 0]
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise HcclError(f"hccl: process group is unusable after an earlier error: {self._error}")
+
+    def _check_root(self, root: int) -> None:
+        if not 0 <= root < self._world_size:
+            raise ValueError(f"hccl: root rank {root} out of range for world size {self._world_size}")
+
+    def _run(self, kind: str, nbytes: int, outputs: list[torch.Tensor], body) -> HcclWork:
+        """Run ``body(ready_ns, what) -> every rank's ready ns`` with error handling and timing."""
+        if self._error is not None:
+            self._check_usable()
+        seq = self._seq
+        what = f"{kind} #{seq}"
+        ready = self._device.collective_ready_ns()
+        try:
+            with bridge_disabled():
+                ready_all = body(ready, what)
+        except BaseException as exc:
+            self._error = f"{what}: {exc}"
+            if self._arena is not None:
+                self._arena.abort(f"{what}: {exc}")
+            raise
+        self._seq = seq + 1
+        start, end = collective_times(kind, nbytes, ready_all)
+        self._device.record_collective(what, start, end)
+        rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end)
+        if len(self.history) < self._history_limit:
+            self.history.append(rec)
+        return HcclWork(outputs, rec, self._device)
+
+    # ---- identity ---------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return "hccl"
+
+    @property
+    def last_collective(self) -> CollectiveRecord | None:
+        """The most recent collective's simulated record (None before the first)."""
+        return self.history[-1] if self.history else None
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupHCCL(rank={self._rank}, world_size={self._world_size})"
+
+    # ---- collectives ------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        """In place on each tensor of ``tensors``: reduce across ranks (SUM/AVG/MIN/MAX/PRODUCT)."""
+        op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        t = tensors[0]
+        dcode = check_dtype(t, "allreduce tensor")
+        flat = _flat(t)
+        nbytes = t.numel() * t.element_size()
+        run = eng.allreduce_small if nbytes <= eng.SMALL_BYTES else eng.allreduce
+
+        def body(ready, what):
+            ready_all = run(self._arena, flat, op, self._meta("allreduce", dcode, flat.numel(), op, 0, ready), what)
+            _writeback(t, flat)
+            return ready_all
+
+        return self._run("allreduce", nbytes, tensors, body)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """Allreduce several tensors of one dtype fused into one buffer (one collective)."""
+        op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if not tensors:
+            raise ValueError("hccl: allreduce_coalesced needs at least one tensor")
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise TypeError(f"hccl: allreduce_coalesced needs tensors of one dtype, got {sorted(map(str, dtypes))}")
+        dcode = check_dtype(tensors[0], "allreduce tensor")
+        with torch._C._DisableTorchDispatch():
+            flat = torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else _flat(tensors[0])
+
+        def body(ready, what):
+            ready_all = eng.allreduce(self._arena, flat, op, self._meta("allreduce", dcode, flat.numel(), op, 0, ready), what)
+            off = 0
+            for t in tensors:
+                n = t.numel()
+                if flat.data_ptr() != t.data_ptr() or len(tensors) > 1:
+                    t.copy_(flat[off : off + n].view(t.shape))
+                off += n
+            return ready_all
+
+        return self._run("allreduce", flat.numel() * flat.element_size(), tensors, body)
+
+    def reduce(self, tensors, opts=None):
+        """Reduce ``tensors[0]`` of every rank into root's ``tensors[0]``."""
+        op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root)
+        t = tensors[0]
+        dcode = check_dtype(t, "reduce tensor")
+        flat = _flat(t)
+
+        def body(ready, what):
+            ready_all = eng.reduce(self._arena, flat, op, root, self._meta("reduce", dcode, flat.numel(), op, root, ready), what)
+            if self._rank == root:
+                _writeback(t, flat)
+            return ready_all
+
+        return self._run("reduce", t.numel() * t.element_size(), tensors, body)
+
+    def broadcast(self, tensors, opts=None):
+        """Every rank's ``tensors[i]`` becomes root's (``opts.rootRank``)."""
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root)
+        for t in tensors:
+            check_dtype(t, "broadcast tensor")
+
+        def body(ready, what):
+            ready_all = None
+            for i, t in enumerate(tensors):
+                flat = _flat(t)
+                meta = self._meta("broadcast", check_dtype(t), flat.numel(), 0, root, ready, i)
+                ready_all = eng.broadcast(self._arena, flat, root, meta, what)
+                if self._rank != root:
+                    _writeback(t, flat)
+            return ready_all
+
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        return self._run("broadcast", nbytes, tensors, body)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        """``output_tensors[i][r]`` receives rank r's ``input_tensors[i]``."""
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError("hccl: allgather needs one output list per input tensor")
+        for outs, inp in zip(output_tensors, input_tensors):
+            if len(outs) != self._world_size:
+                raise ValueError(
+                    f"hccl: allgather output list has {len(outs)} tensors, expected world size {self._world_size}"
+                )
+            check_dtype(inp, "allgather input")
+            for o in outs:
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise ValueError(
+                        f"hccl: allgather output tensor ({o.numel()} x {o.dtype}) does not match the input"
+                        f" ({inp.numel()} x {inp.dtype})"
+                    )
+
+        def body(ready, what):
+            ready_all = None
+            for i, (outs, inp) in enumerate(zip(output_tensors, input_tensors)):
+                flats = [_flat(o) for o in outs]
+                meta = self._meta("allgather", check_dtype(inp), inp.numel(), 0, 0, ready, i)
+                ready_all = eng.allgather(self._arena, flats, _flat(inp), meta, what)
+                for o, f in zip(outs, flats):
+                    _writeback(o, f)
+            return ready_all
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors)
+        return self._run("allgather", nbytes, [o for outs in output_tensors for o in outs], body)
+
+    def _allgather_base(self, output, input, opts=None):
+        """``all_gather_into_tensor``: ``output`` (world_size x input) gets every rank's input."""
+        check_dtype(input, "allgather input")
+        if output.numel() != input.numel() * self._world_size or output.dtype != input.dtype:
+            raise ValueError(
+                f"hccl: all_gather_into_tensor output has {output.numel()} elements of {output.dtype},"
+                f" expected {input.numel() * self._world_size} of {input.dtype}"
+            )
+        out_flat = _flat(output)
+        m = input.numel()
+        views = [out_flat[r * m : (r + 1) * m] for r in range(self._world_size)]
+
+        def body(ready, what):
+            meta = self._meta("allgather", check_dtype(input), m, 0, 0, ready)
+            ready_all = eng.allgather(self._arena, views, _flat(input), meta, what)
+            _writeback(output, out_flat)
+            return ready_all
+
+        return self._run("allgather", m * input.element_size(), [output], body)
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        work = None
+        for o, i in zip(outputs, inputs):
+            work = self._allgather_base(o, i, opts)
+        return work
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """``output_tensors[i]`` = op over ranks of their ``input_tensors[i][this rank]``."""
+        op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError("hccl: reduce_scatter needs one input list per output tensor")
+        for out, ins in zip(output_tensors, input_tensors):
+            check_dtype(out, "reduce_scatter output")
+            if len(ins) != self._world_size:
+                raise ValueError(
+                    f"hccl: reduce_scatter input list has {len(ins)} tensors, expected world size {self._world_size}"
+                )
+            for t in ins:
+                if t.numel() != out.numel() or t.dtype != out.dtype:
+                    raise ValueError(
+                        f"hccl: reduce_scatter input tensor ({t.numel()} x {t.dtype}) does not match the output"
+                        f" ({out.numel()} x {out.dtype})"
+                    )
+
+        def body(ready, what):
+            ready_all = None
+            for i, (out, ins) in enumerate(zip(output_tensors, input_tensors)):
+                flat = _flat(out)
+                meta = self._meta("reduce_scatter", check_dtype(out), out.numel(), op, 0, ready, i)
+                ready_all = eng.reduce_scatter(self._arena, flat, [_flat(t) for t in ins], op, meta, what)
+                _writeback(out, flat)
+            return ready_all
+
+        nbytes = sum(o.numel() * o.element_size() * self._world_size for o in output_tensors)
+        return self._run("reduce_scatter", nbytes, output_tensors, body)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        """``reduce_scatter_tensor``: ``input`` holds world_size chunks of ``output``'s size."""
+        op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        dcode = check_dtype(output, "reduce_scatter output")
+        m = output.numel()
+        if input.numel() != m * self._world_size or input.dtype != output.dtype:
+            raise ValueError(
+                f"hccl: reduce_scatter_tensor input has {input.numel()} elements of {input.dtype},"
+                f" expected {m * self._world_size} of {output.dtype}"
+            )
+        in_flat = _flat(input)
+        chunks = [in_flat[r * m : (r + 1) * m] for r in range(self._world_size)]
+        flat = _flat(output)
+
+        def body(ready, what):
+            ready_all = eng.reduce_scatter(self._arena, flat, chunks, op, self._meta("reduce_scatter", dcode, m, op, 0, ready), what)
+            _writeback(output, flat)
+            return ready_all
+
+        return self._run("reduce_scatter", input.numel() * input.element_size(), [output], body)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        work = None
+        for o, i in zip(outputs, inputs):
+            work = self._reduce_scatter_base(o, i, opts)
+        return work
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """``output_tensors[q]`` receives rank q's ``input_tensors[this rank]``."""
+        n = self._world_size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"hccl: alltoall needs {n} input and {n} output tensors")
+        dtypes = {t.dtype for t in list(output_tensors) + list(input_tensors)}
+        if len(dtypes) != 1:
+            raise TypeError(f"hccl: alltoall tensors must share one dtype, got {sorted(map(str, dtypes))}")
+        dcode = check_dtype(output_tensors[0], "alltoall tensor")
+        outs = [_flat(t) for t in output_tensors]
+        ins = [_flat(t) for t in input_tensors]
+
+        def body(ready, what):
+            meta = self._meta("alltoall", dcode, 0, 0, 0, ready)
+            ready_all = eng.alltoall(self._arena, outs, ins, meta, what)
+            for t, f in zip(output_tensors, outs):
+                _writeback(t, f)
+            return ready_all
+
+        nbytes = sum(t.numel() * t.element_size() for t in input_tensors)
+        return self._run("alltoall", nbytes, list(output_tensors), body)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """``all_to_all_single``: split ``input`` along dim 0 by ``input_split_sizes`` (or evenly)."""
+        n = self._world_size
+        dcode = check_dtype(input, "all_to_all_single input")
+        if output.dtype != input.dtype:
+            raise TypeError("hccl: all_to_all_single input and output dtypes differ")
+        in_rows = input.shape[0] if input.dim() else 0
+        out_rows = output.shape[0] if output.dim() else 0
+        in_splits = list(input_split_sizes) or _even_splits(in_rows, n, "input")
+        out_splits = list(output_split_sizes) or _even_splits(out_rows, n, "output")
+        for name, splits, rows in (("input", in_splits, in_rows), ("output", out_splits, out_rows)):
+            if len(splits) != n:
+                raise ValueError(f"hccl: all_to_all_single {name} split sizes {splits} need {n} entries")
+            if sum(splits) != rows or any(s < 0 for s in splits):
+                raise ValueError(
+                    f"hccl: all_to_all_single {name} split sizes {splits} do not add up to dim 0 = {rows}"
+                )
+        row_in = input[0].numel() if in_rows else 0
+        row_out = output[0].numel() if out_rows else 0
+        in_flat, out_flat = _flat(input), _flat(output)
+        ins, outs, o1, o2 = [], [], 0, 0
+        for q in range(n):
+            ins.append(in_flat[o1 : o1 + in_splits[q] * row_in])
+            outs.append(out_flat[o2 : o2 + out_splits[q] * row_out])
+            o1 += in_splits[q] * row_in
+            o2 += out_splits[q] * row_out
+
+        def body(ready, what):
+            ready_all = eng.alltoall(self._arena, outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
+            _writeback(output, out_flat)
+            return ready_all
+
+        return self._run("alltoall", input.numel() * input.element_size(), [output], body)
+
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts=None):
+        """Wait for every rank (simulated: a small synchronisation on the collective stream)."""
+
+        def body(ready, what):
+            return eng.barrier(self._arena, self._meta("barrier", 0, 0, 0, 0, ready), what)
+
+        work = self._run("barrier", 0, [], body)
+        self._device.synchronize()
+        return work
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Release the shared-memory mappings (idempotent)."""
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None  # type: ignore[assignment]
+            if self._error is None:
+                self._error = "the process group was shut down"
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+def _even_splits(rows: int, n: int, name: str) -> list[int]:
+    if rows % n:
+        raise ValueError(f"hccl: all_to_all_single {name} dim 0 = {rows} is not divisible by world size {n}")
+    return [rows // n] * n

@@ -1,0 +1,274 @@
+"""Shared-memory transport: every rank of a host-local group maps every peer's segment.
+
+NOTE [shared-memory protocol]
+Each rank owns one segment: a 4 KiB control block followed by two data regions, ``A`` and
+``B``, of ``capacity`` bytes each. A rank only ever writes its own segment and reads its
+peers'. A collective runs as a sequence of *rounds*; finishing round ``k`` means writing
+``k`` into the control block's ``STATE`` word (a single aligned 8-byte store, published
+after the data writes: x86 stores are not reordered with older stores). Waiting for round
+``k`` means every peer's ``STATE >= k``.
+
+Every slice of a collective takes two rounds: round 1 publishes ``A`` (and, on a
+collective's first slice, the metadata words); round 2 says "I am done reading your ``A``
+and my ``B`` holds my part of the result". A rank rewrites ``A`` only after all peers
+passed round 2 of the previous slice, and rewrites ``B`` only after all peers passed round
+1 of the next slice, so one set of regions is enough and nothing is overwritten while
+still being read.
+
+Small messages take one round instead: data goes to ``S[round parity]`` and each rank
+reduces every peer's copy itself. A region of parity ``p`` is rewritten two rounds later,
+after every peer has signalled the round in between, which it only does once it finished
+reading. The metadata words are double-buffered by round parity in the same way.
+
+Nothing here is pickled: metadata is fixed-width int64 words. Segments live in
+``/dev/shm`` with mode 0600 under a name that contains a random per-job token, and each
+rank unlinks its own segment once every peer has mapped it, so a crash leaves no file.
+
+Every wait has a deadline; while waiting, peers are checked for death (their pid) and for
+an abort flag they raise when they fail, so a failure on one rank becomes a clear error on
+every rank instead of a hang.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE"]
+
+_MAGIC = 0x4843434C53484D31  # "HCCLSHM1"
+_CTRL_BYTES = 4096
+_MAGIC_W, _PID_W, _STATE_W, _ABORT_W = 0, 1, 2, 3
+_META_W = 8  # metadata slots start here: slot p (round parity) at _META_W + 16 * p
+#: names of the metadata words every rank publishes with a collective's first slice.
+META_FIELDS = ("seq", "kind", "dtype", "numel", "op", "root", "ready_ns", "x0", "x1", "x2", "x3")
+_N_META = len(META_FIELDS)
+#: bytes of each of the two small-message regions (one per round parity).
+SMALL_BYTES = 64 * 1024
+_REASON_OFF = 1024  # bytes: abort reason text (utf-8, NUL padded)
+_REASON_LEN = 1024
+_SHM_DIR = "/dev/shm"
+#: bytes per element of every dtype the transport moves.
+ITEMSIZE = {
+    d: torch.empty((), dtype=d).element_size()
+    for d in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8, torch.bool)
+}
+
+
+class HcclTimeoutError(RuntimeError):
+    """A wait on peers passed the process group's timeout."""
+
+
+class PeerFailure(RuntimeError):
+    """A peer died or aborted while this rank waited for it."""
+
+
+class ShmSegment:
+    """One rank's shared-memory segment (control block + regions ``A`` and ``B``).
+
+    Args:
+        name: file name under ``/dev/shm``.
+        capacity: bytes in each of the two data regions.
+        create: create the file (owner) or open an existing one (peer).
+    """
+
+    def __init__(self, name: str, capacity: int, *, create: bool) -> None:
+        self.name = name
+        self.path = os.path.join(_SHM_DIR, name)
+        self.capacity = capacity
+        size = _CTRL_BYTES + 2 * capacity + 2 * SMALL_BYTES
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            elif os.fstat(fd).st_size != size:
+                raise RuntimeError(
+                    f"hccl: shared-memory segment {name} has {os.fstat(fd).st_size} bytes,"
+                    f" expected {size}: peers disagree on HCCL_SHM_BUFFER_MB"
+                )
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._linked = create
+        self.ctrl = np.frombuffer(self._mm, dtype=np.int64, count=_CTRL_BYTES // 8)
+        raw = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self.a = raw[_CTRL_BYTES : _CTRL_BYTES + capacity]
+        self.b = raw[_CTRL_BYTES + capacity : _CTRL_BYTES + 2 * capacity]
+        s0 = _CTRL_BYTES + 2 * capacity
+        self.small = (raw[s0 : s0 + SMALL_BYTES], raw[s0 + SMALL_BYTES : s0 + 2 * SMALL_BYTES])
+        if create:
+            self.ctrl[_PID_W] = os.getpid()
+            self.ctrl[_MAGIC_W] = _MAGIC
+
+    # ---- control words -------------------------------------------------------------
+    @property
+    def state(self) -> int:
+        return int(self.ctrl[_STATE_W])
+
+    @property
+    def pid(self) -> int:
+        return int(self.ctrl[_PID_W])
+
+    @property
+    def aborted(self) -> bool:
+        return bool(self.ctrl[_ABORT_W])
+
+    def abort_reason(self) -> str:
+        raw = bytes(self._mm[_REASON_OFF : _REASON_OFF + _REASON_LEN])
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def set_abort(self, reason: str) -> None:
+        data = reason.encode("utf-8")[: _REASON_LEN - 1]
+        self._mm[_REASON_OFF : _REASON_OFF + _REASON_LEN] = data.ljust(_REASON_LEN, b"\0")
+        self.ctrl[_ABORT_W] = 1
+
+    def meta(self, parity: int) -> list[int]:
+        """The metadata words of slot ``parity`` (a list of ``len(META_FIELDS)`` ints)."""
+        base = _META_W + 16 * parity
+        return self.ctrl[base : base + _N_META].tolist()
+
+    def write_meta(self, values: Sequence[int], parity: int) -> None:
+        base = _META_W + 16 * parity
+        self.ctrl[base : base + _N_META] = values
+
+    def region(self, which: str, dtype: torch.dtype, numel: int, offset_elems: int = 0) -> torch.Tensor:
+        """A typed view of ``numel`` elements of region ``"a"`` or ``"b"``."""
+        raw = self.a if which == "a" else self.b
+        itemsize = ITEMSIZE[dtype]
+        start = offset_elems * itemsize
+        return raw[start : start + numel * itemsize].view(dtype)
+
+    def unlink(self) -> None:
+        """Remove the file name (mappings stay valid until closed)."""
+        if self._linked:
+            self._linked = False
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        self.unlink()
+        self.a = self.b = self.small = None  # type: ignore[assignment]
+        self.ctrl = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:  # a view is still alive somewhere; the OS reclaims at exit
+            pass
+
+
+class ShmArena:
+    """The segments of one process group on one host, and the round protocol over them.
+
+    Args:
+        segments: every rank's segment, indexed by group rank (``segments[rank]`` is ours).
+        rank: this process's group rank.
+        timeout_s: wall seconds any single wait may take before raising.
+    """
+
+    def __init__(self, segments: list[ShmSegment], rank: int, timeout_s: float) -> None:
+        self.segments = segments
+        self.rank = rank
+        self.me = segments[rank]
+        self.peers = [s for i, s in enumerate(segments) if i != rank]
+        self.peer_ranks = [i for i in range(len(segments)) if i != rank]
+        self.timeout_s = timeout_s
+        self.round = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.segments)
+
+    def signal(self) -> int:
+        """Finish the next round; returns its number."""
+        self.round += 1
+        self.me.ctrl[_STATE_W] = self.round
+        return self.round
+
+    def wait_all(self, what: str) -> None:
+        """Block until every peer finished the current round.
+
+        Raises:
+            PeerFailure: a peer aborted or its process is gone.
+            HcclTimeoutError: a peer did not arrive within ``timeout_s`` wall seconds.
+        """
+        target = self.round
+        pending = [i for i, s in enumerate(self.peers) if s.ctrl[_STATE_W] < target]
+        if not pending:
+            return
+        start = time.monotonic()
+        spins = 0
+        next_check = start + 0.05
+        delay = 0.0
+        while True:
+            pending = [i for i in pending if self.peers[i].ctrl[_STATE_W] < target]
+            if not pending:
+                return
+            spins += 1
+            if spins > 2000:
+                # back off: yield first, then sleep with a growing delay (max 1 ms)
+                if delay:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1e-3)
+                else:
+                    os.sched_yield()
+                    if spins > 4000:
+                        delay = 2e-5
+            now = time.monotonic() if spins % 64 == 0 or delay else 0.0
+            if now and now >= next_check:
+                next_check = now + 0.05
+                self._check_peers(pending, what)
+                if now - start > self.timeout_s:
+                    late = ", ".join(str(self.peer_ranks[i]) for i in pending)
+                    raise HcclTimeoutError(
+                        f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s in {what}"
+                        f" waiting for rank(s) {late}"
+                    )
+
+    def _check_peers(self, pending: list[int], what: str) -> None:
+        for i, seg in enumerate(self.peers):
+            r = self.peer_ranks[i]
+            if seg.aborted:
+                raise PeerFailure(
+                    f"hccl: rank {r} aborted while rank {self.rank} was in {what}: {seg.abort_reason()}"
+                )
+        for i in pending:
+            pid = self.peers[i].pid
+            if not _pid_alive(pid):
+                raise PeerFailure(
+                    f"hccl: rank {self.peer_ranks[i]} (pid {pid}) died while rank {self.rank} was in {what}"
+                )
+
+    def abort(self, reason: str) -> None:
+        """Tell every peer this rank failed (they raise PeerFailure instead of timing out)."""
+        self.me.set_abort(reason)
+
+    def unlink_own(self) -> None:
+        self.me.unlink()
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as dead
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ", 1)[1][:1] != b"Z"
+    except (OSError, IndexError):
+        return True

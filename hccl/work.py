@@ -1,0 +1,83 @@
+"""Work handles returned by the emulated HCCL process group.
+
+The shared-memory transport completes a collective's data movement before the call returns,
+so a :class:`HcclWork` is born complete: its future already holds the output tensors (DDP
+reads them through ``get_future()``). What is *not* complete yet, in simulated time, is the
+collective on the simulated collective stream; ``wait()`` therefore makes the simulated
+compute stream wait for the collective's end, as ``work.wait()`` on Gaudi blocks the compute
+stream (not the host) until the collective finishes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+__all__ = ["CollectiveRecord", "HcclWork"]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRecord:
+    """One collective as the simulated timeline saw it.
+
+    Attributes:
+        seq: per-group sequence number (0-based).
+        kind: collective name (allreduce, broadcast, allgather, ...).
+        nbytes: bytes of this rank's buffer the timing model was given.
+        start_ns, end_ns: simulated collective-stream interval, ns.
+        algorithm: algorithm the timing model used.
+    """
+
+    seq: int
+    kind: str
+    nbytes: int
+    start_ns: int
+    end_ns: int
+    algorithm: str = "simple"
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+class HcclWork(dist.Work):
+    """A finished collective (see module docstring)."""
+
+    def __init__(self, outputs: list[torch.Tensor], record: CollectiveRecord, device) -> None:
+        super().__init__()
+        self._outputs = outputs
+        self.record = record
+        self._device = device
+        self._future: Future = Future()
+        self._future.set_result(outputs)
+
+    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - data already moved
+        """Make the simulated compute stream wait for this collective's end; returns True."""
+        if self._device is not None:
+            self._device.stream_wait(self.record.end_ns)
+        return True
+
+    def get_future(self) -> Future:
+        """A completed ``torch.futures.Future`` whose value is the list of output tensors."""
+        return self._future
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return -1
+
+    def synchronize(self) -> None:
+        self.wait()

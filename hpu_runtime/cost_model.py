@@ -1,0 +1,105 @@
+"""Per-op roofline cost on a simulated Gaudi.
+
+``device time = max(flops / (peak x efficiency), bytes / (HBM bandwidth x efficiency))``,
+where matmul-like ops (those ``torch.utils.flop_counter`` has a FLOP formula for: mm,
+addmm, bmm, convolution, attention, ...) run on the MME and everything else on the TPC at
+one FLOP per output element. Peak rates depend on the dtype (bf16/fp16 vs fp32). All
+constants come from a :class:`~hpu_runtime.device_spec.DeviceSpec`; results are simulated
+nanoseconds, not measured time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from .device_spec import DeviceSpec
+
+__all__ = ["OpCost", "op_cost", "op_time_ns", "tensor_bytes"]
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@dataclass(slots=True)
+class OpCost:
+    """What one aten op costs on the device.
+
+    Attributes:
+        name: aten op name, e.g. ``"aten.mm.default"``.
+        engine: ``"MME"`` (matrix engine) or ``"TPC"`` (vector cores).
+        flops: floating-point operations.
+        bytes_in: bytes read from HBM by the op (all tensor inputs).
+        bytes_out: bytes written to HBM (all tensor outputs).
+        low_precision: the op computes in bf16/fp16/fp8 (faster peak rate).
+        device_ns: roofline time, simulated ns.
+    """
+
+    name: str
+    engine: str
+    flops: int
+    bytes_in: int
+    bytes_out: int
+    low_precision: bool
+    device_ns: int
+
+
+def tensor_bytes(obj: object) -> int:
+    """Bytes of every tensor in ``obj`` (a tensor, or a flat list/tuple of them)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        total = 0
+        for item in obj:
+            if isinstance(item, torch.Tensor):
+                total += item.numel() * item.element_size()
+        return total
+    return 0
+
+
+def _first_dtype(args: tuple, out: object) -> torch.dtype | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.dtype
+    if isinstance(out, torch.Tensor):
+        return out.dtype
+    return None
+
+
+def op_time_ns(spec: DeviceSpec, engine: str, flops: int, nbytes: int, low_precision: bool) -> int:
+    """Roofline time in simulated ns for the given work on ``spec``."""
+    if engine == "MME":
+        peak = spec.mme_bf16_flops_per_s if low_precision else spec.mme_fp32_flops_per_s
+        eff = spec.mme_efficiency
+    else:
+        peak = spec.tpc_bf16_flops_per_s if low_precision else spec.tpc_fp32_flops_per_s
+        eff = spec.tpc_efficiency
+    compute_s = flops / (peak * eff)
+    memory_s = nbytes / (spec.hbm_bytes_per_s * spec.hbm_efficiency)
+    return int(max(compute_s, memory_s) * 1e9)
+
+
+def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> OpCost:
+    """Cost of one dispatched aten op (``func(*args, **kwargs) -> out``) on ``spec``."""
+    packet = func._overloadpacket
+    bytes_in = sum(tensor_bytes(a) for a in args)
+    bytes_out = tensor_bytes(out)
+    dtype = _first_dtype(args, out)
+    low = dtype in _LOW_PRECISION
+    formula = flop_registry.get(packet)
+    if formula is not None:
+        engine = "MME"
+        flops = int(formula(*args, **kwargs, out_val=out))
+    else:
+        engine = "TPC"
+        flops = out.numel() if isinstance(out, torch.Tensor) else 0
+    return OpCost(
+        name=str(func),
+        engine=engine,
+        flops=flops,
+        bytes_in=bytes_in,
+        bytes_out=bytes_out,
+        low_precision=low,
+        device_ns=op_time_ns(spec, engine, flops, bytes_in + bytes_out, low),
+    )

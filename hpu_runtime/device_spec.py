@@ -1,0 +1,254 @@
+"""Hardware constants of the simulated Gaudi devices, one frozen spec per generation.
+
+Every number carries its unit in the field name and its source in a comment. Numbers that
+come from public Intel material are marked "source"; numbers that no public document gives
+(efficiencies, host-side costs, compile times) are marked "modelling assumption" and are
+meant to be tuned, not trusted.
+
+Sources used below:
+
+* [HC24] Intel, "Intel Gaudi 3 AI Accelerator: Architected for Gen AI Training and
+  Inference", Hot Chips 2024 (R. Kaplan). Generation table: peak BF16 60 / 432 / 1835
+  TFLOP/s, HBM 32 / 96 / 128 GB, peak HBM bandwidth 0.9 TB/s / 2.46 TB/s / 3.67 TB/s, peak
+  PCIe bandwidth 64 / 64 / 128 GB/s bidirectional; Gaudi 3: BF16 vector 28.7 TFLOP/s,
+  8 MME, 64 TPC, PCIe Gen5 x16.
+* [GS] Seed "Getting Started with Gaudi": first-generation Gaudi has 4 HBM stacks, 32 GB,
+  1 TB/s; PCIe Gen3/Gen4 host interface.
+* [DESIGN6] /work/shared/DESIGN.md section 6 (TPC / MME counts 8/1, 24/2, 64/8).
+* [TPC] Intel Gaudi docs, TPC User Guide: 2048-bit SIMD, per cycle 64 fp32 lanes or 128
+  16-bit lanes, so the vector fp32 rate is half the bf16 rate.
+* [G3SPEC] Public Gaudi 3 spec listings derived from Intel's Gaudi 3 white paper: FP32
+  matrix 229.38 TFLOP/s (1/8 of BF16), FP32 vector 14.35 TFLOP/s.
+* [MAMF] S. Bekman, ml-engineering "maximum achievable matmul FLOPS" table: Gaudi 2
+  reaches ~99% of peak BF16 on large square matmuls; end-to-end LLM training reports
+  (Databricks, MPT-7B on Gaudi 2: ~260 of 432 TFLOP/s) are nearer 60%.
+
+HBM capacities use binary units (GiB): HBM stacks are built from power-of-two dies, and the
+marketing "32 GB" is 4 stacks x 8 GiB.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["DeviceSpec", "DEVICE_SPECS", "get_device_spec"]
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+_TERA = 1e12
+_GIGA = 1e9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceSpec:
+    """Constants of one simulated Gaudi card.
+
+    Rates are peak (data-sheet) rates; the ``*_efficiency`` fields give the achievable
+    fraction the cost model applies. Times are integer nanoseconds of simulated time, not
+    measured time.
+
+    Raises:
+        ValueError: from ``__post_init__`` if a field is missing a sensible value (empty
+            name, non-positive rate or count, efficiency outside (0, 1], negative time,
+            or an fp32 rate above the matching bf16 rate).
+    """
+
+    name: str
+    """Generation name: "gaudi", "gaudi2" or "gaudi3" (free text for custom specs)."""
+    hbm_bytes: int
+    """HBM capacity in bytes."""
+    hbm_bytes_per_s: float
+    """Peak HBM bandwidth in bytes per second."""
+    mme_bf16_flops_per_s: float
+    """Peak dense matmul rate of all MMEs together in bf16, FLOP/s."""
+    mme_fp32_flops_per_s: float
+    """Peak dense matmul rate of all MMEs together in fp32, FLOP/s."""
+    tpc_bf16_flops_per_s: float
+    """Peak vector rate of all TPCs together in bf16, FLOP/s."""
+    tpc_fp32_flops_per_s: float
+    """Peak vector rate of all TPCs together in fp32, FLOP/s."""
+    mme_efficiency: float
+    """Achievable fraction of the MME peak, in (0, 1]."""
+    tpc_efficiency: float
+    """Achievable fraction of the TPC peak, in (0, 1]."""
+    hbm_efficiency: float
+    """Achievable fraction of the HBM peak bandwidth, in (0, 1]."""
+    pcie_bytes_per_s: float
+    """Host<->device copy bandwidth in one direction, bytes per second."""
+    host_op_ns: int
+    """Lazy mode: host time to accumulate one op into the pending graph, ns."""
+    eager_op_launch_ns: int
+    """Eager mode: host time to launch one op, ns."""
+    graph_launch_ns: int
+    """Time to launch a compiled recipe on the device, ns."""
+    compile_base_ns: int
+    """Fixed part of a simulated graph compile, ns (compile = base + per_op x n_ops)."""
+    compile_per_op_ns: int
+    """Per-op part of a simulated graph compile, ns."""
+    num_tpc: int
+    """Number of TPC (vector) cores."""
+    num_mme: int
+    """Number of MME (matrix) engines."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"DeviceSpec.name must be a non-empty string, got {self.name!r}")
+        for field in ("hbm_bytes", "host_op_ns", "eager_op_launch_ns", "graph_launch_ns",
+                      "compile_base_ns", "compile_per_op_ns", "num_tpc", "num_mme"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(
+                    f"DeviceSpec({self.name}).{field} must be an int, got {value!r}")
+        for field in ("hbm_bytes", "num_tpc", "num_mme"):
+            if getattr(self, field) <= 0:
+                raise ValueError(
+                    f"DeviceSpec({self.name}).{field} must be > 0, got {getattr(self, field)}")
+        for field in ("host_op_ns", "eager_op_launch_ns", "graph_launch_ns",
+                      "compile_base_ns", "compile_per_op_ns"):
+            if getattr(self, field) < 0:
+                raise ValueError(
+                    f"DeviceSpec({self.name}).{field} is a time in ns and must be >= 0, "
+                    f"got {getattr(self, field)}")
+        for field in ("hbm_bytes_per_s", "mme_bf16_flops_per_s", "mme_fp32_flops_per_s",
+                      "tpc_bf16_flops_per_s", "tpc_fp32_flops_per_s", "pcie_bytes_per_s"):
+            value = getattr(self, field)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not value > 0 or value == float("inf")):
+                raise ValueError(
+                    f"DeviceSpec({self.name}).{field} must be a finite rate > 0, got {value!r}")
+        for field in ("mme_efficiency", "tpc_efficiency", "hbm_efficiency"):
+            value = getattr(self, field)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not 0.0 < value <= 1.0):
+                raise ValueError(
+                    f"DeviceSpec({self.name}).{field} is a fraction of peak and must be in "
+                    f"(0, 1], got {value!r}")
+        if self.mme_fp32_flops_per_s > self.mme_bf16_flops_per_s:
+            raise ValueError(
+                f"DeviceSpec({self.name}): mme_fp32_flops_per_s ({self.mme_fp32_flops_per_s:g}) "
+                f"exceeds mme_bf16_flops_per_s ({self.mme_bf16_flops_per_s:g})")
+        if self.tpc_fp32_flops_per_s > self.tpc_bf16_flops_per_s:
+            raise ValueError(
+                f"DeviceSpec({self.name}): tpc_fp32_flops_per_s ({self.tpc_fp32_flops_per_s:g}) "
+                f"exceeds tpc_bf16_flops_per_s ({self.tpc_bf16_flops_per_s:g})")
+
+
+# NOTE [TPC rates of Gaudi and Gaudi 2]: Intel publishes the aggregate vector rate only for
+# Gaudi 3 (28.7 TFLOP/s bf16 over 64 TPCs, [HC24]), i.e. ~0.448 TFLOP/s per TPC. For the
+# older generations we assume the same per-TPC rate times the TPC count (modelling
+# assumption); fp32 is half of bf16 in every generation ([TPC]: 64 fp32 vs 128 16-bit lanes).
+_TPC_BF16_PER_CORE_FLOPS_PER_S = 28.7 * _TERA / 64  # [HC24] / [DESIGN6]
+# NOTE [MME fp32 rate]: [G3SPEC] lists Gaudi 3 fp32 matmul at 1/8 of bf16. We apply the same
+# ratio to Gaudi and Gaudi 2 (modelling assumption; no public fp32 MME figure found).
+_MME_FP32_OVER_BF16 = 1.0 / 8.0
+
+# Shared modelling assumptions (no public source; tune against real measurements).
+_MME_EFFICIENCY = 0.80   # between [MAMF] ~0.99 on ideal shapes and ~0.6 end-to-end
+_TPC_EFFICIENCY = 0.70   # assumption: vector kernels rarely reach peak
+_HBM_EFFICIENCY = 0.85   # assumption: typical achievable fraction of HBM peak
+_HOST_OP_NS = 6_000              # assumption: lazy-mode bridge cost to record one op
+_EAGER_OP_LAUNCH_NS = 30_000     # assumption: eager op = build + compile-cached + launch
+_GRAPH_LAUNCH_NS = 20_000        # assumption: enqueue one recipe
+_COMPILE_BASE_NS = 150_000_000   # assumption: graph compile fixed cost, 150 ms
+_COMPILE_PER_OP_NS = 2_000_000   # assumption: 2 ms per op in the graph
+
+GAUDI = DeviceSpec(
+    name="gaudi",
+    hbm_bytes=32 * _GIB,                    # [GS], [HC24]: 32 GB (4 HBM2 stacks)
+    hbm_bytes_per_s=1.0 * _TERA,            # [GS]: 1 TB/s ([HC24] gives 0.9 TB/s peak)
+    mme_bf16_flops_per_s=60 * _TERA,        # [HC24]: peak BF16 60 TFLOP/s
+    mme_fp32_flops_per_s=60 * _TERA * _MME_FP32_OVER_BF16,   # assumption, see NOTE
+    tpc_bf16_flops_per_s=8 * _TPC_BF16_PER_CORE_FLOPS_PER_S,  # assumption, see NOTE
+    tpc_fp32_flops_per_s=8 * _TPC_BF16_PER_CORE_FLOPS_PER_S / 2,  # [TPC] half of bf16
+    mme_efficiency=_MME_EFFICIENCY,
+    tpc_efficiency=_TPC_EFFICIENCY,
+    hbm_efficiency=_HBM_EFFICIENCY,
+    pcie_bytes_per_s=32 * _GIGA,            # [HC24]: 64 GB/s bidirectional (PCIe Gen4 x16)
+    host_op_ns=_HOST_OP_NS,
+    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
+    graph_launch_ns=_GRAPH_LAUNCH_NS,
+    compile_base_ns=_COMPILE_BASE_NS,
+    compile_per_op_ns=_COMPILE_PER_OP_NS,
+    num_tpc=8,                              # [DESIGN6]
+    num_mme=1,                              # [DESIGN6]
+)
+
+GAUDI2 = DeviceSpec(
+    name="gaudi2",
+    hbm_bytes=96 * _GIB,                    # [HC24]: 96 GB (6 HBM2E stacks)
+    hbm_bytes_per_s=2.46 * _TERA,           # [HC24]: 2.46 TB/s
+    mme_bf16_flops_per_s=432 * _TERA,       # [HC24]: peak BF16 432 TFLOP/s
+    mme_fp32_flops_per_s=432 * _TERA * _MME_FP32_OVER_BF16,  # assumption, see NOTE
+    tpc_bf16_flops_per_s=24 * _TPC_BF16_PER_CORE_FLOPS_PER_S,  # assumption, see NOTE
+    tpc_fp32_flops_per_s=24 * _TPC_BF16_PER_CORE_FLOPS_PER_S / 2,  # [TPC] half of bf16
+    mme_efficiency=_MME_EFFICIENCY,
+    tpc_efficiency=_TPC_EFFICIENCY,
+    hbm_efficiency=_HBM_EFFICIENCY,
+    pcie_bytes_per_s=32 * _GIGA,            # [HC24]: 64 GB/s bidirectional (PCIe Gen4 x16)
+    host_op_ns=_HOST_OP_NS,
+    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
+    graph_launch_ns=_GRAPH_LAUNCH_NS,
+    compile_base_ns=_COMPILE_BASE_NS,
+    compile_per_op_ns=_COMPILE_PER_OP_NS,
+    num_tpc=24,                             # [DESIGN6]
+    num_mme=2,                              # [DESIGN6]
+)
+
+GAUDI3 = DeviceSpec(
+    name="gaudi3",
+    hbm_bytes=128 * _GIB,                   # [HC24]: 128 GB (8 HBM2E stacks)
+    hbm_bytes_per_s=3.67 * _TERA,           # [HC24]: 3.67 TB/s
+    mme_bf16_flops_per_s=1835 * _TERA,      # [HC24]: BF16 matrix 1835 TFLOP/s
+    mme_fp32_flops_per_s=1835 * _TERA * _MME_FP32_OVER_BF16,  # [G3SPEC]: 229.38 TFLOP/s
+    tpc_bf16_flops_per_s=28.7 * _TERA,      # [HC24]: BF16 vector 28.7 TFLOP/s
+    tpc_fp32_flops_per_s=28.7 * _TERA / 2,  # [G3SPEC]: 14.35 TFLOP/s; [TPC]
+    mme_efficiency=_MME_EFFICIENCY,
+    tpc_efficiency=_TPC_EFFICIENCY,
+    hbm_efficiency=_HBM_EFFICIENCY,
+    pcie_bytes_per_s=64 * _GIGA,            # [HC24]: PCIe Gen5 x16, 128 GB/s bidirectional
+    host_op_ns=_HOST_OP_NS,
+    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
+    graph_launch_ns=_GRAPH_LAUNCH_NS,
+    compile_base_ns=_COMPILE_BASE_NS,
+    compile_per_op_ns=_COMPILE_PER_OP_NS,
+    num_tpc=64,                             # [HC24], [DESIGN6]
+    num_mme=8,                              # [HC24], [DESIGN6]
+)
+
+DEVICE_SPECS: Mapping[str, DeviceSpec] = types.MappingProxyType(
+    {spec.name: spec for spec in (GAUDI, GAUDI2, GAUDI3)})
+"""Read-only map from canonical generation name to its spec."""
+
+# Server names used in the Gaudi docs (HLS-1, HLS-Gaudi2/HLS-2, HLS-3) map to the card.
+_ALIASES: Mapping[str, str] = types.MappingProxyType({
+    "gaudi": "gaudi", "gaudi1": "gaudi", "hls1": "gaudi", "hls-1": "gaudi",
+    "gaudi2": "gaudi2", "hls2": "gaudi2", "hls-2": "gaudi2", "hls-gaudi2": "gaudi2",
+    "gaudi3": "gaudi3", "hls3": "gaudi3", "hls-3": "gaudi3",
+})
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """Return the spec of a Gaudi generation.
+
+    Args:
+        name: "gaudi", "gaudi2", "gaudi3" or a server name "hls1", "hls2", "hls3"
+            (case-insensitive; "gaudi1" and hyphenated "hls-1" forms are accepted too).
+
+    Returns:
+        The shared, frozen ``DeviceSpec``. Use ``dataclasses.replace`` to vary a field.
+
+    Raises:
+        ValueError: if the name is not a known generation; the message lists valid names.
+    """
+    key = name.strip().lower() if isinstance(name, str) else None
+    canonical = _ALIASES.get(key) if key is not None else None
+    if canonical is None:
+        raise ValueError(
+            f"unknown Gaudi device {name!r}; valid names: gaudi, gaudi2, gaudi3 "
+            f"(or hls1, hls2, hls3)")
+    return DEVICE_SPECS[canonical]
+

@@ -1,0 +1,579 @@
+"""Recipe cache: compiled graphs keyed by their graph key, in memory and optionally on disk.
+
+A *recipe* is what the Gaudi graph compiler produces for one graph. Here a recipe is a small
+record (op count, simulated compile and device time, free-form JSON metadata); what matters
+for the emulator is whether a graph was seen before, because a miss costs a simulated
+compile and a hit does not.
+
+Two levels:
+
+* ``RecipeCache``: in-process map from a hashable graph key to a ``Recipe``, counting hits
+  and misses. If a ``DiskRecipeCache`` is attached and the caller gives a stable digest of
+  the key, a memory miss falls through to disk and every insert is also stored on disk.
+* ``DiskRecipeCache``: the ``PT_HPU_RECIPE_CACHE_CONFIG=path,clear_at_start,size_MB``
+  directory shared by processes. See NOTE [disk recipe cache protocol].
+
+NOTE [disk recipe cache protocol]:
+    * One file per recipe, named ``<sha256 hex of the digest>.recipe``. Content: a fixed
+      binary header (magic, format version, payload length, CRC-32 of the payload, the
+      32-byte name digest) followed by a UTF-8 JSON payload. Never pickle.
+    * Files are written to a temporary name in the same directory and renamed into place
+      (``os.replace`` is atomic), so a reader sees a complete file or none.
+    * Writers serialise on ``fcntl.flock(LOCK_EX)`` of ``eviction.lock`` in the directory.
+      Holding the lock, a writer first evicts the oldest recipes (by mtime, then name) until
+      the existing recipes plus the new one fit in 0.99 x size_MB, then writes. The
+      directory's recipe bytes therefore never exceed the limit, even transiently, and after
+      every store they are at most 0.99 x size_MB. Readers take no lock.
+    * Stores and eviction run on one background thread per ``DiskRecipeCache``;
+      ``flush()``/``close()`` wait for it with a timeout. ``close()`` also runs at exit.
+    * A file that is truncated, has a bad magic/version/CRC, names another digest or holds
+      invalid JSON is a miss with a ``logging`` warning, never an exception. A file that
+      vanished (evicted by another process) is a silent miss.
+    * size_MB is in MiB (1 MB = 1,048,576 bytes) and may be fractional.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import uuid
+import zlib
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENV_VAR",
+    "EVICTION_LOCK_NAME",
+    "RECIPE_SUFFIX",
+    "DiskRecipeCache",
+    "Recipe",
+    "RecipeCache",
+    "RecipeCacheConfig",
+    "RecipeCacheStats",
+    "RecipeFormatError",
+    "decode_recipe",
+    "digest_of",
+    "encode_recipe",
+    "parse_recipe_cache_config",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
+EVICTION_LOCK_NAME = "eviction.lock"
+RECIPE_SUFFIX = ".recipe"
+_TMP_PREFIX = ".tmp-"
+_BYTES_PER_MB = 1 << 20
+_EVICT_TO_FRACTION = 0.99
+
+_MAGIC = b"HPURCPE\x00"
+_FORMAT_VERSION = 1
+# magic (8s), version (H), reserved (H), payload length (I), crc32 (I), digest (32s)
+_HEADER = struct.Struct("<8sHHII32s")
+
+
+class RecipeFormatError(ValueError):
+    """A recipe file's bytes are not a valid recipe record."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    """One compiled graph, as far as the simulation needs it.
+
+    Not hashable in general (``meta`` is a dict); compare with ``==``.
+    """
+
+    n_ops: int
+    """Number of ops in the graph."""
+    compile_ns: int = 0
+    """Simulated compile time charged when this recipe was built, ns."""
+    device_ns: int = 0
+    """Simulated device time of one launch, ns (0 if the caller does not store it)."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """JSON-serialisable extra data (e.g. op names); must survive ``json`` round trip."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_ops", "compile_ns", "device_ns"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Recipe.{name} must be an int >= 0, got {value!r}")
+        if not isinstance(self.meta, Mapping):
+            raise ValueError(f"Recipe.meta must be a mapping, got {type(self.meta).__name__}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecipeCacheConfig:
+    """Parsed ``PT_HPU_RECIPE_CACHE_CONFIG``."""
+
+    path: Path
+    """Cache directory (created if missing)."""
+    clear_at_start: bool
+    """Delete existing recipes when the cache is opened."""
+    size_mb: float
+    """Directory size limit in MiB (> 0)."""
+    on_nfs: bool = False
+    """Gaudi's optional RECIPE_CACHE_ON_NFS flag; recorded only (flock is used regardless)."""
+
+    def __post_init__(self) -> None:
+        if not str(self.path):
+            raise ValueError(f"{ENV_VAR}: the cache path is empty")
+        if not isinstance(self.size_mb, (int, float)) or isinstance(self.size_mb, bool) \
+                or not 0 < self.size_mb < float("inf"):
+            raise ValueError(f"{ENV_VAR}: size_MB must be a number > 0, got {self.size_mb!r}")
+
+    @property
+    def size_bytes(self) -> int:
+        """The limit in bytes."""
+        return int(self.size_mb * _BYTES_PER_MB)
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _parse_bool(text: str, what: str, value: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(
+        f"{ENV_VAR}={value!r} is malformed: {what} must be true or false, got {text!r}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_recipe_cache_config(value: str) -> RecipeCacheConfig | None:
+    """Parse the Gaudi ``PT_HPU_RECIPE_CACHE_CONFIG`` value.
+
+    Format: ``path,clear_at_start,size_MB`` with an optional fourth field
+    ``recipe_cache_on_nfs`` (true/false, accepted and recorded, not otherwise used), as in
+    the Gaudi "Runtime Environment Variables" page. The path may contain commas; the
+    trailing fields are split off from the right. An empty path means disk caching is
+    disabled (recent Gaudi releases default to ``,false,1024,false``).
+
+    Args:
+        value: e.g. ``"/tmp/recipes,false,1024"``.
+
+    Returns:
+        The config, or None if the path is empty.
+
+    Raises:
+        ValueError: naming ``PT_HPU_RECIPE_CACHE_CONFIG`` if the value is malformed.
+    """
+    parts = value.split(",")
+    on_nfs = False
+    if (len(parts) >= 4 and parts[-1].strip().lower() in _TRUE | _FALSE
+            and _is_number(parts[-2].strip())):
+        on_nfs = _parse_bool(parts[-1], "recipe_cache_on_nfs", value)
+        parts = parts[:-1]
+    if len(parts) < 3:
+        raise ValueError(
+            f"{ENV_VAR}={value!r} is malformed: expected 'path,clear_at_start,size_MB', "
+            f"e.g. '/tmp/recipe_cache,false,1024'")
+    path = ",".join(parts[:-2]).strip()
+    clear_at_start = _parse_bool(parts[-2], "clear_at_start", value)
+    size = parts[-1].strip()
+    if not _is_number(size):
+        raise ValueError(
+            f"{ENV_VAR}={value!r} is malformed: size_MB must be a number, got {size!r}")
+    size_mb = float(size)
+    if not 0 < size_mb < float("inf"):
+        raise ValueError(f"{ENV_VAR}={value!r} is malformed: size_MB must be > 0, got {size!r}")
+    if not path:
+        return None
+    return RecipeCacheConfig(path=Path(path), clear_at_start=clear_at_start, size_mb=size_mb,
+                             on_nfs=on_nfs)
+
+
+def digest_of(data: bytes | str) -> bytes:
+    """Stable 32-byte digest (SHA-256) of a graph key's canonical bytes or text."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).digest()
+
+
+def _name_digest(digest: bytes) -> bytes:
+    """Normalise a caller's digest of any length to the 32 bytes used for file names."""
+    if not isinstance(digest, (bytes, bytearray)) or not digest:
+        raise ValueError(f"a recipe digest must be non-empty bytes, got {digest!r}")
+    return bytes(digest) if len(digest) == 32 else hashlib.sha256(digest).digest()
+
+
+def encode_recipe(digest: bytes, recipe: Recipe) -> bytes:
+    """Serialise a recipe into the versioned on-disk record (see the module NOTE)."""
+    payload = json.dumps(
+        {"n_ops": recipe.n_ops, "compile_ns": recipe.compile_ns,
+         "device_ns": recipe.device_ns, "meta": dict(recipe.meta)},
+        sort_keys=True, separators=(",", ":")).encode("utf-8")
+    header = _HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, len(payload),
+                          zlib.crc32(payload), _name_digest(digest))
+    return header + payload
+
+
+def decode_recipe(data: bytes, digest: bytes | None = None) -> Recipe:
+    """Parse an on-disk record.
+
+    Args:
+        data: the file's bytes.
+        digest: if given, the record must have been written for this digest.
+
+    Raises:
+        RecipeFormatError: truncated, wrong magic/version, bad CRC, wrong digest, bad JSON.
+    """
+    if len(data) < _HEADER.size:
+        raise RecipeFormatError(f"truncated header: {len(data)} < {_HEADER.size} bytes")
+    magic, version, _, length, crc, stored = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise RecipeFormatError("bad magic")
+    if version != _FORMAT_VERSION:
+        raise RecipeFormatError(f"unsupported format version {version}")
+    payload = data[_HEADER.size:]
+    if len(payload) != length:
+        raise RecipeFormatError(f"payload is {len(payload)} bytes, header says {length}")
+    if zlib.crc32(payload) != crc:
+        raise RecipeFormatError("CRC mismatch")
+    if digest is not None and stored != _name_digest(digest):
+        raise RecipeFormatError("record belongs to another digest")
+    try:
+        obj = json.loads(payload.decode("utf-8"))
+        return Recipe(n_ops=obj["n_ops"], compile_ns=obj["compile_ns"],
+                      device_ns=obj["device_ns"], meta=obj["meta"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecipeFormatError(f"bad payload: {exc}") from None
+
+
+class DiskRecipeCache:
+    """The shared on-disk recipe directory of ``PT_HPU_RECIPE_CACHE_CONFIG``.
+
+    Thread-safe; safe across processes sharing the directory (see the module NOTE).
+    """
+
+    def __init__(self, config: RecipeCacheConfig) -> None:
+        self.config = config
+        self.directory = Path(config.path)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.directory / EVICTION_LOCK_NAME
+        self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self.stores = 0
+        """Recipes written by this process."""
+        self.evictions = 0
+        """Recipe files deleted by this process's eviction."""
+        if config.clear_at_start:
+            self.clear()
+        self._thread = threading.Thread(
+            target=self._worker, name=f"recipe-cache-writer:{self.directory}", daemon=True)
+        self._thread.start()
+        atexit.register(self._close_at_exit)
+
+    # -- reading -----------------------------------------------------------------------
+    def path_for(self, digest: bytes) -> Path:
+        """File that holds (or would hold) the recipe of this digest."""
+        return self.directory / (_name_digest(digest).hex() + RECIPE_SUFFIX)
+
+    def load(self, digest: bytes) -> Recipe | None:
+        """Read a recipe; ``None`` on absence or corruption (corruption logs a warning)."""
+        path = self.path_for(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("recipe cache: cannot read %s (%s); treating as a miss", path, exc)
+            return None
+        try:
+            return decode_recipe(data, digest)
+        except RecipeFormatError as exc:
+            logger.warning("recipe cache: corrupt recipe file %s (%s); treating as a miss",
+                           path, exc)
+            return None
+
+    def directory_bytes(self) -> int:
+        """Total size of the recipe files in the directory, bytes."""
+        return sum(size for _, _, size, _ in self._scan())
+
+    # -- writing -----------------------------------------------------------------------
+    def store_async(self, digest: bytes, recipe: Recipe) -> None:
+        """Queue a store (and the eviction before it) on the background thread.
+
+        After ``close()`` the store runs synchronously on the calling thread instead.
+        """
+        data = encode_recipe(digest, recipe)
+        with self._cond:
+            closed = self._closed
+            if not closed:
+                self._pending += 1
+                self._queue.put((_name_digest(digest), data))
+        if closed:  # after close() (e.g. during interpreter exit): write on this thread
+            self._store_locked(_name_digest(digest), data)
+
+    def store(self, digest: bytes, recipe: Recipe) -> None:
+        """Store synchronously on the calling thread (same protocol as the worker)."""
+        self._store_locked(_name_digest(digest), encode_recipe(digest, recipe))
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every queued store has been written.
+
+        Returns:
+            True if the queue drained, False on timeout (logged as a warning).
+        """
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._pending == 0, timeout=timeout)
+        if not done:
+            logger.warning("recipe cache: flush timed out after %ss with %d stores pending",
+                           timeout, self._pending)
+        return done
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Flush, then stop the background thread. Idempotent.
+
+        Returns:
+            True if everything was written and the thread stopped within the timeout.
+        """
+        with self._cond:
+            if self._closed:
+                return not self._thread.is_alive()
+            self._closed = True
+        drained = self.flush(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout)
+        atexit.unregister(self._close_at_exit)
+        return drained and not self._thread.is_alive()
+
+    def clear(self) -> None:
+        """Delete every recipe (and stale temporary file) in the directory."""
+        with self._locked():
+            for entry in os.scandir(self.directory):
+                if entry.name.endswith(RECIPE_SUFFIX) or entry.name.startswith(_TMP_PREFIX):
+                    try:
+                        os.unlink(entry.path)
+                    except FileNotFoundError:
+                        pass
+
+    # -- internals ---------------------------------------------------------------------
+    def _close_at_exit(self) -> None:
+        self.close(timeout=10.0)
+
+    def _worker(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            name_digest, data = item
+            try:
+                self._store_locked(name_digest, data)
+            except Exception:  # noqa: BLE001 - a failed store must not kill the worker
+                logger.warning("recipe cache: failed to store a recipe in %s",
+                               self.directory, exc_info=True)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def _locked(self) -> _FileLock:
+        return _FileLock(self._lock_path)
+
+    def _scan(self) -> list[tuple[int, str, int, str]]:
+        """(mtime_ns, name, size, path) of every recipe file, oldest first."""
+        found = []
+        for entry in os.scandir(self.directory):
+            if not entry.name.endswith(RECIPE_SUFFIX):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            found.append((st.st_mtime_ns, entry.name, st.st_size, entry.path))
+        found.sort()
+        return found
+
+    def _store_locked(self, name_digest: bytes, data: bytes) -> None:
+        target = self.directory / (name_digest.hex() + RECIPE_SUFFIX)
+        budget = int(self.config.size_bytes * _EVICT_TO_FRACTION)
+        if len(data) > budget:
+            logger.warning("recipe cache: recipe of %d bytes exceeds 0.99 x size_MB (%d bytes);"
+                           " not stored", len(data), budget)
+            return
+        with self._locked():
+            files = [f for f in self._scan() if f[3] != str(target)]
+            total = sum(f[2] for f in files)
+            for _, _, size, path in files:
+                if total + len(data) <= budget:
+                    break
+                try:
+                    os.unlink(path)
+                    self.evictions += 1
+                except FileNotFoundError:
+                    pass
+                total -= size
+            tmp = self.directory / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, target)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+            self.stores += 1
+
+
+class _FileLock:
+    """Exclusive ``fcntl.flock`` on a lock file, as a context manager."""
+
+    __slots__ = ("_path", "_fd")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+
+    def __enter__(self) -> _FileLock:
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecipeCacheStats:
+    """Counters of one ``RecipeCache``."""
+
+    hits: int
+    """Lookups answered from memory or disk."""
+    misses: int
+    """Lookups that found nothing (the caller compiles)."""
+    disk_hits: int
+    """The subset of ``hits`` answered from disk."""
+    entries: int
+    """Recipes held in memory."""
+
+
+class RecipeCache:
+    """In-memory recipe cache with an optional shared disk level.
+
+    Args:
+        disk: disk level, or None for memory only.
+    """
+
+    def __init__(self, *, disk: DiskRecipeCache | None = None) -> None:
+        self.disk = disk
+        self._entries: dict[Hashable, Recipe] = {}
+        self._lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+        self._disk_hits = 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RecipeCache:
+        """Build from ``PT_HPU_RECIPE_CACHE_CONFIG`` (memory only if unset or the path is empty).
+
+        Raises:
+            ValueError: naming the variable if it is malformed.
+        """
+        env = os.environ if environ is None else environ
+        value = env.get(ENV_VAR, "").strip()
+        config = parse_recipe_cache_config(value) if value else None
+        return cls() if config is None else cls(disk=DiskRecipeCache(config))
+
+    def lookup(self, key: Hashable, *, digest: bytes | None = None) -> Recipe | None:
+        """Find the recipe of a graph key, counting a hit or a miss.
+
+        Args:
+            key: hashable graph key (in-process identity).
+            digest: stable bytes digest of the same key; needed to consult the disk level.
+
+        Returns:
+            The recipe, or None on a miss.
+        """
+        with self._lock:
+            recipe = self._entries.get(key)
+            if recipe is not None:
+                self._hits += 1
+                return recipe
+        if self.disk is not None and digest is not None:
+            recipe = self.disk.load(digest)
+            if recipe is not None:
+                with self._lock:
+                    self._entries[key] = recipe
+                    self._hits += 1
+                    self._disk_hits += 1
+                return recipe
+        with self._lock:
+            self._misses += 1
+        return None
+
+    def insert(self, key: Hashable, recipe: Recipe, *, digest: bytes | None = None) -> None:
+        """Remember a freshly compiled recipe; also queue it for disk if a digest is given."""
+        with self._lock:
+            self._entries[key] = recipe
+        if self.disk is not None and digest is not None:
+            self.disk.store_async(digest, recipe)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    @property
+    def hits(self) -> int:
+        """Lookups answered from memory or disk."""
+        return self._hits
+
+    @property
+    def misses(self) -> int:
+        """Lookups that found nothing."""
+        return self._misses
+
+    def stats(self) -> RecipeCacheStats:
+        """Snapshot of the counters."""
+        with self._lock:
+            return RecipeCacheStats(hits=self._hits, misses=self._misses,
+                                    disk_hits=self._disk_hits, entries=len(self._entries))
+
+    def reset_stats(self) -> None:
+        """Zero the hit/miss counters (entries are kept)."""
+        with self._lock:
+            self._hits = self._misses = self._disk_hits = 0
+
+    def clear(self) -> None:
+        """Forget the in-memory entries (the disk level is untouched)."""
+        with self._lock:
+            self._entries.clear()
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait for queued disk stores; True if none is pending (always True without disk)."""
+        return True if self.disk is None else self.disk.flush(timeout)
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Flush and stop the disk writer thread; True on a clean stop."""
+        return True if self.disk is None else self.disk.close(timeout)

@@ -1,0 +1,111 @@
+"""Spawn a few ranks for a distributed test, with a timeout on everything.
+
+``run_ranks(fn, world_size, *args)`` starts ``world_size`` fresh processes (spawn), each of
+which initialises the default process group (``backend``, a file store in a temp dir) and
+calls ``fn(rank, world_size, *args)``. It returns the per-rank return values, or raises
+``RankFailure`` with every failing rank's traceback. Processes still alive at the deadline
+are killed and reported; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+__all__ = ["run_ranks", "RankFailure"]
+
+
+class RankFailure(AssertionError):
+    """One or more ranks raised, died or timed out."""
+
+
+def _entry(fn, rank, world, init_file, backend, pg_timeout, env, args, out):
+    os.environ.update(env)
+    try:
+        import torch.distributed as dist
+
+        if backend:
+            dist.init_process_group(
+                backend,
+                init_method=f"file://{init_file}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=pg_timeout),
+            )
+        result = fn(rank, world, *args)
+        out.put((rank, "ok", result))
+    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+        out.put((rank, "err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    *args,
+    backend: str | None = "hccl",
+    timeout: float = 90.0,
+    pg_timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    expect_errors: bool = False,
+) -> list:
+    """Run ``fn`` on ``world_size`` spawned ranks; see the module docstring.
+
+    With ``expect_errors=True``, returns per-rank ``("ok", value)``, ``("err", text)`` or
+    ``("missing", exit code)`` pairs instead of raising (for tests of failure behaviour).
+    """
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    base_env = {"OMP_NUM_THREADS": "1"} | (env or {})
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_entry, args=(fn, r, world_size, init_file, backend, pg_timeout, base_env, args, out))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, tuple[str, object]] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) < world_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    rank, status, value = out.get(timeout=min(left, 1.0))
+                    results[rank] = (status, value)
+                except queue_mod.Empty:
+                    if all(not p.is_alive() for p in procs) and out.empty():
+                        break
+        finally:
+            for p in procs:
+                p.join(max(0.1, min(5.0, deadline - time.monotonic())))
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+    missing = [r for r in range(world_size) if r not in results]
+    if expect_errors:
+        return [results.get(r, ("missing", procs[r].exitcode)) for r in range(world_size)]
+    if missing:
+        codes = {r: procs[r].exitcode for r in missing}
+        raise RankFailure(f"ranks {missing} produced no result within {timeout:.0f} s (exit codes {codes})")
+    errors = [f"--- rank {r} ---\n{v}" for r, (s, v) in sorted(results.items()) if s == "err"]
+    if errors:
+        raise RankFailure("\n".join(errors))
+    return [results[r][1] for r in range(world_size)]

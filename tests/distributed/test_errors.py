@@ -1,0 +1,105 @@
+"""Bad input and failing peers give clear errors on every rank, never a hang."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dist_utils import run_ranks
+
+
+def _bad_arguments(rank: int, world: int) -> dict:
+    out = {}
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    except ValueError as exc:
+        out["op"] = str(exc)
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.float64))
+    except TypeError as exc:
+        out["dtype"] = str(exc)
+    try:
+        dist.broadcast(torch.ones(2), src=world + 3)
+    except (ValueError, RuntimeError) as exc:
+        out["root"] = str(exc)
+    # the group still works after rejected arguments (nothing was sent)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    # then ranks disagree on the size: every rank must get the same clear error
+    numel = 100_000 + rank  # above the one-round path on rank 0, too
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(numel))
+    except RuntimeError as exc:
+        out["mismatch"] = str(exc)
+    out["mismatch_s"] = time.monotonic() - t0
+    try:
+        dist.all_reduce(torch.ones(2))
+    except RuntimeError as exc:
+        out["after_error"] = str(exc)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_bad_arguments_and_size_mismatch():
+    """BAND, float64, root out of range: named; different sizes: same error on every rank, fast."""
+    res = run_ranks(_bad_arguments, 3, pg_timeout=60)
+    for rank, r in enumerate(res):
+        assert "BAND" in r["op"]
+        assert "float64" in r["dtype"]
+        assert "root" in r["root"] or "rank" in r["root"]
+        assert r["after"] == [3.0, 3.0, 3.0]
+        assert "tensor sizes differ" in r["mismatch"], r
+        assert "rank 0: 100000 elements of float32" in r["mismatch"]
+        assert "rank 2: 100002 elements of float32" in r["mismatch"]
+        assert r["mismatch_s"] < 30, "the mismatch must be reported well before the timeout"
+        assert "unusable" in r["after_error"]
+
+
+def _dead_peer(rank: int, world: int) -> str:
+    if rank == 1:
+        os._exit(3)  # dies without a word
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except RuntimeError as exc:
+        return f"{time.monotonic() - t0:.1f}s {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(90)
+def test_dead_peer_is_named():
+    """A rank that dies makes the others raise PeerFailure naming it, well before the timeout."""
+    res = run_ranks(_dead_peer, 2, pg_timeout=60, timeout=60, expect_errors=True)
+    assert res[1] == ("missing", 3)
+    status, msg = res[0]
+    assert status == "ok", msg
+    elapsed, _, text = msg.partition(" ")
+    assert "rank 1" in text and "died" in text, text
+    assert float(elapsed.rstrip("s")) < 20
+
+
+def _silent_peer(rank: int, world: int) -> str:
+    if rank == 1:
+        time.sleep(6)
+        return "slept"
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except RuntimeError as exc:
+        return f"{time.monotonic() - t0:.1f} {type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(90)
+def test_silent_peer_times_out():
+    """A live peer that never joins: HcclTimeoutError after the group's timeout, naming it."""
+    res = run_ranks(_silent_peer, 2, pg_timeout=2)
+    elapsed, _, msg = res[0].partition(" ")
+    assert "HcclTimeoutError" in msg and "rank(s) 1" in msg, msg
+    assert 1.5 <= float(elapsed) < 10

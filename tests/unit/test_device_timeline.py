@@ -1,0 +1,86 @@
+"""The simulated device timeline: lazy graphs, streams, step breakdown (pure, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpu_runtime.cost_model import OpCost
+from hpu_runtime.device import SimDevice
+from hpu_runtime.device_spec import get_device_spec
+
+
+def _op(ns: int) -> OpCost:
+    return OpCost(name="aten.test", engine="TPC", flops=0, bytes_in=0, bytes_out=0, low_precision=False, device_ns=ns)
+
+
+def _dev(lazy: bool = True, max_ops: int = 0) -> SimDevice:
+    return SimDevice(get_device_spec("gaudi2"), lazy=lazy, max_compound_ops=max_ops)
+
+
+def test_lazy_ops_accumulate_until_mark_step():
+    """Lazy mode charges host time per op and runs nothing on the device before a launch."""
+    d = _dev()
+    for _ in range(3):
+        d.record_op(_op(1000))
+    assert d.compute.free_ns == 0 and len(d.pending) == 3
+    assert d.host_ns == 3 * d.spec.host_op_ns
+    start, end = d.launch()
+    assert start == 3 * d.spec.host_op_ns + d.spec.graph_launch_ns
+    assert end - start == 3000 and d.graphs_launched == 1 and not d.pending
+
+
+def test_eager_mode_launches_each_op():
+    d = _dev(lazy=False)
+    d.record_op(_op(500))
+    d.record_op(_op(500))
+    assert not d.pending and d.compute.free_ns > 0 and d.host_ns == 2 * d.spec.eager_op_launch_ns
+
+
+def test_max_compound_op_size_forces_launch():
+    d = _dev(max_ops=2)
+    for _ in range(5):
+        d.record_op(_op(10))
+    assert d.graphs_launched == 2 and len(d.pending) == 1
+
+
+def test_host_read_waits_for_device():
+    d = _dev()
+    d.record_op(_op(1_000_000))
+    d.host_read()
+    assert d.host_ns == d.compute.free_ns
+
+
+def test_step_breakdown_overlap_and_exposed_comm():
+    """A collective overlapping a later graph is partly hidden; the rest is exposed."""
+    d = _dev()
+    d.begin_step()
+    d.record_op(_op(10_000))
+    ready = d.collective_ready_ns()  # launches graph 1
+    g1_end = d.compute.free_ns
+    assert ready == g1_end
+    d.record_collective("allreduce", ready, ready + 50_000)
+    d.record_op(_op(30_000))  # graph 2 runs while the collective is in flight
+    d.launch()
+    g2_start = d.compute.intervals[-1][0]
+    t = d.end_step()
+    assert t.compute_ns == 40_000
+    assert t.comm_ns == 50_000
+    hidden = min(g2_start + 30_000, ready + 50_000) - max(g2_start, ready)
+    assert hidden == 30_000  # graph 2 runs entirely inside the collective
+    assert t.exposed_comm_ns == 50_000 - hidden
+    assert t.step_ns == ready + 50_000
+
+
+def test_work_wait_blocks_compute_stream():
+    d = _dev()
+    d.record_collective("allreduce", 0, 80_000)
+    d.stream_wait(80_000)
+    d.record_op(_op(1_000))
+    start, _ = d.launch()
+    assert start >= 80_000
+
+
+@pytest.mark.parametrize("bad", ["gaudi9", "tpu"])
+def test_unknown_device_spec_rejected(bad):
+    with pytest.raises(ValueError, match=bad):
+        get_device_spec(bad)

@@ -1,0 +1,146 @@
+"""Planner: analytic checks, determinism, ready times, errors, speed."""
+
+import time
+
+import pytest
+
+from hccl.link_model import goodput_gbps, serialization_ns
+from hccl.planner import simulate, simulate_sequence
+from hccl.topology import load_topology
+
+HLS2 = load_topology("hls2")
+MB = 1 << 20
+
+
+def _busbw(res, n):
+    return res.nbytes / res.duration_ns * 2 * (n - 1) / n
+
+
+@pytest.mark.parametrize("name", ["hls1", "hls2", "hls3"])
+def test_one_box_all_reduce_near_scale_up_goodput(name):
+    """256 MB all_reduce on one box: nw_bw close to, never above, per-card scale-up goodput."""
+    t = load_topology(name)
+    res = simulate("all_reduce", 256 * MB, t, world_size=8)
+    bound = 7 * goodput_gbps(t.scale_up_peer_gbps, t.mtu_bytes, t.header_bytes) / 8  # GB/s
+    bw = _busbw(res, 8)
+    assert bw <= bound
+    assert bw >= 0.97 * bound
+
+
+def test_latency_bound_direct_and_ring():
+    """A 1 KB all_reduce takes about phases x (latency + serialization)."""
+    lat = HLS2.nic_latency_ns
+    ser = serialization_ns(128, HLS2.scale_up_peer_gbps, 4096, 82)
+    d = simulate("all_reduce", 1024, HLS2, world_size=8, algorithm="direct")
+    assert d.phases == 2
+    assert 2 * (lat + ser) <= d.duration_ns <= 2 * (lat + ser) + 100
+    r = simulate("all_reduce", 1024, HLS2, world_size=8, algorithm="ring")
+    assert r.phases == 14
+    assert 14 * (lat + ser) <= r.duration_ns <= 14 * (lat + ser) + 200
+
+
+def test_doubling_boxes_follows_hierarchical_model():
+    """With a slow spine, time grows like the scale-out bytes 2 (S/L)(B-1)/B per card."""
+    t = load_topology("hls2", boxes_per_leaf=1, oversubscription=8.0)
+    S = 64 * MB
+    times = {}
+    for B in (2, 4, 8):
+        n = 8 * B
+        res = simulate("all_reduce", S, t, world_size=n, algorithm="hierarchical")
+        assert res.scale_out_bytes == pytest.approx(n * 2 * (S / 8) * (B - 1) / B, rel=1e-6)
+        times[B] = res.duration_ns
+    assert times[4] / times[2] == pytest.approx((3 / 4) / (1 / 2), rel=0.05)
+    assert times[8] / times[4] == pytest.approx((7 / 8) / (3 / 4), rel=0.05)
+
+
+def test_multi_box_bound():
+    """Pipelined hierarchical all_reduce stays below the larger of its scale-up/scale-out bounds."""
+    t = HLS2
+    S = 256 * MB
+    for n in (16, 64):
+        B = n // 8
+        g_up = goodput_gbps(t.scale_up_peer_gbps, 4096, 82) / 8
+        g_out = goodput_gbps(t.scale_out_card_gbps, 4096, 82) / 8
+        t_min = max(2 * S / 8 / g_up, 2 * S / 8 * (B - 1) / B / g_out)
+        res = simulate("all_reduce", S, t, world_size=n)
+        assert t_min <= res.duration_ns <= 1.1 * t_min
+
+
+def test_deterministic_and_shift_invariant():
+    """Same inputs give the same integers; shifting ready times shifts the result."""
+    a = simulate("all_gather", 3 * MB, HLS2, world_size=16)
+    b = simulate("all_gather", 3 * MB, HLS2, world_size=16, ready_ns=[0] * 16)
+    assert a == b and all(isinstance(x, int) for x in a.end_ns)
+    c = simulate("all_gather", 3 * MB, HLS2, world_size=16, ready_ns=[1000] * 16)
+    assert c.end_ns == tuple(x + 1000 for x in a.end_ns)
+    assert c.start_ns == (1000,) * 16
+
+
+def test_late_rank_delays_everyone():
+    """A rank whose stream is ready late delays the others' end (they need its data)."""
+    base = simulate("all_reduce", MB, HLS2, world_size=8)
+    ready = [0] * 8
+    ready[3] = 50_000
+    late = simulate("all_reduce", MB, HLS2, world_size=8, ready_ns=ready)
+    assert min(late.end_ns) >= 50_000
+    assert max(late.end_ns) > max(base.end_ns) + 40_000
+
+
+def test_sequence_chains():
+    """A sequence starts each call where the previous one ended."""
+    seq = simulate_sequence([{"collective": "all_reduce", "nbytes": MB},
+                             {"collective": "broadcast", "nbytes": MB}], HLS2, world_size=8)
+    assert seq[1].start_ns == seq[0].end_ns
+    assert max(seq[1].end_ns) > max(seq[0].end_ns)
+
+
+def test_slice_size_env(monkeypatch):
+    """PT_HCCL_SLICE_SIZE_MB sets the number of pipelined slices."""
+    monkeypatch.setenv("PT_HCCL_SLICE_SIZE_MB", "16")
+    a = simulate("all_reduce", 64 * MB, HLS2, world_size=8)
+    monkeypatch.setenv("PT_HCCL_SLICE_SIZE_MB", "4")
+    b = simulate("all_reduce", 64 * MB, HLS2, world_size=8)
+    assert a.phases == 2 * 4 and b.phases == 2 * 16
+    monkeypatch.setenv("PT_HCCL_SLICE_SIZE_MB", "zero")
+    with pytest.raises(ValueError, match="PT_HCCL_SLICE_SIZE_MB"):
+        simulate("all_reduce", 64 * MB, HLS2, world_size=8)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"collective": "all_reduce", "root": 8}, "root 8 out of range"),
+    ({"collective": "broadcast", "root": -1}, "root -1 out of range"),
+    ({"collective": "all2all", "splits": [[1] * 8] * 8}, "add up to 8 elements, expected 256"),
+    ({"collective": "all2all", "splits": [[128, 128]] * 2}, "8 x 8 matrix"),
+    ({"collective": "allreduce"}, "unknown collective 'allreduce'"),
+    ({"collective": "all_reduce", "algorithm": "tree"}, "unknown algorithm 'tree'"),
+    ({"collective": "all_reduce", "ready_ns": [0, 1]}, "ready_ns has 2 entries"),
+])
+def test_bad_input(kwargs, match):
+    """Bad calls raise ValueError naming the problem."""
+    with pytest.raises(ValueError, match=match):
+        simulate(nbytes=1024, topology=HLS2, world_size=8, **kwargs)
+
+
+def test_world_size_too_big_for_fixed_topology(tmp_path):
+    """A fixed-size topology refuses a bigger world."""
+    f = tmp_path / "two.toml"
+    f.write_text("cards_per_box = 8\nnum_boxes = 2\n")
+    t = load_topology(str(f))
+    with pytest.raises(ValueError, match="world size 24 does not fit"):
+        simulate("all_reduce", 1024, t, world_size=24)
+
+
+def test_small_group_fast_on_repeat():
+    """The live ProcessGroup's per-call path: repeated small-group calls well under 1 ms."""
+    simulate("all_reduce", 4 * MB, HLS2, world_size=8, ready_ns=[5, 0, 0, 0, 0, 0, 0, 7])
+    t0 = time.perf_counter()
+    for i in range(200):
+        simulate("all_reduce", 4 * MB, HLS2, world_size=8, ready_ns=[5 + i, i, i, i, i, i, i, 7 + i])
+    assert (time.perf_counter() - t0) / 200 < 1e-3
+
+
+def test_many_ranks_run():
+    """512 ranks on 64 Gaudi2 boxes simulate, bandwidth-bound at 64 MB."""
+    res = simulate("all_reduce", 64 * MB, HLS2, world_size=512)
+    assert res.algorithm == "hierarchical" and len(res.end_ns) == 512
+    assert 150 < _busbw(res, 512) < 300

@@ -1,0 +1,344 @@
+"""Tests of hpu_runtime.recipe_cache: memory level, disk format, eviction, processes."""
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpu_runtime.recipe_cache import (
+    ENV_VAR,
+    EVICTION_LOCK_NAME,
+    RECIPE_SUFFIX,
+    DiskRecipeCache,
+    Recipe,
+    RecipeCache,
+    RecipeCacheConfig,
+    RecipeFormatError,
+    _FileLock,
+    decode_recipe,
+    digest_of,
+    encode_recipe,
+    parse_recipe_cache_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+JOIN_TIMEOUT_S = 60
+
+
+def _recipe(i: int, pad: int = 0) -> Recipe:
+    return Recipe(n_ops=i, compile_ns=1000 * i, device_ns=7 * i,
+                  meta={"ops": ["aten.mm", "aten.add"], "pad": "x" * pad})
+
+
+def _cfg(path, size_mb=10.0, clear=False) -> RecipeCacheConfig:
+    return RecipeCacheConfig(path=Path(path), clear_at_start=clear, size_mb=size_mb)
+
+
+def _recipe_files(path) -> list[Path]:
+    return sorted(p for p in Path(path).iterdir() if p.name.endswith(RECIPE_SUFFIX))
+
+
+# -- configuration -------------------------------------------------------------------------
+
+def test_parse_config_ok():
+    """path,clear_at_start,size_MB parses; commas inside the path survive."""
+    cfg = parse_recipe_cache_config("/tmp/a,b,True, 512")
+    assert cfg == RecipeCacheConfig(path=Path("/tmp/a,b"), clear_at_start=True, size_mb=512.0)
+    assert cfg.size_bytes == 512 << 20
+    assert parse_recipe_cache_config("/x,false,0.5").clear_at_start is False
+    four = parse_recipe_cache_config("/x,true,64,true")
+    assert (four.path, four.clear_at_start, four.size_mb, four.on_nfs) == (
+        Path("/x"), True, 64.0, True)
+
+
+def test_parse_config_empty_path_disables_disk():
+    """An empty path (Gaudi's default ',false,1024,false') means no disk cache."""
+    assert parse_recipe_cache_config(",false,1024,false") is None
+    assert parse_recipe_cache_config(" ,true,10") is None
+    assert RecipeCache.from_env({ENV_VAR: ",false,1024,false"}).disk is None
+
+
+@pytest.mark.parametrize(
+    "value", ["/tmp/x", "/tmp/x,true", ",maybe,10", "/tmp/x,maybe,10", "/tmp/x,true,ten",
+              "/tmp/x,true,0", "/tmp/x,true,-3", "/tmp/x,true,inf"])
+def test_parse_config_malformed_names_variable(value):
+    """A malformed value is a ValueError that names the environment variable."""
+    with pytest.raises(ValueError, match=ENV_VAR):
+        parse_recipe_cache_config(value)
+
+
+def test_from_env_malformed_and_unset(tmp_path):
+    """from_env: unset -> memory only; malformed -> ValueError naming the variable."""
+    assert RecipeCache.from_env({}).disk is None
+    with pytest.raises(ValueError, match=ENV_VAR):
+        RecipeCache.from_env({ENV_VAR: f"{tmp_path},nope,1"})
+
+
+# -- record format -------------------------------------------------------------------------
+
+def test_encode_decode_round_trip():
+    """A record decodes to an equal recipe and is not pickle."""
+    d = digest_of("graph-1")
+    data = encode_recipe(d, _recipe(3))
+    assert decode_recipe(data, d) == _recipe(3)
+    assert b"pickle" not in data and data[:4] == b"HPUR"
+
+
+def test_decode_rejects_every_truncation_and_bit_flip():
+    """Every strict prefix and every single-byte flip is a RecipeFormatError."""
+    d = digest_of("graph-2")
+    data = encode_recipe(d, _recipe(5))
+    for n in range(len(data)):
+        with pytest.raises(RecipeFormatError):
+            decode_recipe(data[:n], d)
+    for i in range(len(data)):
+        if 8 <= i < 12:  # version + reserved: reserved is not checked, skip both
+            continue
+        flipped = bytearray(data)
+        flipped[i] ^= 0xFF
+        with pytest.raises(RecipeFormatError):
+            decode_recipe(bytes(flipped), d)
+    with pytest.raises(RecipeFormatError, match="another digest"):
+        decode_recipe(data, digest_of("graph-3"))
+
+
+def test_recipe_validation():
+    """Negative or non-int counters are rejected."""
+    with pytest.raises(ValueError, match="n_ops"):
+        Recipe(n_ops=-1)
+    with pytest.raises(ValueError, match="compile_ns"):
+        Recipe(n_ops=1, compile_ns=1.5)
+
+
+# -- memory level --------------------------------------------------------------------------
+
+def test_memory_hits_and_misses():
+    """First lookup misses, after insert the same key hits, another key misses."""
+    cache = RecipeCache()
+    key = (("aten.mm", (4, 4), "bf16"),)
+    assert cache.lookup(key) is None
+    cache.insert(key, _recipe(1))
+    assert cache.lookup(key) == _recipe(1)
+    assert cache.lookup(key) == _recipe(1)
+    assert cache.lookup((("aten.mm", (4, 5), "bf16"),)) is None
+    s = cache.stats()
+    assert (s.hits, s.misses, s.disk_hits, s.entries) == (2, 2, 0, 1)
+    cache.reset_stats()
+    assert (cache.hits, cache.misses) == (0, 0)
+    assert key in cache and len(cache) == 1
+
+
+# -- disk level, one process ---------------------------------------------------------------
+
+def test_disk_hit_from_fresh_cache(tmp_path):
+    """A recipe stored by one cache object is a disk hit for a new one."""
+    c1 = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+    c1.insert("k", _recipe(2), digest=digest_of("k"))
+    assert c1.close(timeout=JOIN_TIMEOUT_S)
+    c2 = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+    try:
+        assert c2.lookup("k", digest=digest_of("k")) == _recipe(2)
+        assert c2.lookup("k", digest=digest_of("k")) == _recipe(2)  # now from memory
+        assert c2.lookup("other", digest=digest_of("other")) is None
+        s = c2.stats()
+        assert (s.hits, s.disk_hits, s.misses) == (2, 1, 1)
+    finally:
+        assert c2.close(timeout=JOIN_TIMEOUT_S)
+    assert (tmp_path / EVICTION_LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "flip"])
+def test_corrupt_file_is_a_logged_miss(tmp_path, caplog, damage):
+    """A damaged recipe file is a miss with a warning, then a store repairs it."""
+    disk = DiskRecipeCache(_cfg(tmp_path))
+    d = digest_of("g")
+    disk.store(d, _recipe(4))
+    path = disk.path_for(d)
+    data = path.read_bytes()
+    damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 9,
+               "empty": b"", "flip": data[:-1] + bytes([data[-1] ^ 1])}[damage]
+    path.write_bytes(damaged)
+    cache = RecipeCache(disk=disk)
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+        assert cache.lookup("g", digest=d) is None
+    assert cache.misses == 1
+    assert any("corrupt" in r.getMessage() for r in caplog.records)
+    cache.insert("g", _recipe(4), digest=d)
+    assert cache.close(timeout=JOIN_TIMEOUT_S)
+    assert decode_recipe(path.read_bytes(), d) == _recipe(4)
+
+
+def test_clear_at_start(tmp_path):
+    """clear_at_start=True removes recipes written earlier; False keeps them."""
+    disk = DiskRecipeCache(_cfg(tmp_path))
+    for i in range(3):
+        disk.store(digest_of(str(i)), _recipe(i))
+    assert disk.close(timeout=JOIN_TIMEOUT_S)
+    (tmp_path / ".tmp-123-stale").write_bytes(b"x")
+    kept = DiskRecipeCache(_cfg(tmp_path, clear=False))
+    assert len(_recipe_files(tmp_path)) == 3
+    assert kept.load(digest_of("1")) == _recipe(1)
+    assert kept.close(timeout=JOIN_TIMEOUT_S)
+    cleared = DiskRecipeCache(_cfg(tmp_path, clear=True))
+    assert _recipe_files(tmp_path) == []
+    assert not (tmp_path / ".tmp-123-stale").exists()
+    assert cleared.load(digest_of("1")) is None
+    assert cleared.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_eviction_oldest_first_within_limit(tmp_path):
+    """Storing past the limit evicts oldest recipes; after each store <= 0.99 x size."""
+    size_mb = 0.05
+    limit = int(size_mb * (1 << 20))
+    disk = DiskRecipeCache(_cfg(tmp_path, size_mb=size_mb))
+    n = 40
+    for i in range(n):
+        disk.store(digest_of(str(i)), _recipe(i, pad=2000))
+        assert disk.directory_bytes() <= 0.99 * limit
+    assert disk.evictions > 0
+    present = [i for i in range(n) if disk.load(digest_of(str(i))) is not None]
+    # the survivors are exactly the newest ones
+    assert present == list(range(n - len(present), n))
+    assert disk.stores - disk.evictions == len(_recipe_files(tmp_path))
+    assert disk.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_oversized_recipe_is_skipped(tmp_path, caplog):
+    """A recipe bigger than the whole budget is not stored (warning), nothing evicted."""
+    disk = DiskRecipeCache(_cfg(tmp_path, size_mb=0.001))
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+        disk.store(digest_of("big"), _recipe(1, pad=5000))
+    assert _recipe_files(tmp_path) == []
+    assert any("exceeds" in r.getMessage() for r in caplog.records)
+    assert disk.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_flush_waits_for_background_stores(tmp_path):
+    """After flush() every queued store is on disk; close() stops the thread."""
+    disk = DiskRecipeCache(_cfg(tmp_path))
+    for i in range(20):
+        disk.store_async(digest_of(str(i)), _recipe(i))
+    assert disk.flush(timeout=JOIN_TIMEOUT_S)
+    assert len(_recipe_files(tmp_path)) == 20
+    assert disk.close(timeout=JOIN_TIMEOUT_S)
+    assert not disk._thread.is_alive()
+    disk.store_async(digest_of("late"), _recipe(1))  # after close: synchronous
+    assert disk.load(digest_of("late")) == _recipe(1)
+
+
+# -- several processes ---------------------------------------------------------------------
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from hpu_runtime.recipe_cache import RecipeCache, Recipe, digest_of
+    cache = RecipeCache.from_env()
+    keys = [f"graph-{i}" for i in range(5)]
+    out = []
+    for k in keys:
+        r = cache.lookup(k, digest=digest_of(k))
+        out.append(r is not None)
+        if r is None:
+            cache.insert(k, Recipe(n_ops=len(k), compile_ns=5), digest=digest_of(k))
+    s = cache.stats()
+    print(json.dumps({"found": out, "hits": s.hits, "disk_hits": s.disk_hits,
+                      "misses": s.misses}))
+    # no explicit flush: the at-exit close must write the recipes
+""")
+
+
+def _run_script(env_value: str) -> dict:
+    env = dict(os.environ, **{ENV_VAR: env_value})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=JOIN_TIMEOUT_S, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_hits_on_disk(tmp_path):
+    """A second run with the same config hits on disk; clear_at_start forces misses."""
+    first = _run_script(f"{tmp_path},false,16")
+    assert first["found"] == [False] * 5 and first["misses"] == 5
+    second = _run_script(f"{tmp_path},false,16")
+    assert second["found"] == [True] * 5
+    assert second["disk_hits"] == 5 and second["misses"] == 0
+    third = _run_script(f"{tmp_path},true,16")
+    assert third["found"] == [False] * 5
+
+
+def _writer(directory: str, size_mb: float, rank: int, n: int, pad: int, results) -> None:
+    disk = DiskRecipeCache(RecipeCacheConfig(path=Path(directory), clear_at_start=False,
+                                             size_mb=size_mb))
+    for i in range(n):
+        disk.store_async(digest_of(f"r{rank}-{i}"), _recipe(i, pad=pad))
+    ok = disk.close(timeout=JOIN_TIMEOUT_S)
+    results.put((rank, ok, disk.stores, disk.evictions))
+
+
+def _run_writers(directory, size_mb, n, pad, monitor_limit=None):
+    ctx = mp.get_context("fork")  # children use only the stdlib + this module
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(str(directory), size_mb, r, n, pad, results))
+             for r in range(8)]
+    for p in procs:
+        p.start()
+    max_seen = 0
+    try:
+        if monitor_limit is not None:
+            lock = _FileLock(Path(directory) / EVICTION_LOCK_NAME)
+            probe = DiskRecipeCache.__new__(DiskRecipeCache)  # only for _scan()
+            probe.directory = Path(directory)
+            while any(p.is_alive() for p in procs):
+                with lock:
+                    max_seen = max(max_seen, sum(f[2] for f in probe._scan()))
+                procs[0].join(timeout=0.01)
+        out = [results.get(timeout=JOIN_TIMEOUT_S) for _ in procs]
+        for p in procs:
+            p.join(timeout=JOIN_TIMEOUT_S)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    return out, max_seen
+
+
+def test_eight_writers_lose_nothing(tmp_path):
+    """8 processes storing into one directory under the limit: every recipe is readable."""
+    n = 15
+    out, _ = _run_writers(tmp_path, 10.0, n, pad=100)
+    assert all(ok for _, ok, _, _ in out)
+    assert sum(e for *_, e in out) == 0
+    reader = DiskRecipeCache(_cfg(tmp_path, size_mb=10.0))
+    for r in range(8):
+        for i in range(n):
+            assert reader.load(digest_of(f"r{r}-{i}")) == _recipe(i, pad=100)
+    assert len(_recipe_files(tmp_path)) == 8 * n
+    assert reader.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_eight_writers_never_exceed_limit(tmp_path):
+    """8 processes overflowing the limit: size stays <= limit at every locked sample."""
+    size_mb = 0.1
+    limit = int(size_mb * (1 << 20))
+    n = 20
+    out, max_seen = _run_writers(tmp_path, size_mb, n, pad=2000, monitor_limit=limit)
+    assert all(ok for _, ok, _, _ in out)
+    stores = sum(s for _, _, s, _ in out)
+    evictions = sum(e for *_, e in out)
+    assert stores == 8 * n
+    assert evictions > 0
+    assert max_seen <= limit
+    files = _recipe_files(tmp_path)
+    assert sum(f.stat().st_size for f in files) <= 0.99 * limit
+    assert len(files) == stores - evictions  # nothing lost beyond what was evicted
+    for f in files:
+        decode_recipe(f.read_bytes())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]

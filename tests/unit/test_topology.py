@@ -1,0 +1,95 @@
+"""Topology loader and port map."""
+
+import pytest
+
+from hccl.topology import Topology, load_topology
+
+
+@pytest.mark.parametrize("name,ports_per_peer,rate", [("hls1", 1, 100.0), ("hls2", 3, 100.0), ("hls3", 3, 200.0)])
+def test_builtin_ports(name, ports_per_peer, rate):
+    """Built-ins: 8 cards per box, ports per peer and 3 scale-out ports per card, distinct NICs."""
+    t = load_topology(name, world_size=16)
+    assert t.cards_per_box == 8 and t.num_boxes == 2
+    assert t.scale_up_line_rate_gbps == rate
+    for a in range(8):
+        used = set()
+        for b in range(8):
+            if a != b:
+                p = t.ports(a, b)
+                assert len(p) == ports_per_peer
+                assert not used & set(p)
+                used |= set(p)
+        so = t.scale_out_ports(a)
+        assert len(so) == 3 and not used & set(so)
+        assert t.ports(a, a + 8) == so
+
+
+def test_hls2_port_map_from_hcl():
+    """hls2 uses HCL's map: card 0 reaches card 3 on NICs 0, 1, 3 and scales out on 8, 22, 23."""
+    t = load_topology("hls2")
+    assert t.ports(0, 3) == (0, 1, 3)
+    assert t.scale_out_ports(0) == (8, 22, 23)
+
+
+def test_placement_and_latency():
+    """Rank r sits in box r // 8; latency grows with switch hops."""
+    t = load_topology("hls2", world_size=64, boxes_per_leaf=2)
+    assert t.box_of(17) == 2 and t.local_rank_of(17) == 1
+    assert t.switch_hops(0, 1) == 0 and t.switch_hops(0, 8) == 1 and t.switch_hops(0, 16) == 3
+    assert t.path_latency_ns(0, 1) < t.path_latency_ns(0, 8) < t.path_latency_ns(0, 16)
+    with pytest.raises(ValueError, match="rank 64 out of range"):
+        t.box_of(64)
+
+
+def test_world_size_partial_box():
+    """The number of boxes follows from the world size; the last box may be partial."""
+    assert load_topology("hls2", world_size=9).num_boxes == 2
+    assert load_topology("hls2", world_size=4096).num_boxes == 512
+
+
+def test_unknown_name():
+    """An unknown topology name is a ValueError naming it."""
+    with pytest.raises(ValueError, match="unknown topology 'hls9'"):
+        load_topology("hls9")
+
+
+def test_malformed_file(tmp_path):
+    """A file that is not TOML is a ValueError naming the file."""
+    f = tmp_path / "bad.toml"
+    f.write_text("cards_per_box = = 8\n")
+    with pytest.raises(ValueError, match="malformed topology file"):
+        load_topology(str(f))
+
+
+def test_bad_field_values(tmp_path):
+    """Unknown fields and bad values are named."""
+    f = tmp_path / "t.toml"
+    f.write_text("cards_per_box = 4\nwarp_drive = 1\n")
+    with pytest.raises(ValueError, match="warp_drive"):
+        load_topology(str(f))
+    f.write_text("cards_per_box = 4\nscale_up_line_rate_gbps = -1.0\n")
+    with pytest.raises(ValueError, match="scale_up_line_rate_gbps"):
+        load_topology(str(f))
+    with pytest.raises(ValueError, match="oversubscription"):
+        load_topology("hls2", oversubscription=0.5)
+
+
+def test_fixed_boxes_too_small(tmp_path):
+    """A file fixing num_boxes refuses a world size it cannot hold."""
+    f = tmp_path / "small.toml"
+    f.write_text("name = 'small'\ncards_per_box = 4\nnum_boxes = 2\nports_per_card = 12\n")
+    t = load_topology(str(f))
+    assert t.world_size == 8 and t.fixed_boxes
+    with pytest.raises(ValueError, match="world size 9 does not fit"):
+        load_topology(str(f), world_size=9)
+    with pytest.raises(ValueError, match="does not fit"):
+        t.with_world_size(12)
+
+
+def test_custom_file_roundtrip(tmp_path):
+    """A user file with a small box and overrides loads."""
+    f = tmp_path / "mini.toml"
+    f.write_text("cards_per_box = 2\nscale_up_ports_per_peer = 2\nports_per_card = 6\n")
+    t = load_topology(str(f), world_size=6, oversubscription=2.0)
+    assert isinstance(t, Topology) and t.num_boxes == 3 and t.oversubscription == 2.0
+    assert len(t.ports(0, 1)) == 2
