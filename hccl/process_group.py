@@ -146,8 +146,11 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if not 0 <= root < self._world_size:
             raise ValueError(f"hccl: root rank {root} out of range for world size {self._world_size}")
 
-    def _run(self, kind: str, nbytes: int, outputs: list[torch.Tensor], body) -> HcclWork:
-        """Run ``body(ready_ns, what) -> every rank's ready ns`` with error handling and timing."""
+    def _run(self, kind: str, nbytes: int, outputs: list[torch.Tensor], body, **timing) -> HcclWork:
+        """Run ``body(ready_ns, what) -> every rank's ready ns`` with error handling and timing.
+
+        ``timing`` (root, dtype_bytes, splits) is passed on to the timing model.
+        """
         if self._error is not None:
             self._check_usable()
         seq = self._seq
@@ -162,7 +165,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                 self._arena.abort(f"{what}: {exc}")
             raise
         self._seq = seq + 1
-        start, end = collective_times(kind, nbytes, ready_all)
+        start, end = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
         self._device.record_collective(what, start, end)
         rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end)
         if len(self.history) < self._history_limit:
@@ -198,7 +201,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             _writeback(t, flat)
             return ready_all
 
-        return self._run("allreduce", nbytes, tensors, body)
+        return self._run("allreduce", nbytes, tensors, body, dtype_bytes=t.element_size())
 
     def allreduce_coalesced(self, tensors, opts=None):
         """Allreduce several tensors of one dtype fused into one buffer (one collective)."""
@@ -222,7 +225,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                 off += n
             return ready_all
 
-        return self._run("allreduce", flat.numel() * flat.element_size(), tensors, body)
+        return self._run("allreduce", flat.numel() * flat.element_size(), tensors, body, dtype_bytes=flat.element_size())
 
     def reduce(self, tensors, opts=None):
         """Reduce ``tensors[0]`` of every rank into root's ``tensors[0]``."""
@@ -239,7 +242,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                 _writeback(t, flat)
             return ready_all
 
-        return self._run("reduce", t.numel() * t.element_size(), tensors, body)
+        return self._run("reduce", t.numel() * t.element_size(), tensors, body, root=root, dtype_bytes=t.element_size())
 
     def broadcast(self, tensors, opts=None):
         """Every rank's ``tensors[i]`` becomes root's (``opts.rootRank``)."""
@@ -259,7 +262,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             return ready_all
 
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return self._run("broadcast", nbytes, tensors, body)
+        return self._run("broadcast", nbytes, tensors, body, root=root, dtype_bytes=tensors[0].element_size())
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[i][r]`` receives rank r's ``input_tensors[i]``."""

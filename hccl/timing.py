@@ -90,11 +90,30 @@ DEFAULT_MODEL = SimpleBoxModel()
 
 
 def collective_times(
-    kind: str, nbytes: int, ready_ns: Sequence[int], model: SimpleBoxModel = DEFAULT_MODEL
+    kind: str,
+    nbytes: int,
+    ready_ns: Sequence[int],
+    *,
+    rank: int = 0,
+    root: int = 0,
+    dtype_bytes: int = 4,
+    splits: Sequence[Sequence[int]] | None = None,
+    model: SimpleBoxModel = DEFAULT_MODEL,
 ) -> tuple[int, int]:
-    """Start and end (simulated ns) of a collective whose ranks are ready at ``ready_ns``.
+    """Start and end (simulated ns) on ``rank`` of a collective whose ranks are ready at ``ready_ns``.
+
+    Args:
+        kind: the process group's collective name (allreduce, reduce, broadcast, allgather,
+            reduce_scatter, alltoall, barrier).
+        nbytes: bytes of the per-rank input buffer (hccl_demo's "size").
+        ready_ns: every rank's simulated ready time, indexed by group rank.
+        rank: the rank asking.
+        root: root of reduce/broadcast.
+        dtype_bytes: bytes per element.
+        splits: alltoall element counts, ``splits[i][j]`` from rank i to rank j (None: even).
 
     A collective starts when the last rank is ready and every rank finishes together.
     """
+    del rank, root, dtype_bytes, splits  # the simple model is symmetric
     start = max(ready_ns) if len(ready_ns) else 0
     return start, start + model.duration_ns(kind, nbytes, len(ready_ns))

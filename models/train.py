@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--device-spec", default="gaudi2", help=f"simulated device: {', '.join(sorted(DEVICE_SPECS))}")
+    p.add_argument(
+        "--topology",
+        default=None,
+        help="network topology for the simulated collectives: hls1, hls2, hls3 or a topology file"
+        " (sets HCCL_TOPOLOGY; default: HCCL_TOPOLOGY or hls2)",
+    )
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"], help="process-group backend")
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0 = all)")
     p.add_argument("--summary", default=None, help="rank 0 writes the JSON summary here")
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.bucket_cap_mb <= 0:
         raise ValueError("--bucket-cap-mb must be > 0")
+    if args.topology:
+        os.environ["HCCL_TOPOLOGY"] = args.topology
     device = hpu.reset_device(args.device_spec)
     rank, world = _init_distributed(args.backend)
 
