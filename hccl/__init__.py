@@ -1,7 +1,8 @@
 """Emulated HCCL: the "hccl" torch.distributed backend over real bytes, with simulated timing.
 
-Importing this package registers the backend (as ``habana_frameworks.torch.distributed.hccl``
-does on Gaudi). The process-group classes load on first use: torch imports this package
+Importing this package registers the backend and maps MPI launcher variables to torch's
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; defaults ``MASTER_ADDR``/``MASTER_PORT``), as
+``habana_frameworks.torch.distributed.hccl`` does on Gaudi. The process-group classes load on first use: torch imports this package
 from its backend entry point while torch itself (and maybe ``hpu_runtime``) is still
 initialising, so the package body must stay light.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib
 
 from .backend import BACKEND_NAME, register_backend
+from .env import apply_mpi_env
 
 __all__ = [
     "BACKEND_NAME",
@@ -41,4 +43,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hccl' has no attribute {name!r}")
 
 
+apply_mpi_env()  # Open MPI / PMI variables -> RANK, WORLD_SIZE, LOCAL_RANK (as on Gaudi)
 register_backend()

@@ -115,20 +115,76 @@ def _seg_chain(a, s, init, seg):
     return c + h
 
 
-class _Engine:
-    """Port state + per-slice clocks of one simulated collective."""
+class _NoSymmetry(Exception):
+    """A phase is not invariant under the engine's rank translation: simulate every rank."""
 
-    def __init__(self, lp: LinkParams, n: int, ready: np.ndarray, dtype_bytes: int):
+
+def _fold_period(topo: Topology, n: int, ready: np.ndarray) -> int:
+    """Smallest rank translation T under which topology and ready times look the same (n: none).
+
+    Translating every rank by ``T`` (mod n) keeps the local index, same-box and same-leaf
+    relations when ``T`` is a whole number of leaves' worth of cards (or of boxes when all
+    boxes share one leaf) and divides ``n``. See NOTE [rank symmetry].
+    """
+    L, bpl = topo.cards_per_box, topo.boxes_per_leaf
+    if n % L:
+        return n
+    T = L if n // L <= bpl else L * bpl
+    if T >= n or n % T:
+        return n
+    if not bool((ready.reshape(n // T, T) == ready[:T]).all()):
+        return n
+    return T
+
+
+def _periodic(blk: Block, n: int, T: int) -> bool:
+    """True if ``blk`` is a dense block invariant under translating every rank by ``T``."""
+    if not blk.dense or blk.src.size != n:
+        return False
+    dst, cnt = blk.dst, blk.count
+    if not bool((dst[:, :T] >= 0).all()):
+        return False
+    a = dst[:, :-T] + T
+    a[a >= n] -= n
+    if not np.array_equal(a, dst[:, T:]):
+        return False
+    if cnt.strides[1] == 0:
+        return True
+    if cnt.strides[0] == 0:  # one row broadcast to every template
+        cnt = cnt[:1]
+    return np.array_equal(cnt[:, :-T], cnt[:, T:])
+
+
+class _Engine:
+    """Port state + per-slice clocks of one simulated collective.
+
+    NOTE [rank symmetry]
+        With ``fold=T < n`` the engine keeps the state of ranks ``0 .. T-1`` only: every
+        block must be dense and map rank ``r + T`` the way it maps ``r`` (shifted by ``T``,
+        same counts), the topology must look the same from ``r`` and ``r + T`` (see
+        :func:`_fold_period`) and ready times must repeat every ``T`` ranks. Then, by
+        induction over phases, every port, clock and reduction engine of rank ``r`` has the
+        same value as rank ``r mod T``'s, so the message rank ``d < T`` receives in row k
+        comes from representative column ``m`` with ``dst[k, m] = d (mod T)``, with that
+        column's timing. Results are the same integers as the full simulation (``fold=n``);
+        a block that breaks the symmetry raises :class:`_NoSymmetry` and the caller
+        re-runs unfolded.
+    """
+
+    def __init__(self, lp: LinkParams, n: int, ready: np.ndarray, dtype_bytes: int, fold: int | None = None):
         self.lp, self.n, self.db = lp, n, dtype_bytes
+        T = n if fold is None else fold
+        self.T = T
+        self.mult = n // T
         L = lp.cpb
         self.L = L
-        self.up_free = np.zeros((n, L), dtype=np.int64)
-        self.eg_free = np.zeros(n, dtype=np.int64)
-        self.in_free = np.zeros(n, dtype=np.int64)
-        self.red_free = np.zeros(n, dtype=np.int64)
-        self.ready = ready
+        self.up_free = np.zeros((T, L), dtype=np.int64)
+        self.eg_free = np.zeros(T, dtype=np.int64)
+        self.in_free = np.zeros(T, dtype=np.int64)
+        self.red_free = np.zeros(T, dtype=np.int64)
+        self.ready = ready[:T].copy()
         self.clocks: dict[int, np.ndarray] = {}
-        self.last = ready.copy()
+        self.last = self.ready.copy()
         self.messages = 0
         self.up_bytes = 0
         self.out_bytes = 0
@@ -141,26 +197,33 @@ class _Engine:
         for blk in blocks:
             if blk.dst.size == 0:
                 continue
-            if blk.dense and bool((blk.dst >= 0).all()):
+            if self.T < self.n:
+                if not _periodic(blk, self.n, self.T):
+                    raise _NoSymmetry
+                self._dense(blk, t0, new)
+            elif blk.dense and bool((blk.dst >= 0).all()):
                 self._dense(blk, t0, new)
             else:
                 self._sparse(blk, t0, new)
         self.clocks[s] = new
 
     def _account(self, nbytes, out) -> None:
-        self.messages += int(nbytes.size)
+        m = self.mult
+        self.messages += int(nbytes.size) * m
         ob = int(nbytes[out].sum())
-        self.out_bytes += ob
-        self.up_bytes += int(nbytes.sum()) - ob
+        self.out_bytes += ob * m
+        self.up_bytes += (int(nbytes.sum()) - ob) * m
 
     def _dense(self, blk: Block, t0, new) -> None:
-        n, L = self.n, self.L
-        dst = blk.dst
+        n, L = self.T, self.L  # n: columns simulated (representatives when folded)
+        dst = blk.dst if n == self.n else blk.dst[:, :n]
         K = dst.shape[0]
         src = np.broadcast_to(np.arange(n), dst.shape)
-        nbytes = blk.count * self.db
+        nbytes = (blk.count if n == self.n else blk.count[:, :n]) * self.db
         ser, lat, out = self.lp.transfer(src, dst, nbytes)
         self._account(nbytes, out)
+        if n < self.n:
+            dst = dst % n  # receiver d (mod T) <- representative column
         if bool(out.all()):
             self._dense_out(blk, t0, new, dst, nbytes, ser, lat)
             return
@@ -213,7 +276,7 @@ class _Engine:
 
     def _dense_out(self, blk: Block, t0, new, dst, nbytes, ser, lat) -> None:
         """Dense block whose messages all leave the box: one port group per sender and receiver."""
-        n = self.n
+        n = self.T
         K = dst.shape[0]
         cs = _cumsum0(ser)
         tx = cs - ser
@@ -292,7 +355,11 @@ class _Engine:
         e = self.last.copy()
         for c in self.clocks.values():
             np.maximum(e, c, out=e)
-        return e
+        return np.tile(e, self.mult) if self.mult > 1 else e
+
+
+_FOLD = True
+"""Use the rank-symmetry fast path (NOTE [rank symmetry]); tests turn it off to compare."""
 
 
 def _env_key() -> tuple:
@@ -307,9 +374,18 @@ def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algori
     name, phases = algorithms.phases(collective, count, topo, algorithm=algorithm, root=root,
                                      dtype_bytes=dtype_bytes, splits=splits, slice_bytes=slice_bytes)
     ready = np.asarray(rel_ready, dtype=np.int64)
-    eng = _Engine(LinkParams(topo), world_size, ready, dtype_bytes)
-    for s, ph in phases:
-        eng.phase(s, ph())
+    lp = LinkParams(topo)
+    fold = _fold_period(topo, world_size, ready) if _FOLD else world_size
+    while True:
+        eng = _Engine(lp, world_size, ready, dtype_bytes, fold=fold)
+        try:
+            for s, ph in phases:
+                eng.phase(s, ph())
+            break
+        except _NoSymmetry:
+            logger.debug("%s on %d ranks: a phase breaks the rank symmetry, simulating every rank",
+                         name, world_size)
+            fold = world_size
     end = eng.end()
     return SimResult(collective=collective, algorithm=name, nbytes=nbytes, world_size=world_size,
                      start_ns=tuple(int(x) for x in ready), end_ns=tuple(int(x) for x in end),
@@ -331,7 +407,8 @@ def simulate(collective: str, nbytes: int, topology: Topology, *, world_size: in
     - reduce_scatter: each rank inputs ``count``; rank r keeps its near-equal share
       (``count / world_size`` when it divides);
     - all2all: each rank sends ``count / world_size`` to every rank (or ``splits[i][j]``
-      elements from i to j; each row must add up to ``count``);
+      elements from i to j; ragged: row i adds up to rank i's input, the largest row to
+      ``count``);
     - send_recv: each rank sends ``count`` to one peer and receives ``count`` (hccl_demo
       pattern: ring over boxes with the same local index, or adjacent pairs in a box);
     - barrier: ``nbytes`` is ignored (0-byte messages).

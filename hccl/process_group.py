@@ -31,7 +31,9 @@ from hpu_runtime.device import get_device
 
 from .reduce_ops import check_dtype, reduce_op_code
 from .timing import collective_times
+from .multihost import HostLayout, MultiHost
 from .transport.shm import ShmArena, ShmSegment
+from .transport.tcp import TcpMesh
 from .work import CollectiveRecord, HcclWork
 
 __all__ = ["ProcessGroupHCCL", "HcclError"]
@@ -39,6 +41,21 @@ __all__ = ["ProcessGroupHCCL", "HcclError"]
 log = logging.getLogger(__name__)
 
 _DEFAULT_BUFFER_MB = 16
+
+
+def _host_key() -> str:
+    """Which host this process is on, for grouping ranks that can share memory.
+
+    ``HCCL_HOST_ID`` wins; otherwise the host name, plus torchrun's node rank
+    (``GROUP_RANK``) so that two torchrun nodes started on one machine act as two hosts.
+    """
+    explicit = os.environ.get("HCCL_HOST_ID")
+    if explicit:
+        return explicit
+    key = socket.gethostname()
+    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("GROUP_RANK"):
+        key += f"/node{os.environ['GROUP_RANK']}"
+    return key
 
 
 class HcclError(RuntimeError):
@@ -98,41 +115,53 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self.history: list[CollectiveRecord] = []
         self._history_limit = 100_000
         self._device = get_device()  # the simulated card of this process
-        self._arena = self._rendezvous(store, group_id)
+        self._coll = self._rendezvous(store, group_id)
 
     # ---- set-up -----------------------------------------------------------------------
-    def _rendezvous(self, store: dist.Store, group_id: str) -> ShmArena:
+    def _rendezvous(self, store: dist.Store, group_id: str):
+        """Map the host-local peers' segments; connect the hosts' leaders over TCP.
+
+        Returns the collectives driver: :class:`ShmCollectives` (one host) or
+        :class:`MultiHost` (several).
+        """
         rank, n = self._rank, self._world_size
         store.set_timeout(timedelta(seconds=self._timeout_s))
-        host = os.environ.get("HCCL_HOST_ID") or socket.gethostname()
         if rank == 0:
-            store.set("hccl/token", secrets.token_hex(8))
+            store.set("hccl/token", secrets.token_hex(16))
         token = store.get("hccl/token").decode()
-        store.set(f"hccl/host/{rank}", host)
-        hosts = [store.get(f"hccl/host/{r}").decode() for r in range(n)]
-        if len(set(hosts)) > 1:
-            raise NotImplementedError(
-                f"hccl: ranks of group {group_id!r} span hosts {sorted(set(hosts))}; this build only"
-                " has the shared-memory transport (one host)"
-            )
+        store.set(f"hccl/host/{rank}", _host_key())
+        layout = HostLayout.from_keys([store.get(f"hccl/host/{r}").decode() for r in range(n)], rank)
+        self.layout = layout
+        local = layout.local_ranks
         capacity = _buffer_bytes()
-        names = [f"hccl_{token}_{r}" for r in range(n)]
+        names = {r: f"hccl_{token[:16]}_{r}" for r in local}
         mine = ShmSegment(names[rank], capacity, create=True)
         segments: list[ShmSegment] = []
+        mesh = None
         try:
             store.set(f"hccl/seg/{rank}", names[rank])
-            store.wait([f"hccl/seg/{r}" for r in range(n)], timedelta(seconds=self._timeout_s))
-            for r in range(n):
+            store.wait([f"hccl/seg/{r}" for r in local], timedelta(seconds=self._timeout_s))
+            for r in local:
                 segments.append(mine if r == rank else ShmSegment(names[r], capacity, create=False))
-            arena = ShmArena(segments, rank, self._timeout_s)
-            # everyone has mapped everyone: the names are no longer needed
+            arena = ShmArena(segments, layout.local_index, self._timeout_s)
+            # everyone on this host has mapped everyone: the names are no longer needed
             eng.barrier(arena, self._meta("barrier", 0, 0), "hccl rendezvous")
+            mine.unlink()
+            if len(layout.hosts) == 1:
+                return eng.ShmCollectives(arena)
+            if layout.is_leader:
+                peers = [r for r in layout.leaders if r != rank]
+                mesh = TcpMesh(rank, peers, token, self._timeout_s)
+                store.set(f"hccl/tcp/{rank}", mesh.address)
+                addresses = {p: store.get(f"hccl/tcp/{p}").decode() for p in peers}
+                mesh.connect(addresses)
+            return MultiHost(layout, arena, mesh)
         except BaseException:
+            if mesh is not None:
+                mesh.close()
             for seg in segments or [mine]:
                 seg.close()
             raise
-        mine.unlink()
-        return arena
 
     # ---- plumbing ---------------------------------------------------------------------
     def _meta(self, kind: str, dtype: int, numel: int, op: int = 0, root: int = 0, ready_ns: int = 0, x0: int = 0) -> list[int]:
@@ -161,13 +190,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                 ready_all = body(ready, what)
         except BaseException as exc:
             self._error = f"{what}: {exc}"
-            if self._arena is not None:
-                self._arena.abort(f"{what}: {exc}")
+            if self._coll is not None:
+                self._coll.arena.abort(f"{what}: {exc}")
+                self._coll.close()  # peers on other hosts see the connection drop at once
             raise
         self._seq = seq + 1
-        start, end = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
+        start, end, algorithm = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
         self._device.record_collective(what, start, end)
-        rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end)
+        rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm=algorithm)
         if len(self.history) < self._history_limit:
             self.history.append(rec)
         return HcclWork(outputs, rec, self._device)
@@ -194,10 +224,9 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         dcode = check_dtype(t, "allreduce tensor")
         flat = _flat(t)
         nbytes = t.numel() * t.element_size()
-        run = eng.allreduce_small if nbytes <= eng.SMALL_BYTES else eng.allreduce
 
         def body(ready, what):
-            ready_all = run(self._arena, flat, op, self._meta("allreduce", dcode, flat.numel(), op, 0, ready), what)
+            ready_all = self._coll.allreduce(flat, op, self._meta("allreduce", dcode, flat.numel(), op, 0, ready), what)
             _writeback(t, flat)
             return ready_all
 
@@ -216,7 +245,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             flat = torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else _flat(tensors[0])
 
         def body(ready, what):
-            ready_all = eng.allreduce(self._arena, flat, op, self._meta("allreduce", dcode, flat.numel(), op, 0, ready), what)
+            ready_all = self._coll.allreduce(flat, op, self._meta("allreduce", dcode, flat.numel(), op, 0, ready), what)
             off = 0
             for t in tensors:
                 n = t.numel()
@@ -237,7 +266,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         flat = _flat(t)
 
         def body(ready, what):
-            ready_all = eng.reduce(self._arena, flat, op, root, self._meta("reduce", dcode, flat.numel(), op, root, ready), what)
+            ready_all = self._coll.reduce(flat, op, root, self._meta("reduce", dcode, flat.numel(), op, root, ready), what)
             if self._rank == root:
                 _writeback(t, flat)
             return ready_all
@@ -256,7 +285,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             for i, t in enumerate(tensors):
                 flat = _flat(t)
                 meta = self._meta("broadcast", check_dtype(t), flat.numel(), 0, root, ready, i)
-                ready_all = eng.broadcast(self._arena, flat, root, meta, what)
+                ready_all = self._coll.broadcast(flat, root, meta, what)
                 if self._rank != root:
                     _writeback(t, flat)
             return ready_all
@@ -286,7 +315,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             for i, (outs, inp) in enumerate(zip(output_tensors, input_tensors)):
                 flats = [_flat(o) for o in outs]
                 meta = self._meta("allgather", check_dtype(inp), inp.numel(), 0, 0, ready, i)
-                ready_all = eng.allgather(self._arena, flats, _flat(inp), meta, what)
+                ready_all = self._coll.allgather(flats, _flat(inp), meta, what)
                 for o, f in zip(outs, flats):
                     _writeback(o, f)
             return ready_all
@@ -308,7 +337,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
         def body(ready, what):
             meta = self._meta("allgather", check_dtype(input), m, 0, 0, ready)
-            ready_all = eng.allgather(self._arena, views, _flat(input), meta, what)
+            ready_all = self._coll.allgather(views, _flat(input), meta, what)
             _writeback(output, out_flat)
             return ready_all
 
@@ -345,7 +374,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             for i, (out, ins) in enumerate(zip(output_tensors, input_tensors)):
                 flat = _flat(out)
                 meta = self._meta("reduce_scatter", check_dtype(out), out.numel(), op, 0, ready, i)
-                ready_all = eng.reduce_scatter(self._arena, flat, [_flat(t) for t in ins], op, meta, what)
+                ready_all = self._coll.reduce_scatter(flat, [_flat(t) for t in ins], op, meta, what)
                 _writeback(out, flat)
             return ready_all
 
@@ -367,7 +396,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         flat = _flat(output)
 
         def body(ready, what):
-            ready_all = eng.reduce_scatter(self._arena, flat, chunks, op, self._meta("reduce_scatter", dcode, m, op, 0, ready), what)
+            ready_all = self._coll.reduce_scatter(flat, chunks, op, self._meta("reduce_scatter", dcode, m, op, 0, ready), what)
             _writeback(output, flat)
             return ready_all
 
@@ -395,13 +424,15 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
         def body(ready, what):
             meta = self._meta("alltoall", dcode, 0, 0, 0, ready)
-            ready_all = eng.alltoall(self._arena, outs, ins, meta, what)
+            ready_all = self._coll.alltoall(outs, ins, meta, what)
+            splits[:] = getattr(self._coll, "alltoall_splits", None) or []  # (n x n) elements, for timing
             for t, f in zip(output_tensors, outs):
                 _writeback(t, f)
             return ready_all
 
         nbytes = sum(t.numel() * t.element_size() for t in input_tensors)
-        return self._run("alltoall", nbytes, list(output_tensors), body)
+        splits: list[list[int]] = []
+        return self._run("alltoall", nbytes, list(output_tensors), body, splits=splits, dtype_bytes=outs[0].element_size())
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """``all_to_all_single``: split ``input`` along dim 0 by ``input_split_sizes`` (or evenly)."""
@@ -431,11 +462,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             o2 += out_splits[q] * row_out
 
         def body(ready, what):
-            ready_all = eng.alltoall(self._arena, outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
+            ready_all = self._coll.alltoall(outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
+            splits[:] = getattr(self._coll, "alltoall_splits", None) or []  # (n x n) elements, for timing
             _writeback(output, out_flat)
             return ready_all
 
-        return self._run("alltoall", input.numel() * input.element_size(), [output], body)
+        splits: list[list[int]] = []
+        return self._run("alltoall", input.numel() * input.element_size(), [output], body, splits=splits,
+                         dtype_bytes=input.element_size())
 
     all_to_all_single = alltoall_base
 
@@ -443,7 +477,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         """Wait for every rank (simulated: a small synchronisation on the collective stream)."""
 
         def body(ready, what):
-            return eng.barrier(self._arena, self._meta("barrier", 0, 0, 0, 0, ready), what)
+            return self._coll.barrier(self._meta("barrier", 0, 0, 0, 0, ready), what)
 
         work = self._run("barrier", 0, [], body)
         self._device.synchronize()
@@ -451,10 +485,12 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     # ---- lifecycle --------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Release the shared-memory mappings (idempotent)."""
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None  # type: ignore[assignment]
+        """Release the shared-memory mappings and sockets (idempotent)."""
+        coll = getattr(self, "_coll", None)
+        if coll is not None:
+            coll.close()
+            coll.arena.close()
+            self._coll = None
             if self._error is None:
                 self._error = "the process group was shut down"
 

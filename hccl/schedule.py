@@ -155,8 +155,9 @@ def validate_call(collective: str, nbytes: int, world_size: int, *, root: int = 
 
     Raises:
         ValueError: unknown collective, negative or misaligned size, bad world size,
-            root out of range, or all2all splits that are not world_size x world_size or
-            whose rows do not add up to the element count.
+            root out of range, or all2all splits that are not world_size x world_size, have
+            a row adding up to more than the element count, or none adding up to it (ragged
+            all2all: rank i's input is its row's sum; ``nbytes`` is the largest rank's).
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
@@ -178,9 +179,15 @@ def validate_call(collective: str, nbytes: int, world_size: int, *, root: int = 
         for i, r in enumerate(rows):
             if any(c < 0 for c in r):
                 raise ValueError(f"all2all splits of rank {i} contain a negative count: {r}")
-            if sum(r) != count:
+            if sum(r) > count:
                 raise ValueError(f"all2all splits of rank {i} add up to {sum(r)} elements, "
-                                 f"expected {count} (nbytes={nbytes} / dtype_bytes={dtype_bytes})")
+                                 f"more than {count} (nbytes={nbytes} / dtype_bytes={dtype_bytes})")
+        sums = [sum(r) for r in rows]
+        if world_size and max(sums) != count:
+            i = sums.index(max(sums))
+            raise ValueError(f"all2all splits of rank {i} add up to {sums[i]} elements, "
+                             f"expected {count} (nbytes={nbytes} / dtype_bytes={dtype_bytes} is the "
+                             "largest rank's input)")
     return count
 
 

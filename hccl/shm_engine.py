@@ -35,6 +35,7 @@ __all__ = [
     "alltoall",
     "barrier",
     "chunk_bounds",
+    "ShmCollectives",
     "META_FIELDS",
     "META_INDEX",
 ]
@@ -314,12 +315,15 @@ def alltoall(
     inputs: list[torch.Tensor],
     meta: list[int],
     what: str,
+    splits_out: list[list[int]] | None = None,
 ) -> list[int]:
     """``outs[q]`` receives rank ``q``'s ``inputs[this rank]`` (flat tensors, any sizes).
 
     Sizes must be consistent: rank p's ``inputs[q]`` has as many elements as rank q's
     ``outs[p]``; every rank publishes its per-destination sizes in ``A``'s header so a
-    split that does not add up raises on the receiving rank.
+    split that does not add up raises on the receiving rank. If ``splits_out`` is given it
+    is filled with the (n x n) matrix of elements rank p sent to rank q, summed over the
+    rounds from those headers (the same on every rank; the timing model uses it).
     """
     n, me = arena.world_size, arena.rank
     segs = arena.segments
@@ -331,6 +335,8 @@ def alltoall(
     cap = arena.me.capacity // itemsize - hdr_elems
     send = [t.numel() for t in inputs]
     recv = [t.numel() for t in outs]
+    if splits_out is not None:
+        splits_out[:] = [[0] * n for _ in range(n)]
     done_send = [0] * n
     done_recv = [0] * n
     # each round moves up to cap elements in total from this rank, split across destinations
@@ -353,6 +359,8 @@ def alltoall(
         for p in range(n):
             phdr = segs[p].region("a", torch.int64, n)
             pc = [int(v) for v in phdr.tolist()]
+            if splits_out is not None:
+                splits_out[p] = [a + b for a, b in zip(splits_out[p], pc)]
             c = pc[me]
             if done_recv[p] + c > recv[p]:
                 raise CollectiveMismatchError(
@@ -389,3 +397,42 @@ _FLAG_W = 48  # control word used by alltoall to agree on another round
 def barrier(arena: ShmArena, meta: list[int], what: str) -> list[int]:
     """Wait until every rank has arrived (metadata-only collective)."""
     return _Rounds(arena, meta, what).result()
+
+
+class ShmCollectives:
+    """The collectives of a group whose ranks all share one host (one :class:`ShmArena`).
+
+    Same method signatures as :class:`hccl.multihost.MultiHost`, so the process group can
+    drive either. Each returns every rank's simulated ready time.
+    """
+
+    def __init__(self, arena: ShmArena) -> None:
+        self.arena = arena
+
+    def allreduce(self, flat: torch.Tensor, op: int, meta: list[int], what: str) -> list[int]:
+        if flat.numel() * ITEMSIZE[flat.dtype] <= SMALL_BYTES:
+            return allreduce_small(self.arena, flat, op, meta, what)
+        return allreduce(self.arena, flat, op, meta, what)
+
+    def reduce(self, flat: torch.Tensor, op: int, root: int, meta: list[int], what: str) -> list[int]:
+        return reduce(self.arena, flat, op, root, meta, what)
+
+    def broadcast(self, flat: torch.Tensor, root: int, meta: list[int], what: str) -> list[int]:
+        return broadcast(self.arena, flat, root, meta, what)
+
+    def allgather(self, outs: list[torch.Tensor], inp: torch.Tensor, meta: list[int], what: str) -> list[int]:
+        return allgather(self.arena, outs, inp, meta, what)
+
+    def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], op: int, meta: list[int], what: str) -> list[int]:
+        return reduce_scatter(self.arena, out, inputs, op, meta, what)
+
+    def alltoall(self, outs: list[torch.Tensor], inputs: list[torch.Tensor], meta: list[int], what: str) -> list[int]:
+        """Also sets :attr:`alltoall_splits`: the (n x n) element counts rank p sent to rank q."""
+        self.alltoall_splits: list[list[int]] = []
+        return alltoall(self.arena, outs, inputs, meta, what, splits_out=self.alltoall_splits)
+
+    def barrier(self, meta: list[int], what: str) -> list[int]:
+        return barrier(self.arena, meta, what)
+
+    def close(self) -> None:
+        pass

@@ -2,91 +2,114 @@
 
 The live process group calls :func:`collective_times` once per collective with every rank's
 simulated ready time (exchanged with the collective's metadata), so all ranks compute the
-same, deterministic answer. The model here is the simple scale-up/scale-out formula of one
-Gaudi2 box per 8 ranks; the topology/link/schedule model replaces it behind this function.
+same, deterministic answer. The answer comes from the planner (:func:`hccl.planner.simulate`):
+the same schedules over the same topology and RoCE link model, so a live run and a planner
+run of the same calls give identical integers (simulated time, not measured).
 
-Hardware numbers (see ../shared/DESIGN.md section 6): Gaudi2 has 24 x 100 GbE RoCE v2 ports;
-21 of them link the 8 cards of an HLS-Gaudi2 box, 3 per peer; 3 per card go to scale-out
-(HabanaAI/HCL ``connectivity_autogen_HLS2.cpp``). RoCE v2 goodput at a 4096 B MTU is
-4096 / (4096 + 82) of line rate (Ethernet + IP + UDP + BTH + ICRC + preamble/gap headers).
+Configuration, read once per process (the first collective or :func:`get_topology`):
+
+- ``HCCL_TOPOLOGY``: ``hls1``, ``hls2`` (default), ``hls3`` or a TOML topology file;
+- ``HCCL_ALGO``: force an algorithm (``direct``, ``hierarchical``, ``ring``, ``recursive``);
+- ``PT_HCCL_SLICE_SIZE_MB``: pipelining slice size (default 16).
+
+NOTE [process group kinds]
+    The process group names collectives as torch.distributed does; the planner uses
+    hccl_demo's test names. Sizes follow the planner's convention, which is what the
+    process group passes: the per-rank input buffer (reduce_scatter: the full input,
+    world size x output; allgather: one rank's contribution; alltoall: one rank's input).
+    An uneven alltoall passes the full ``splits`` matrix (elements rank i sends to rank j);
+    its size for the planner is then the largest rank's input.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["SimpleBoxModel", "collective_times", "DEFAULT_MODEL"]
+from hccl import algorithms
+from hccl.link_model import message_ns
+from hccl.planner import simulate
+from hccl.schedule import slice_elements
+from hccl.topology import Topology, load_topology
 
+__all__ = ["KIND_TO_COLLECTIVE", "CollectiveTiming", "collective_times", "get_topology", "p2p_times",
+           "reset"]
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SimpleBoxModel:
-    """Analytic Gaudi2-box model used until the full network model is wired in."""
-
-    cards_per_box: int = 8
-    """Cards per box (HLS-Gaudi2: 8)."""
-    port_line_rate_gbps: float = 100.0
-    """RoCE v2 port line rate, Gb/s (Gaudi2: 100 GbE ports)."""
-    scaleup_ports_per_peer: int = 3
-    """Ports linking each pair of cards in a box (HLS-Gaudi2: 3)."""
-    scaleout_ports: int = 3
-    """Scale-out ports per card (HLS-Gaudi2: 3)."""
-    mtu_bytes: int = 4096
-    """RoCE payload per packet, bytes."""
-    header_bytes: int = 82
-    """Per-packet overhead on the wire, bytes (Eth 14+4 FCS, IPv4 20, UDP 8, BTH 12, ICRC 4, preamble+IFG 20)."""
-    hop_latency_ns: int = 1_000
-    """Per-message latency, simulated ns (modelling assumption: ~1 us NIC-to-NIC)."""
-
-    @property
-    def port_goodput_bytes_per_ns(self) -> float:
-        """Payload bytes a port moves per simulated ns."""
-        return self.port_line_rate_gbps / 8.0 * self.mtu_bytes / (self.mtu_bytes + self.header_bytes)
-
-    def duration_ns(self, kind: str, nbytes: int, world_size: int) -> int:
-        """Simulated duration of one collective, ns.
-
-        Args:
-            kind: allreduce, reduce, broadcast, allgather, reduce_scatter, alltoall, barrier.
-            nbytes: bytes of the per-rank buffer (allgather: the per-rank input;
-                reduce_scatter: the per-rank output times world size, i.e. the full input).
-            world_size: ranks in the group.
-        """
-        n = world_size
-        if n <= 1:
-            return 0
-        lat = self.hop_latency_ns
-        gp = self.port_goodput_bytes_per_ns
-        box = min(n, self.cards_per_box)
-        boxes = -(-n // self.cards_per_box)
-        up_bw = self.scaleup_ports_per_peer * gp  # bytes/ns to one peer
-
-        def scale_up_phase(chunk: float) -> float:  # send `chunk` to every box peer at once
-            return 0.0 if box == 1 else lat + chunk / up_bw
-
-        def scale_out_phase(chunk: float) -> float:  # ring across boxes over the scale-out ports
-            if boxes == 1:
-                return 0.0
-            return (boxes - 1) * lat + (boxes - 1) / boxes * chunk / (self.scaleout_ports * gp)
-
-        if kind in ("allreduce", "reduce"):
-            t = 2 * scale_up_phase(nbytes / box) + 2 * scale_out_phase(nbytes / box)
-        elif kind == "reduce_scatter":
-            t = scale_up_phase(nbytes / box) + scale_out_phase(nbytes / box)
-        elif kind == "allgather":
-            t = scale_up_phase(nbytes) + scale_out_phase(nbytes * box)
-        elif kind == "broadcast":
-            t = scale_up_phase(nbytes) + scale_out_phase(nbytes)
-        elif kind == "alltoall":
-            t = scale_up_phase(nbytes / n) + scale_out_phase(nbytes * (n - box) / n)
-        elif kind == "barrier":
-            t = 2 * (lat if box > 1 else 0) + 2 * (boxes - 1) * lat
-        else:
-            raise ValueError(f"hccl: no timing model for collective {kind!r}")
-        return int(round(t))
+KIND_TO_COLLECTIVE = {
+    "allreduce": "all_reduce",
+    "reduce": "reduce",
+    "broadcast": "broadcast",
+    "allgather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "all2all",
+    "barrier": "barrier",
+    "send_recv": "send_recv",
+}
+"""Process-group collective name -> planner collective name."""
 
 
-DEFAULT_MODEL = SimpleBoxModel()
+class CollectiveTiming(NamedTuple):
+    """One rank's simulated interval of a collective (simulated ns, not measured)."""
+
+    start_ns: int
+    """When every rank was ready (the collective cannot start before)."""
+    end_ns: int
+    """When this rank's part of the collective finished."""
+    algorithm: str
+    """Algorithm the planner ran."""
+
+
+_lock = threading.Lock()
+_topologies: dict[tuple[str, int], Topology] = {}
+
+
+def get_topology(world_size: int) -> Topology:
+    """The topology named by ``HCCL_TOPOLOGY`` (default ``hls2``) holding ``world_size`` ranks.
+
+    Loaded once per process and world size; the process group may call this at creation
+    so that a bad configuration fails there rather than at the first collective.
+
+    Also checks ``HCCL_ALGO`` (a registered algorithm) and ``PT_HCCL_SLICE_SIZE_MB``.
+
+    Raises:
+        ValueError: unknown topology name, missing or malformed topology file (the message
+            names ``HCCL_TOPOLOGY`` and the value), a world size the topology cannot hold,
+            an unknown ``HCCL_ALGO`` or a bad ``PT_HCCL_SLICE_SIZE_MB``.
+    """
+    name = os.environ.get("HCCL_TOPOLOGY") or "hls2"
+    key = (name, int(world_size))
+    topo = _topologies.get(key)
+    if topo is None:
+        with _lock:
+            topo = _topologies.get(key)
+            if topo is None:
+                try:
+                    topo = load_topology(name, world_size=int(world_size))
+                except ValueError as exc:
+                    raise ValueError(f"hccl: HCCL_TOPOLOGY={name!r}: {exc}") from None
+                algo = os.environ.get("HCCL_ALGO")
+                if algo:
+                    try:
+                        algorithms.get(algo)
+                    except ValueError as exc:
+                        raise ValueError(f"hccl: HCCL_ALGO={algo!r}: {exc}") from None
+                slice_elements(1)
+                _topologies[key] = topo
+    return topo
+
+
+def reset() -> None:
+    """Forget the loaded topologies (tests that change ``HCCL_TOPOLOGY`` in one process)."""
+    with _lock:
+        _topologies.clear()
+
+
+def _even(splits: Sequence[Sequence[int]]) -> bool:
+    """True if every rank sends the same count to every rank (the planner's default split)."""
+    first = splits[0][0] if splits and splits[0] else 0
+    return all(c == first for row in splits for c in row)
 
 
 def collective_times(
@@ -98,22 +121,68 @@ def collective_times(
     root: int = 0,
     dtype_bytes: int = 4,
     splits: Sequence[Sequence[int]] | None = None,
-    model: SimpleBoxModel = DEFAULT_MODEL,
-) -> tuple[int, int]:
-    """Start and end (simulated ns) on ``rank`` of a collective whose ranks are ready at ``ready_ns``.
+) -> CollectiveTiming:
+    """Start, end (simulated ns) and algorithm on ``rank`` of a collective whose ranks are ready at ``ready_ns``.
 
     Args:
-        kind: the process group's collective name (allreduce, reduce, broadcast, allgather,
-            reduce_scatter, alltoall, barrier).
-        nbytes: bytes of the per-rank input buffer (hccl_demo's "size").
+        kind: the process group's collective name (see :data:`KIND_TO_COLLECTIVE`).
+        nbytes: bytes of this rank's input buffer (see NOTE [process group kinds]).
         ready_ns: every rank's simulated ready time, indexed by group rank.
         rank: the rank asking.
         root: root of reduce/broadcast.
-        dtype_bytes: bytes per element.
+        dtype_bytes: bytes per element (a size that is not a whole number of elements is
+            timed at byte granularity).
         splits: alltoall element counts, ``splits[i][j]`` from rank i to rank j (None: even).
 
-    A collective starts when the last rank is ready and every rank finishes together.
+    Returns:
+        ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready
+        (or this rank's end, if it finished before a rank it never waits for was ready),
+        ``end_ns`` when this rank finished, per :func:`hccl.planner.simulate`.
+
+    Raises:
+        ValueError: unknown kind, bad ``HCCL_TOPOLOGY`` / ``HCCL_ALGO`` /
+            ``PT_HCCL_SLICE_SIZE_MB``, a world size the topology cannot hold, bad root or splits.
     """
-    del rank, root, dtype_bytes, splits  # the simple model is symmetric
-    start = max(ready_ns) if len(ready_ns) else 0
-    return start, start + model.duration_ns(kind, nbytes, len(ready_ns))
+    n = len(ready_ns)
+    try:
+        collective = KIND_TO_COLLECTIVE[kind]
+    except KeyError:
+        raise ValueError(f"hccl: no timing model for collective {kind!r}; known: "
+                         f"{', '.join(KIND_TO_COLLECTIVE)}") from None
+    if n == 0:
+        return CollectiveTiming(0, 0, "direct")
+    topo = get_topology(n)
+    if not splits or collective != "all2all":
+        splits = None
+    else:
+        if len(splits) != n:
+            raise ValueError(f"hccl: alltoall splits have {len(splits)} rows, expected world size {n}")
+        if _even(splits):
+            nbytes = sum(splits[0]) * dtype_bytes
+            splits = None
+        else:
+            nbytes = max(sum(row) for row in splits) * dtype_bytes
+    if dtype_bytes > 1 and nbytes % dtype_bytes:
+        if splits is not None:
+            splits = [[c * dtype_bytes for c in row] for row in splits]
+        dtype_bytes = 1
+    res = simulate(collective, nbytes, topo, world_size=n, ready_ns=ready_ns, root=root,
+                   dtype_bytes=dtype_bytes, splits=splits)
+    end = res.end_ns[rank]
+    return CollectiveTiming(min(max(res.start_ns), end), end, res.algorithm)
+
+
+def p2p_times(nbytes: int, *, src: int, dst: int, src_ready_ns: int, dst_ready_ns: int,
+              world_size: int) -> CollectiveTiming:
+    """Simulated interval of one point-to-point message ``src -> dst`` (send/recv).
+
+    The message leaves when the sender is ready and lands ``message_ns`` later (serialization
+    at the link's goodput plus path latency, :func:`hccl.link_model.message_ns`); the receive
+    ends at the later of its arrival and the receiver's ready time. Returns
+    ``(src_ready_ns, end_ns, "p2p")``; ``end_ns`` is the same for sender and receiver.
+    """
+    topo = get_topology(world_size)
+    if src == dst:
+        return CollectiveTiming(src_ready_ns, max(src_ready_ns, dst_ready_ns), "p2p")
+    arrive = src_ready_ns + message_ns(topo, src, dst, nbytes)
+    return CollectiveTiming(src_ready_ns, max(arrive, dst_ready_ns), "p2p")

@@ -6,6 +6,16 @@ addmm, bmm, convolution, attention, ...) run on the MME and everything else on t
 one FLOP per output element. Peak rates depend on the dtype (bf16/fp16 vs fp32). All
 constants come from a :class:`~hpu_runtime.device_spec.DeviceSpec`; results are simulated
 nanoseconds, not measured time.
+
+NOTE [fusion inside a graph]
+:func:`op_cost` gives an op's time as if it ran alone (every input read from HBM, every
+output written to HBM). Inside a launched lazy-mode graph the graph compiler keeps
+intermediates on chip: the device (:mod:`hpu_runtime.device`) subtracts the bytes of
+inputs produced earlier in the same graph and of outputs that are dead by the launch, and
+re-applies the roofline with :func:`fused_time_ns`.
+
+Other costs here: host<->device copies over PCIe (:func:`pcie_ns`), a CPU-fallback op on
+the host (:func:`host_op_time_ns`) and a graph compile (:func:`compile_ns`).
 """
 
 from __future__ import annotations
@@ -17,7 +27,16 @@ from torch.utils.flop_counter import flop_registry
 
 from .device_spec import DeviceSpec
 
-__all__ = ["OpCost", "op_cost", "op_time_ns", "tensor_bytes"]
+__all__ = [
+    "OpCost",
+    "compile_ns",
+    "fused_time_ns",
+    "host_op_time_ns",
+    "op_cost",
+    "op_time_ns",
+    "pcie_ns",
+    "tensor_bytes",
+]
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -33,7 +52,8 @@ class OpCost:
         bytes_in: bytes read from HBM by the op (all tensor inputs).
         bytes_out: bytes written to HBM (all tensor outputs).
         low_precision: the op computes in bf16/fp16/fp8 (faster peak rate).
-        device_ns: roofline time, simulated ns.
+        device_ns: roofline time, simulated ns (op alone, unfused).
+        compute_ns: the compute-bound part alone, simulated ns (fusion cannot remove it).
     """
 
     name: str
@@ -43,6 +63,7 @@ class OpCost:
     bytes_out: int
     low_precision: bool
     device_ns: int
+    compute_ns: int = 0
 
 
 def tensor_bytes(obj: object) -> int:
@@ -67,23 +88,49 @@ def _first_dtype(args: tuple, out: object) -> torch.dtype | None:
     return None
 
 
-def op_time_ns(spec: DeviceSpec, engine: str, flops: int, nbytes: int, low_precision: bool) -> int:
-    """Roofline time in simulated ns for the given work on ``spec``."""
+def _compute_ns(spec: DeviceSpec, engine: str, flops: int, low_precision: bool) -> int:
     if engine == "MME":
         peak = spec.mme_bf16_flops_per_s if low_precision else spec.mme_fp32_flops_per_s
         eff = spec.mme_efficiency
     else:
         peak = spec.tpc_bf16_flops_per_s if low_precision else spec.tpc_fp32_flops_per_s
         eff = spec.tpc_efficiency
-    compute_s = flops / (peak * eff)
-    memory_s = nbytes / (spec.hbm_bytes_per_s * spec.hbm_efficiency)
-    return int(max(compute_s, memory_s) * 1e9)
+    return int(flops / (peak * eff) * 1e9)
+
+
+def _memory_ns(spec: DeviceSpec, nbytes: int) -> int:
+    return int(nbytes / (spec.hbm_bytes_per_s * spec.hbm_efficiency) * 1e9)
+
+
+def op_time_ns(spec: DeviceSpec, engine: str, flops: int, nbytes: int, low_precision: bool) -> int:
+    """Roofline time in simulated ns for the given work on ``spec``."""
+    return max(_compute_ns(spec, engine, flops, low_precision), _memory_ns(spec, nbytes))
+
+
+def fused_time_ns(spec: DeviceSpec, cost: OpCost, hbm_bytes: int) -> int:
+    """Roofline time of ``cost`` inside a graph where only ``hbm_bytes`` touch HBM, ns."""
+    return max(cost.compute_ns, _memory_ns(spec, max(hbm_bytes, 0)))
+
+
+def pcie_ns(spec: DeviceSpec, nbytes: int) -> int:
+    """One-direction host<->device copy of ``nbytes`` over PCIe, simulated ns."""
+    return int(nbytes / spec.pcie_bytes_per_s * 1e9)
+
+
+def host_op_time_ns(spec: DeviceSpec, flops: int, nbytes: int) -> int:
+    """A CPU-fallback op on the host: roofline with the host rates of ``spec``, ns."""
+    return int(max(flops / spec.host_flops_per_s, nbytes / spec.host_bytes_per_s) * 1e9)
+
+
+def compile_ns(spec: DeviceSpec, n_ops: int) -> int:
+    """Simulated graph-compile time of a graph of ``n_ops`` ops (``base + per_op x n``), ns."""
+    return spec.compile_base_ns + spec.compile_per_op_ns * n_ops
 
 
 def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> OpCost:
     """Cost of one dispatched aten op (``func(*args, **kwargs) -> out``) on ``spec``."""
     packet = func._overloadpacket
-    bytes_in = sum(tensor_bytes(a) for a in args)
+    bytes_in = sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(v) for v in kwargs.values())
     bytes_out = tensor_bytes(out)
     dtype = _first_dtype(args, out)
     low = dtype in _LOW_PRECISION
@@ -94,6 +141,7 @@ def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: 
     else:
         engine = "TPC"
         flops = out.numel() if isinstance(out, torch.Tensor) else 0
+    compute = _compute_ns(spec, engine, flops, low)
     return OpCost(
         name=str(func),
         engine=engine,
@@ -101,5 +149,6 @@ def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: 
         bytes_in=bytes_in,
         bytes_out=bytes_out,
         low_precision=low,
-        device_ns=op_time_ns(spec, engine, flops, bytes_in + bytes_out, low),
+        device_ns=max(compute, _memory_ns(spec, bytes_in + bytes_out)),
+        compute_ns=compute,
     )

@@ -5,10 +5,12 @@ All times are integer *simulated* nanoseconds; nothing here reads a wall clock, 
 script gives the same timeline on any machine. Three cursors advance:
 
 * ``host_ns``: the host thread. In lazy mode each dispatched op costs ``host_op_ns`` of host
-  time to accumulate; launching a graph costs ``graph_launch_ns``; a host read (``.item()``,
-  ``.cpu()``) or :meth:`SimDevice.synchronize` makes the host wait for the device.
+  time to accumulate; launching a graph costs ``graph_launch_ns`` plus, on a recipe-cache
+  miss, the simulated compile time; a host read (``.item()``, ``.cpu()``) or
+  :meth:`SimDevice.synchronize` makes the host wait for the device. Host<->device copies
+  (``.to("hpu")`` of a host tensor, ``.cpu()`` of a device tensor) cost PCIe time on the host.
 * the compute stream: a launched graph starts at ``max(host_ns, compute.free_ns)`` and runs
-  for the sum of its ops' roofline times.
+  for the fused time of its ops (see NOTE [fusion inside a graph] in ``cost_model``).
 * the collective stream: a collective is ready at ``max(host_ns, compute.free_ns,
   collective.free_ns)`` once the graph producing its input has been launched (a collective
   is a lazy-mode launch point), and its duration comes from the network model. ``Work.wait()``
@@ -16,27 +18,55 @@ script gives the same timeline on any machine. Three cursors advance:
 
 A *step* (``begin_step``/``end_step``) reports its length and how much of it the compute and
 collective streams were busy; communication not hidden under compute is "exposed".
+
+NOTE [device residency and HBM]
+Tensors are CPU tensors; the device tracks which *storages* are on the simulated HBM: the
+outputs of ops the bridge charges, tensors moved with ``.to("hpu")`` and factories with
+``device="hpu"``. Each is held by a weak reference to its storage, so HBM is freed exactly
+when the storage dies (also when autograd releases saved activations). ``.to("hpu")`` of a
+storage that is not resident is a host->device PCIe copy; ``.cpu()``/``.item()`` of a
+resident one is a host read (launch, wait, device->host copy); of a host tensor it is free.
+An in-place op on a host tensor (parameter initialisation before ``model.to("hpu")``, a
+CPU-resident optimizer step counter) is host work and is not charged. Ops that create new
+tensors are charged whatever their inputs, since a script written for Gaudi computes on
+device tensors (a simplification: CPU-side compute on host tensors is charged too).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .cost_model import OpCost
+import torch
+
+from . import metrics
+from .cost_model import OpCost, compile_ns, fused_time_ns, host_op_time_ns, op_cost, pcie_ns
 from .device_spec import DeviceSpec, get_device_spec
+from .fallback import FallbackPolicy
+from .graph_key import graph_digest, op_signature, output_signature, recipe_name
+from .memory import HBMModel
+from .recipe_cache import ENV_VAR as RECIPE_CACHE_ENV, Recipe, RecipeCache
 
 __all__ = ["Stream", "StepTimes", "SimDevice", "get_device", "reset_device"]
+
+_Tensor = torch.Tensor
 
 
 @dataclass(slots=True)
 class Stream:
-    """A simulated device queue: when it is next free, and its busy intervals (ns)."""
+    """A simulated device queue: when it is next free, and its busy intervals (ns).
+
+    ``trace``, when a list, also receives every span as ``(stream, start, dur, label)``
+    (kept for the whole run, unlike ``intervals`` which steps trim).
+    """
 
     name: str
     free_ns: int = 0
     intervals: list[tuple[int, int, str]] = field(default_factory=list)
+    trace: list | None = None
 
     def run(self, ready_ns: int, duration_ns: int, label: str) -> tuple[int, int]:
         """Enqueue work ready at ``ready_ns``; returns its (start, end) in simulated ns."""
@@ -45,6 +75,8 @@ class Stream:
         self.free_ns = end
         if duration_ns > 0:
             self.intervals.append((start, end, label))
+            if self.trace is not None:
+                self.trace.append((self.name, start, duration_ns, label))
         return start, end
 
 
@@ -110,6 +142,61 @@ def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
     return total
 
 
+class _StorageRef(weakref.ref):
+    """Weak reference to a resident storage, carrying its id and size (HBM bytes)."""
+
+    __slots__ = ("key", "nbytes")
+
+
+@dataclass(slots=True)
+class _OpInfo:
+    """What the device needs to know about one (op, signature), computed once."""
+
+    cost: OpCost
+    view: bool
+    allocates: bool
+    fallback: bool
+    dynamic: bool
+
+
+_FUNC_FLAGS: dict = {}
+
+
+_NOT_DEVICE_WORK = frozenset({"profiler"})
+"""Op namespaces that are bookkeeping, not device work (``record_function`` markers)."""
+
+
+def _func_flags(func) -> tuple[bool, bool, bool, bool]:
+    """(ignored, is_view, allocates_outputs, dynamic_output_shape) of an op overload, cached."""
+    flags = _FUNC_FLAGS.get(func)
+    if flags is None:
+        ignored = func.namespace in _NOT_DEVICE_WORK
+        view = bool(func.is_view)
+        aliased = any(r.alias_info is not None for r in func._schema.returns)
+        dynamic = torch.Tag.dynamic_output_shape in func.tags
+        flags = _FUNC_FLAGS[func] = (ignored, view, not view and not aliased, dynamic)
+    return flags
+
+
+def _out_tensors(out: object) -> list:
+    if isinstance(out, _Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [o for o in out if isinstance(o, _Tensor)]
+    return []
+
+
+def _dtypes(args: tuple, kwargs: dict, out: object) -> set:
+    found = set()
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, _Tensor):
+            found.add(a.dtype)
+        elif isinstance(a, (list, tuple)):
+            found.update(x.dtype for x in a if isinstance(x, _Tensor))
+    found.update(o.dtype for o in _out_tensors(out))
+    return found
+
+
 class SimDevice:
     """One simulated Gaudi card (one per process).
 
@@ -119,61 +206,302 @@ class SimDevice:
             each op on its own.
         max_compound_ops: launch the pending graph once it holds this many ops
             (``PT_HPU_MAX_COMPOUND_OP_SIZE``; 0 = unlimited).
+        recipes: the recipe cache (default: memory only).
+        fallback: CPU-fallback policy (default: from the environment).
     """
 
-    def __init__(self, spec: DeviceSpec, *, lazy: bool = True, max_compound_ops: int = 0) -> None:
+    def __init__(self, spec: DeviceSpec, *, lazy: bool = True, max_compound_ops: int = 0,
+                 recipes: RecipeCache | None = None, fallback: FallbackPolicy | None = None) -> None:
         self.spec = spec
         self.lazy = lazy
         self.max_compound_ops = max_compound_ops
+        self.recipes = recipes if recipes is not None else RecipeCache()
+        self.fallback = fallback if fallback is not None else FallbackPolicy.from_env()
+        self.hbm = HBMModel.from_spec(spec)
         self.host_ns = 0
         self.compute = Stream("compute")
         self.collective = Stream("collective")
         self.pending: list[OpCost] = []
-        self._pending_ns = 0
+        self._pending_keys: list = []
+        self._pending_io: list[tuple[int, list]] = []  # per pending op: (fused input bytes, outputs)
+        self._graph_storages: dict[int, _StorageRef] = {}  # storages produced by the pending graph
+        self._pending_host_start = 0
+        self._resident: dict[int, _StorageRef] = {}
+        self._memo: dict = {}
+        self._region: str | None = None
+        self._capture: list | None = None
+        self._op_host_ns = spec.host_op_ns
+        self.last_recipe: Recipe | None = None
         self.graphs_launched = 0
         self.ops_recorded = 0
+        self.compilations = 0
+        self.trace: list | None = None
         self._step_start_ns = 0
         self._step_host_start = 0
         self.lock = threading.RLock()
 
-    # ---- ops and graphs -----------------------------------------------------------------
-    def record_op(self, cost: OpCost) -> None:
-        """Account one dispatched op: host accumulation cost, then maybe a launch."""
+    # ---- residency and HBM -----------------------------------------------------------------
+    def _on_free(self, ref: _StorageRef) -> None:
+        if self._resident.get(ref.key) is ref:
+            del self._resident[ref.key]
+            try:
+                self.hbm.free(ref.nbytes)
+            except ValueError:  # accounting restarted (reset_device) while the storage lived
+                pass
+
+    def _register(self, storage) -> _StorageRef:
+        key = id(storage)
+        ref = self._resident.get(key)
+        if ref is None:
+            nbytes = storage.nbytes()
+            self.hbm.allocate(nbytes)
+            ref = _StorageRef(storage, self._on_free)
+            ref.key = key
+            ref.nbytes = nbytes
+            self._resident[key] = ref
+        return ref
+
+    def is_resident(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is on the simulated HBM."""
+        return id(t.untyped_storage()) in self._resident
+
+    def check_alloc(self, nbytes: int) -> None:
+        """Raise :class:`~hpu_runtime.memory.HPUOutOfMemoryError` if ``nbytes`` would not fit."""
+        self.hbm.check_alloc(nbytes)
+
+    def to_device(self, t: torch.Tensor) -> None:
+        """``.to("hpu")`` of ``t``: a PCIe host->device copy unless it is already resident.
+
+        Raises:
+            HPUOutOfMemoryError: if the tensor does not fit in the remaining HBM.
+        """
+        st = t.untyped_storage()
+        if id(st) in self._resident:
+            return
         with self.lock:
-            self.ops_recorded += 1
-            if not self.lazy:
-                self.host_ns += self.spec.eager_op_launch_ns
-                self.compute.run(self.host_ns, cost.device_ns, cost.name)
+            self._register(st)
+            ns = pcie_ns(self.spec, st.nbytes())
+            self._host_event("H2D copy", ns, {"bytes": st.nbytes()})
+            self.host_ns += ns
+
+    # ---- ops and graphs -----------------------------------------------------------------
+    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:
+        """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the bridge's hot path)."""
+        if _func_flags(func)[0]:
+            return
+        sig = op_signature(args, kwargs)
+        mk = (func, sig)
+        info = self._memo.get(mk)
+        if info is None:
+            _, view, allocates, dynamic = _func_flags(func)
+            info = _OpInfo(cost=op_cost(self.spec, func, args, kwargs, out), view=view,
+                           allocates=allocates, dynamic=dynamic,
+                           fallback=not view and self.fallback.falls_back(func, _dtypes(args, kwargs, out)))
+            if not dynamic:
+                self._memo[mk] = info
+        if info.dynamic:
+            mk = (func, sig, output_signature(out))
+        with self.lock:
+            if info.view:
+                if self.lazy or self._region is not None:
+                    self._pending_keys.append(mk)
                 return
-            self.host_ns += self.spec.host_op_ns
-            self.pending.append(cost)
-            self._pending_ns += cost.device_ns
-            if self.max_compound_ops and len(self.pending) >= self.max_compound_ops:
-                self.launch("max_compound_op_size")
+            if info.fallback:
+                self._cpu_fallback(func, args, kwargs, out, info.cost)
+                return
+            if (not info.allocates and args and isinstance(args[0], _Tensor)
+                    and id(args[0].untyped_storage()) not in self._resident):
+                return  # in place on a host tensor (parameter init, a CPU step counter): host work
+            gs = self._graph_storages
+            fused = 0
+            for a in args:
+                if isinstance(a, _Tensor):
+                    if id(a.untyped_storage()) in gs:
+                        fused += a.nbytes
+                elif isinstance(a, (list, tuple)):
+                    for x in a:
+                        if isinstance(x, _Tensor) and id(x.untyped_storage()) in gs:
+                            fused += x.nbytes
+            outs = []
+            for o in _out_tensors(out):
+                st = o.untyped_storage()
+                if info.allocates:
+                    ref = self._register(st)
+                    gs[id(st)] = ref
+                else:
+                    ref = gs.get(id(st))
+                outs.append((o.nbytes, ref))
+            if self._capture is not None:
+                self._capture.append((func, args, kwargs, out, info.allocates))
+            self._append(mk, info.cost, fused, outs)
+
+    def record_op(self, cost: OpCost, key: object = None) -> None:
+        """Account one op given only its cost (pure use, e.g. tests and the planner).
+
+        ``key`` identifies the op in the graph key (default: its name, FLOPs, bytes and time);
+        it is never fused.
+        """
+        if key is None:
+            key = (cost.flops, cost.bytes_in, cost.bytes_out, cost.device_ns)
+        with self.lock:
+            self._append((cost.name, key), cost, 0, [])
+
+    def _append(self, mk, cost: OpCost, fused: int, outs: list) -> None:
+        self.ops_recorded += 1
+        accumulate = self.lazy or self._region is not None
+        if not self.pending:
+            self._pending_host_start = self.host_ns
+        self.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
+        self.pending.append(cost)
+        self._pending_keys.append(mk)
+        self._pending_io.append((fused, outs))
+        if not accumulate:
+            self._launch("eager", 0)
+        elif self.max_compound_ops and self._region is None and len(self.pending) >= self.max_compound_ops:
+            self.launch("max_compound_op_size")
+
+    def _cpu_fallback(self, func, args, kwargs, out, cost: OpCost) -> None:
+        """The op ran "on the CPU": launch, wait, copy inputs down, run on host, copy back."""
+        self.launch("cpu_fallback")
+        self._wait_host(self.compute.free_ns)
+        spec = self.spec
+        ns = (pcie_ns(spec, cost.bytes_in) + host_op_time_ns(spec, cost.flops, cost.bytes_in + cost.bytes_out)
+              + pcie_ns(spec, cost.bytes_out))
+        name = func._schema.name
+        self._host_event(f"CPU fallback {name}", ns, {"bytes_in": cost.bytes_in, "bytes_out": cost.bytes_out})
+        self.host_ns += ns
+        for o in _out_tensors(out):
+            self._register(o.untyped_storage())
+        metrics.record_fallback(name)
+        self.fallback.emit(func, args, kwargs)
+
+    def _graph_ns(self) -> int:
+        spec = self.spec
+        total = 0
+        for cost, (fused, outs) in zip(self.pending, self._pending_io):
+            if not outs and not fused:
+                total += cost.device_ns
+                continue
+            written = 0
+            for nbytes, ref in outs:
+                if ref is None or ref() is not None:
+                    written += nbytes
+            total += fused_time_ns(spec, cost, cost.bytes_in - fused + written)
+        return total
+
+    def _launch(self, reason: str, launch_host_ns: int) -> tuple[int, int] | None:
+        n = len(self.pending)
+        if n == 0:
+            self._pending_keys.clear()
+            return None
+        key = tuple(self._pending_keys)
+        spec_name = self.spec.name
+        digest: list[bytes] = []
+
+        def get_digest() -> bytes:
+            if not digest:
+                digest.append(graph_digest(spec_name, key))
+            return digest[0]
+
+        recipe = self.recipes.lookup(key, digest=get_digest)
+        if recipe is None:
+            cns = compile_ns(self.spec, n)
+            name = recipe_name(get_digest(), n)
+            recipe = Recipe(n_ops=n, compile_ns=cns, device_ns=self._graph_ns(), meta={"name": name})
+            self.recipes.insert(key, recipe, digest=get_digest)
+            metrics.record_recipe_cache(False, name)
+            metrics.record_compilation(cns)
+            self.compilations += 1
+            self._host_event(f"compile {name}", cns, {"ops": n, "reason": reason})
+            self.host_ns += cns
+        else:
+            name = recipe.meta.get("name", "recipe")
+            metrics.record_recipe_cache(True, name)
+        if self.trace is not None and self.host_ns > self._pending_host_start and reason != "eager":
+            self._host_event(f"build graph[{n} ops]", self.host_ns - self._pending_host_start, {},
+                             start=self._pending_host_start)
+        self.host_ns += launch_host_ns
+        span = self.compute.run(self.host_ns, recipe.device_ns, f"{name} ({reason})")
+        self.graphs_launched += 1
+        self.last_recipe = recipe
+        self.pending = []
+        self._pending_keys = []
+        self._pending_io = []
+        self._graph_storages = {}
+        return span
 
     def launch(self, reason: str = "mark_step") -> tuple[int, int] | None:
-        """Launch the pending graph on the compute stream; returns its (start, end) or None."""
-        with self.lock:
-            if not self.pending:
-                return None
-            self.host_ns += self.spec.graph_launch_ns
-            span = self.compute.run(self.host_ns, self._pending_ns, f"graph[{len(self.pending)} ops] ({reason})")
-            self.graphs_launched += 1
-            self.pending = []
-            self._pending_ns = 0
-            return span
+        """Launch the pending graph on the compute stream; returns its (start, end) or None.
 
-    def host_read(self) -> None:
-        """A host read of a device tensor: launch, then the host waits for the compute stream."""
+        The graph is looked up in the recipe cache by its key; a miss charges a compile on
+        the host and counts in ``metric_global("graph_compilation")``.
+        """
+        with self.lock:
+            return self._launch(reason, self.spec.graph_launch_ns)
+
+    def _wait_host(self, until_ns: int) -> None:
+        if until_ns > self.host_ns:
+            self._host_event("wait", until_ns - self.host_ns, {})
+            self.host_ns = until_ns
+
+    def host_read(self, nbytes: int = 0) -> None:
+        """A host read of a device tensor: launch, wait for the compute stream, copy ``nbytes`` down."""
         with self.lock:
             self.launch("host_read")
-            self.host_ns = max(self.host_ns, self.compute.free_ns)
+            self._wait_host(self.compute.free_ns)
+            if nbytes:
+                ns = pcie_ns(self.spec, nbytes)
+                self._host_event("D2H copy", ns, {"bytes": nbytes})
+                self.host_ns += ns
 
     def synchronize(self) -> None:
         """Launch pending work and make the host wait for every stream (``hpu.synchronize()``)."""
         with self.lock:
             self.launch("synchronize")
-            self.host_ns = max(self.host_ns, self.compute.free_ns, self.collective.free_ns)
+            self._wait_host(max(self.compute.free_ns, self.collective.free_ns))
+
+    # ---- regions: torch.compile graphs and HPU graph capture/replay ---------------------------
+    @contextmanager
+    def compiled_region(self, label: str = "torch.compile"):
+        """Ops inside form one recipe with no per-op host cost (a ``torch.compile`` FX graph)."""
+        with self.lock:
+            self.launch(label)
+            prev = (self._region, self._op_host_ns)
+            self._region, self._op_host_ns = label, 0
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.launch(label)
+                self._region, self._op_host_ns = prev
+
+    def begin_capture(self, ops: list) -> None:
+        """Start recording ops into ``ops`` as one HPU graph (see :mod:`hpu_runtime.graphs`)."""
+        with self.lock:
+            if self._capture is not None:
+                raise RuntimeError("hpu: an HPU graph capture is already in progress")
+            self.launch("hpu_graph_capture")
+            self._capture = ops
+            self._region = "hpu_graph_capture"
+
+    def end_capture(self) -> Recipe | None:
+        """Finish a capture: launch (compile) the captured graph; returns its recipe."""
+        with self.lock:
+            self.last_recipe = None
+            try:
+                span = self.launch("hpu_graph_capture")
+            finally:
+                self._capture = None
+                self._region = None
+            return self.last_recipe if span is not None else None
+
+    def replay(self, recipe: Recipe | None, label: str = "hpu_graph") -> tuple[int, int]:
+        """Replay a captured graph: no per-op host cost, ``graph_replay_ns`` then its device time."""
+        with self.lock:
+            self.launch("hpu_graph_replay")
+            self.host_ns += self.spec.graph_replay_ns
+            return self.compute.run(self.host_ns, recipe.device_ns if recipe else 0,
+                                    f"{label} replay")
 
     # ---- collectives ----------------------------------------------------------------------
     def collective_ready_ns(self) -> int:
@@ -192,6 +520,28 @@ class SimDevice:
         """The compute stream waits for an event at ``until_ns`` (e.g. a collective's end)."""
         with self.lock:
             self.compute.free_ns = max(self.compute.free_ns, until_ns)
+
+    # ---- trace ----------------------------------------------------------------------------
+    def enable_trace(self) -> None:
+        """Keep every host, compute and collective span from now on (for :meth:`trace_events`)."""
+        with self.lock:
+            if self.trace is None:
+                self.trace = []
+                self.compute.trace = self.trace
+                self.collective.trace = self.trace
+
+    def _host_event(self, label: str, dur_ns: int, args: dict, start: int | None = None) -> None:
+        if self.trace is not None and dur_ns > 0:
+            self.trace.append(("host", self.host_ns if start is None else start, dur_ns, label, args))
+
+    def trace_events(self, rank: int = 0) -> list:
+        """The recorded spans as :class:`~hpu_runtime.trace.TraceEvent` of ``rank``."""
+        from .trace import TraceEvent
+
+        with self.lock:
+            spans = list(self.trace or [])
+        return [TraceEvent(rank=rank, stream=s[0], name=s[3], start_ns=s[1], dur_ns=s[2],
+                           args=s[4] if len(s) > 4 else {}) for s in spans]
 
     # ---- steps ----------------------------------------------------------------------------
     def now_ns(self) -> int:
@@ -247,35 +597,59 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+def _env_config() -> tuple[bool, int, DeviceSpec]:
+    lazy = _env_int("PT_HPU_LAZY_MODE", 1)
+    if lazy not in (0, 1):
+        raise ValueError(f"PT_HPU_LAZY_MODE={lazy} must be 0 or 1")
+    max_ops = _env_int("PT_HPU_MAX_COMPOUND_OP_SIZE", 0)
+    if max_ops < 0:
+        raise ValueError(f"PT_HPU_MAX_COMPOUND_OP_SIZE={max_ops} must be >= 0")
+    return bool(lazy), max_ops, get_device_spec(os.environ.get("HPU_DEVICE_SPEC", "gaudi2"))
+
+
+_disk_config: tuple[str, object] | None = None  # (env value, DiskRecipeCache or None)
+
+
+def _recipe_cache() -> RecipeCache:
+    """A fresh in-memory cache over the (shared, long-lived) disk level of the environment."""
+    global _disk_config
+    value = os.environ.get(RECIPE_CACHE_ENV, "").strip()
+    if _disk_config is None or _disk_config[0] != value:
+        if _disk_config is not None and _disk_config[1] is not None:
+            _disk_config[1].close()
+        _disk_config = (value, RecipeCache.from_env().disk)
+    return RecipeCache(disk=_disk_config[1])
+
+
 def get_device() -> SimDevice:
     """This process's simulated Gaudi, created on first use from the environment.
 
     Reads ``PT_HPU_LAZY_MODE`` (default 1), ``PT_HPU_MAX_COMPOUND_OP_SIZE`` (default 0 =
-    unlimited) and ``HPU_DEVICE_SPEC`` (default ``gaudi2``).
+    unlimited), ``HPU_DEVICE_SPEC`` (default ``gaudi2``), ``PT_HPU_RECIPE_CACHE_CONFIG``
+    and the CPU-fallback variables (see :mod:`hpu_runtime.fallback`).
 
     Raises:
         ValueError: a malformed environment variable, naming it.
     """
     global _device
+    if _device is not None:
+        return _device
     with _device_lock:
         if _device is None:
-            lazy = _env_int("PT_HPU_LAZY_MODE", 1)
-            if lazy not in (0, 1):
-                raise ValueError(f"PT_HPU_LAZY_MODE={lazy} must be 0 or 1")
-            max_ops = _env_int("PT_HPU_MAX_COMPOUND_OP_SIZE", 0)
-            if max_ops < 0:
-                raise ValueError(f"PT_HPU_MAX_COMPOUND_OP_SIZE={max_ops} must be >= 0")
-            spec = get_device_spec(os.environ.get("HPU_DEVICE_SPEC", "gaudi2"))
-            _device = SimDevice(spec, lazy=bool(lazy), max_compound_ops=max_ops)
+            lazy, max_ops, spec = _env_config()
+            _device = SimDevice(spec, lazy=lazy, max_compound_ops=max_ops, recipes=_recipe_cache())
         return _device
 
 
 def reset_device(spec: DeviceSpec | str | None = None) -> SimDevice:
-    """Start this process's simulated device afresh (empty timeline), optionally as ``spec``.
+    """Start this process's simulated device afresh, optionally as ``spec``.
 
-    The device object is re-initialised in place, so references held by the bridge and by
-    process groups stay valid. ``spec`` (a DeviceSpec or a name) also becomes the
-    ``HPU_DEVICE_SPEC`` of this process.
+    Empty timeline, empty in-memory recipe cache, HBM accounting from zero (tensors that are
+    alive keep working but are no longer counted), metrics zeroed; the environment
+    (``PT_HPU_LAZY_MODE``, ``PT_HPU_MAX_COMPOUND_OP_SIZE``, ``PT_HPU_RECIPE_CACHE_CONFIG``,
+    fallback variables) is read again. The device object is re-initialised in place, so
+    references held by the bridge and by process groups stay valid. ``spec`` (a DeviceSpec
+    or a name) also becomes the ``HPU_DEVICE_SPEC`` of this process.
 
     Raises:
         ValueError: an unknown device name or a malformed environment variable.
@@ -283,8 +657,12 @@ def reset_device(spec: DeviceSpec | str | None = None) -> SimDevice:
     if spec is not None:
         resolved = get_device_spec(spec) if isinstance(spec, str) else spec
         os.environ["HPU_DEVICE_SPEC"] = resolved.name
+    else:
+        resolved = None
     dev = get_device()
-    fresh_spec = get_device_spec(os.environ.get("HPU_DEVICE_SPEC", "gaudi2"))
+    lazy, max_ops, env_spec = _env_config()
+    fresh_spec = resolved if resolved is not None else env_spec
     with dev.lock:
-        dev.__init__(fresh_spec, lazy=dev.lazy, max_compound_ops=dev.max_compound_ops)
+        dev.__init__(fresh_spec, lazy=lazy, max_compound_ops=max_ops, recipes=_recipe_cache())
+    metrics.reset_all()
     return dev

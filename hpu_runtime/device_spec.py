@@ -93,12 +93,20 @@ class DeviceSpec:
     """Number of TPC (vector) cores."""
     num_mme: int
     """Number of MME (matrix) engines."""
+    graph_replay_ns: int = 10_000
+    """HPU graph replay: host time to check input shapes and launch a captured graph, ns
+    (modelling assumption; replaces the per-op accumulation of lazy mode)."""
+    host_flops_per_s: float = 50 * _GIGA
+    """CPU-fallback ops: host compute rate, FLOP/s (modelling assumption: a few AVX cores)."""
+    host_bytes_per_s: float = 10 * _GIGA
+    """CPU-fallback ops: host memory bandwidth seen by one op, bytes/s (modelling assumption)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"DeviceSpec.name must be a non-empty string, got {self.name!r}")
         for field in ("hbm_bytes", "host_op_ns", "eager_op_launch_ns", "graph_launch_ns",
-                      "compile_base_ns", "compile_per_op_ns", "num_tpc", "num_mme"):
+                      "compile_base_ns", "compile_per_op_ns", "num_tpc", "num_mme",
+                      "graph_replay_ns"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(
@@ -108,13 +116,14 @@ class DeviceSpec:
                 raise ValueError(
                     f"DeviceSpec({self.name}).{field} must be > 0, got {getattr(self, field)}")
         for field in ("host_op_ns", "eager_op_launch_ns", "graph_launch_ns",
-                      "compile_base_ns", "compile_per_op_ns"):
+                      "compile_base_ns", "compile_per_op_ns", "graph_replay_ns"):
             if getattr(self, field) < 0:
                 raise ValueError(
                     f"DeviceSpec({self.name}).{field} is a time in ns and must be >= 0, "
                     f"got {getattr(self, field)}")
         for field in ("hbm_bytes_per_s", "mme_bf16_flops_per_s", "mme_fp32_flops_per_s",
-                      "tpc_bf16_flops_per_s", "tpc_fp32_flops_per_s", "pcie_bytes_per_s"):
+                      "tpc_bf16_flops_per_s", "tpc_fp32_flops_per_s", "pcie_bytes_per_s",
+                      "host_flops_per_s", "host_bytes_per_s"):
             value = getattr(self, field)
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
                     or not value > 0 or value == float("inf")):

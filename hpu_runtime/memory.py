@@ -125,7 +125,7 @@ class HBMModel:
         """Physical HBM in bytes."""
         self.capacity_bytes = capacity_bytes - reserved_bytes
         """Usable HBM in bytes (total minus reserved)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: frees may come from GC callbacks
         self._live = 0
         self._peak = 0
         self._allocs = 0

@@ -45,7 +45,7 @@ import struct
 import threading
 import uuid
 import zlib
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,12 +502,14 @@ class RecipeCache:
         config = parse_recipe_cache_config(value) if value else None
         return cls() if config is None else cls(disk=DiskRecipeCache(config))
 
-    def lookup(self, key: Hashable, *, digest: bytes | None = None) -> Recipe | None:
+    def lookup(self, key: Hashable, *, digest: bytes | Callable[[], bytes] | None = None
+               ) -> Recipe | None:
         """Find the recipe of a graph key, counting a hit or a miss.
 
         Args:
             key: hashable graph key (in-process identity).
-            digest: stable bytes digest of the same key; needed to consult the disk level.
+            digest: stable bytes digest of the same key, or a function computing it (called
+                only on a memory miss); needed to consult the disk level.
 
         Returns:
             The recipe, or None on a miss.
@@ -518,7 +520,7 @@ class RecipeCache:
                 self._hits += 1
                 return recipe
         if self.disk is not None and digest is not None:
-            recipe = self.disk.load(digest)
+            recipe = self.disk.load(digest() if callable(digest) else digest)
             if recipe is not None:
                 with self._lock:
                     self._entries[key] = recipe
@@ -529,12 +531,13 @@ class RecipeCache:
             self._misses += 1
         return None
 
-    def insert(self, key: Hashable, recipe: Recipe, *, digest: bytes | None = None) -> None:
+    def insert(self, key: Hashable, recipe: Recipe, *,
+               digest: bytes | Callable[[], bytes] | None = None) -> None:
         """Remember a freshly compiled recipe; also queue it for disk if a digest is given."""
         with self._lock:
             self._entries[key] = recipe
         if self.disk is not None and digest is not None:
-            self.disk.store_async(digest, recipe)
+            self.disk.store_async(digest() if callable(digest) else digest, recipe)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:

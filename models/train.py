@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import time
 from dataclasses import asdict
 
@@ -45,9 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=None, help="override the MLP hidden width")
     p.add_argument("--dataset", default="digits", choices=dataset_names())
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
-    p.add_argument("--lr", type=float, default=0.005)
+    p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
+    p.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=["sgd", "adam"],
+        help="sgd (default) or adam; torch's Adam reads its step counter on the host and feeds"
+        " it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
+    )
+    p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size, MB")
@@ -64,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0 = all)")
     p.add_argument("--summary", default=None, help="rank 0 writes the JSON summary here")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write each rank's Chrome trace of the simulated timeline to DIR (rank 0 merges them)")
     return p
 
 
@@ -100,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
     device = hpu.reset_device(args.device_spec)
+    if args.trace:
+        device.enable_trace()
     rank, world = _init_distributed(args.backend)
 
     torch.manual_seed(args.seed)
@@ -126,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         loss_sum = torch.zeros((), device="hpu")
         steps = 0
         sim = {"step_ns": 0, "compute_ns": 0, "comm_ns": 0, "exposed_comm_ns": 0, "host_ns": 0}
+        step_ns: list[int] = []
         batches = iter(loader)
         while True:
             with hpu.bridge_disabled():  # host-side data loading is not device work
@@ -143,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
             t = device.end_step()
             for k in sim:
                 sim[k] += getattr(t, k)
+            step_ns.append(t.step_ns)
             steps += 1
         train_loss = (loss_sum / max(steps, 1)).item()
         acc = _accuracy(ddp.module, test_set)
@@ -153,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
             "train_loss": train_loss,
             "test_accuracy": acc,
             "sim_step_ns_mean": sim["step_ns"] // max(steps, 1),
+            "sim_step_ns_median": int(statistics.median(step_ns)) if step_ns else 0,
             "sim_compute_ns_mean": sim["compute_ns"] // max(steps, 1),
             "sim_comm_ns_mean": sim["comm_ns"] // max(steps, 1),
             "sim_exposed_comm_ns_mean": sim["exposed_comm_ns"] // max(steps, 1),
@@ -164,15 +178,17 @@ def main(argv: list[str] | None = None) -> dict:
         device.begin_step()  # evaluation is not part of any training step
         if rank == 0:
             log.info(
-                "epoch %d  loss %.4f  test acc %.4f | simulated step %.1f us (compute %.1f, comm %.1f,"
-                " exposed comm %.1f) | wall-clock epoch %.2f s",
+                "epoch %d  loss %.4f  test acc %.4f | simulated step %.1f us mean, %.1f us median"
+                " (mean compute %.1f, comm %.1f, exposed comm %.1f, host %.1f) | wall-clock epoch %.2f s",
                 epoch,
                 train_loss,
                 acc,
                 row["sim_step_ns_mean"] / 1e3,
+                row["sim_step_ns_median"] / 1e3,
                 row["sim_compute_ns_mean"] / 1e3,
                 row["sim_comm_ns_mean"] / 1e3,
                 row["sim_exposed_comm_ns_mean"] / 1e3,
+                row["sim_host_ns_mean"] / 1e3,
                 wall_s,
             )
 
@@ -196,6 +212,15 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.summary, "w") as f:
             json.dump(summary, f, indent=2, default=str)
         log.info("summary written to %s", args.summary)
+    if args.trace:
+        from hpu_runtime.trace import merge_trace_files, rank_trace_path, write_rank_trace
+
+        write_rank_trace(args.trace, rank, device.trace_events(rank))
+        dist.barrier()
+        if rank == 0:
+            merged = merge_trace_files(os.path.join(args.trace, "trace.json"),
+                                       [rank_trace_path(args.trace, r) for r in range(world)])
+            log.info("trace written to %s", merged)
     dist.destroy_process_group()
     return summary
 

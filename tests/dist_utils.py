@@ -27,7 +27,7 @@ class RankFailure(AssertionError):
 
 
 def _entry(fn, rank, world, init_file, backend, pg_timeout, env, args, out):
-    os.environ.update(env)
+    os.environ.update({k: v.format(rank=rank, host=rank // int(env.get("RANKS_PER_HOST", world))) for k, v in env.items()})
     try:
         import torch.distributed as dist
 
@@ -64,6 +64,10 @@ def run_ranks(
     expect_errors: bool = False,
 ) -> list:
     """Run ``fn`` on ``world_size`` spawned ranks; see the module docstring.
+
+    ``env`` values may use ``{rank}`` and ``{host}`` (``rank // RANKS_PER_HOST``, from the
+    same ``env``), e.g. ``{"RANKS_PER_HOST": "2", "HCCL_HOST_ID": "host{host}"}`` makes
+    two emulated hosts of two ranks each.
 
     With ``expect_errors=True``, returns per-rank ``("ok", value)``, ``("err", text)`` or
     ``("missing", exit code)`` pairs instead of raising (for tests of failure behaviour).

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccl.algorithms._base import Algorithm, Ctx, dense_rows, even_table
+from hccl.algorithms._base import Algorithm, Ctx, dense_grid, dense_rows, even_table
 from hccl.schedule import Phase
 
 __all__ = ["Hierarchical"]
@@ -43,8 +43,8 @@ class Hierarchical(Algorithm):
         r = np.arange(ctx.n)
         return even_table(s0, s1, ctx.n, order=(r % L) * B + r // L)
 
-    def _box_rows(self, ctx: Ctx, table, *, gather: bool):
-        """Rows of the in-box step: to local peer (l + j) send the chunks it owns (RS) or mine (AG)."""
+    def _box_blocks(self, ctx: Ctx, table, *, gather: bool, reduce: bool):
+        """In-box step: to local peer (l + j) send the chunks it owns (RS) or mine (AG)."""
         n = ctx.n
         L, B = self._dims(ctx)
         start, length = table
@@ -54,47 +54,46 @@ class Hierarchical(Algorithm):
         ln = length.reshape(B, L)
         # chunks of local index l across boxes are contiguous and in box order?
         contig = bool(np.all(sl[1:] == sl[:-1] + ln[:-1])) if B > 1 else True
+        J = np.arange(1, L)[:, None]
+        peer_l = (l[None, :] + J) % L          # (L - 1, n)
+        d = b[None, :] * L + peer_l
+        owner_l = np.broadcast_to(l, peer_l.shape) if gather else peer_l
+        if contig:
+            off = sl[0][owner_l]
+            return dense_grid(n, d, ln.sum(axis=0)[owner_l], off, off, reduce=reduce)
         rows = []
-        for j in range(1, L):
-            peer_l = (l + j) % L
-            d = b * L + peer_l
-            owner_l = l if gather else peer_l
-            if contig:
-                rows.append((d, ln[:, owner_l].sum(axis=0), sl[0, owner_l], sl[0, owner_l]))
-            else:
-                for bb in range(B):
-                    rows.append((d, ln[bb, owner_l], sl[bb, owner_l], sl[bb, owner_l]))
-        return rows
+        for j in range(L - 1):
+            for bb in range(B):
+                rows.append((d[j], ln[bb][owner_l[j]], sl[bb][owner_l[j]], sl[bb][owner_l[j]]))
+        return dense_rows(n, rows, reduce=reduce)
 
-    def _out_rows(self, ctx: Ctx, table, *, gather: bool):
+    def _out_blocks(self, ctx: Ctx, table, *, gather: bool, reduce: bool):
+        """Scale-out step: exchange with the card of the same local index in every other box."""
         n = ctx.n
         L, B = self._dims(ctx)
         start, length = table
         r = np.arange(n)
         b, l = r // L, r % L
-        rows = []
-        for j in range(1, B):
-            d = ((b + j) % B) * L + l
-            c = r if gather else d
-            rows.append((d, length[c], start[c], start[c]))
-        return rows
+        d = ((b[None, :] + np.arange(1, B)[:, None]) % B) * L + l[None, :]   # (B - 1, n)
+        if gather:
+            return dense_grid(n, d, length, start, start, reduce=reduce)
+        off = start[d]
+        return dense_grid(n, d, length[d], off, off, reduce=reduce)
 
     def reduce_scatter(self, ctx: Ctx, table) -> list[Phase]:
-        n = ctx.n
         L, B = self._dims(ctx)
         phases: list[Phase] = []
         if L > 1:
-            phases.append(lambda: dense_rows(n, self._box_rows(ctx, table, gather=False), reduce=True))
+            phases.append(lambda: self._box_blocks(ctx, table, gather=False, reduce=True))
         if B > 1:
-            phases.append(lambda: dense_rows(n, self._out_rows(ctx, table, gather=False), reduce=True))
+            phases.append(lambda: self._out_blocks(ctx, table, gather=False, reduce=True))
         return phases
 
     def all_gather(self, ctx: Ctx, table) -> list[Phase]:
-        n = ctx.n
         L, B = self._dims(ctx)
         phases: list[Phase] = []
         if B > 1:
-            phases.append(lambda: dense_rows(n, self._out_rows(ctx, table, gather=True), reduce=False))
+            phases.append(lambda: self._out_blocks(ctx, table, gather=True, reduce=False))
         if L > 1:
-            phases.append(lambda: dense_rows(n, self._box_rows(ctx, table, gather=True), reduce=False))
+            phases.append(lambda: self._box_blocks(ctx, table, gather=True, reduce=False))
         return phases

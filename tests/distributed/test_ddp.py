@@ -102,5 +102,6 @@ def test_simulated_timeline_is_deterministic():
     # first bucket's allreduce overlaps the rest of the backward pass
     assert len([r for r in records if r[0] == "allreduce"]) >= 1 + 2 * 2
     assert any(s[3] < s[2] for s in steps), "some communication should be hidden under compute"
-    # both ranks saw the same collective timeline
-    assert first[0][1] == first[1][1]
+    # both ranks saw the same collectives start together (end times are per rank: a
+    # broadcast root finishes before its receivers)
+    assert [r[:3] for r in first[0][1]] == [r[:3] for r in first[1][1]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hpu_runtime.cost_model import OpCost
@@ -13,8 +15,10 @@ def _op(ns: int) -> OpCost:
     return OpCost(name="aten.test", engine="TPC", flops=0, bytes_in=0, bytes_out=0, low_precision=False, device_ns=ns)
 
 
-def _dev(lazy: bool = True, max_ops: int = 0) -> SimDevice:
-    return SimDevice(get_device_spec("gaudi2"), lazy=lazy, max_compound_ops=max_ops)
+def _dev(lazy: bool = True, max_ops: int = 0, compile_ns: int = 0) -> SimDevice:
+    """A gaudi2 device; compile time 0 unless asked, so timeline arithmetic stays simple."""
+    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=compile_ns, compile_per_op_ns=0)
+    return SimDevice(spec, lazy=lazy, max_compound_ops=max_ops)
 
 
 def test_lazy_ops_accumulate_until_mark_step():

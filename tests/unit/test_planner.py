@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from hccl import planner
 from hccl.link_model import goodput_gbps, serialization_ns
 from hccl.planner import simulate, simulate_sequence
 from hccl.topology import load_topology
@@ -111,6 +112,7 @@ def test_slice_size_env(monkeypatch):
     ({"collective": "broadcast", "root": -1}, "root -1 out of range"),
     ({"collective": "all2all", "splits": [[1] * 8] * 8}, "add up to 8 elements, expected 256"),
     ({"collective": "all2all", "splits": [[128, 128]] * 2}, "8 x 8 matrix"),
+    ({"collective": "all2all", "splits": [[256] + [1] * 7] + [[32] * 8] * 7}, "rank 0 add up to 263 elements, more than 256"),
     ({"collective": "allreduce"}, "unknown collective 'allreduce'"),
     ({"collective": "all_reduce", "algorithm": "tree"}, "unknown algorithm 'tree'"),
     ({"collective": "all_reduce", "ready_ns": [0, 1]}, "ready_ns has 2 entries"),
@@ -144,3 +146,63 @@ def test_many_ranks_run():
     res = simulate("all_reduce", 64 * MB, HLS2, world_size=512)
     assert res.algorithm == "hierarchical" and len(res.end_ns) == 512
     assert 150 < _busbw(res, 512) < 300
+
+
+def test_ragged_all2all():
+    """Ragged all2all: row i is rank i's input; nbytes is the largest; a rank sending less ends sooner."""
+    n = 8
+    splits = [[4096] * n] + [[0] * n] * (n - 1)
+    res = simulate("all2all", 4096 * n * 4, HLS2, world_size=n, splits=splits)
+    even = simulate("all2all", 4096 * n * 4, HLS2, world_size=n)
+    assert res.messages == even.messages and 8 * res.scale_up_bytes == even.scale_up_bytes
+    assert res.end_ns[0] < even.end_ns[0] and res.end_ns[1:] == even.end_ns[1:]
+
+
+def _full(monkeypatch, **kw):
+    """The same call with the rank-symmetry fast path off."""
+    monkeypatch.setattr(planner, "_FOLD", False)
+    planner._simulate_cached.cache_clear()
+    try:
+        return simulate(**kw)
+    finally:
+        monkeypatch.setattr(planner, "_FOLD", True)
+        planner._simulate_cached.cache_clear()
+
+
+@pytest.mark.parametrize("n,collective,nbytes,algorithm,topo", [
+    (64, "all_reduce", 40 * MB, None, "hls2"),
+    (64, "all_reduce", 3 * MB + 4, None, "hls2"),       # uneven chunks: symmetry breaks, full path
+    (128, "all_gather", MB, None, "hls3"),
+    (128, "reduce_scatter", 8 * MB, None, "hls1"),
+    (64, "all2all", 4 * MB, None, "hls2"),
+    (64, "barrier", 0, None, "hls2"),
+    (64, "send_recv", 2 * MB, None, "hls2"),
+    (64, "all_reduce", 8 * MB, "ring", "hls2"),
+    (64, "all_reduce", 4096, "recursive", "hls2"),     # xor partners beyond a leaf: full path
+    (256, "all_reduce", 64 * MB, None, "hls2"),
+    (512, "all_reduce", 16 * MB, None, "hls2"),
+])
+def test_symmetry_fast_path_equals_full(monkeypatch, n, collective, nbytes, algorithm, topo):
+    """Folding ranks by the topology's symmetry gives the same integers as simulating every rank."""
+    kw = dict(collective=collective, nbytes=nbytes, topology=load_topology(topo), world_size=n,
+              algorithm=algorithm)
+    planner._simulate_cached.cache_clear()
+    assert simulate(**kw) == _full(monkeypatch, **kw)
+
+
+def test_symmetry_needs_periodic_ready(monkeypatch):
+    """Ready times that differ inside a period are simulated rank by rank, and still agree."""
+    ready = [0] * 64
+    ready[5] = 3000
+    kw = dict(collective="all_reduce", nbytes=8 * MB, topology=HLS2, world_size=64, ready_ns=ready)
+    assert simulate(**kw) == _full(monkeypatch, **kw)
+    assert planner._fold_period(HLS2, 64, __import__("numpy").asarray(ready)) == 64
+
+
+def test_4096_ranks_under_5s():
+    """256 MB all_reduce on 4,096 Gaudi2 ranks simulates in under 5 s of CPU time."""
+    planner._simulate_cached.cache_clear()
+    t0 = time.process_time()
+    res = simulate("all_reduce", 256 * MB, HLS2, world_size=4096)
+    assert time.process_time() - t0 < 5.0
+    assert res.algorithm == "hierarchical" and len(set(res.end_ns)) <= 32

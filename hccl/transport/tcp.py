@@ -1,0 +1,270 @@
+"""TCP transport between hosts: a full mesh of sockets among the hosts' leader ranks.
+
+NOTE [TCP wire format and trust]
+Nothing is pickled. A connection starts with a fixed 64-byte hello: magic ``b"HCCLTCP1"``,
+the connecting rank (int64), then the job token (48 ASCII bytes, padded). The listener
+compares the token with :func:`hmac.compare_digest` and closes connections that do not
+present it, then keeps accepting, so a stray or hostile client cannot join or stall the
+job. Every later message is a 24-byte header (magic ``b"HCCL"``, a 4-byte tag, int64
+sequence number, int64 payload bytes) followed by the raw payload bytes.
+
+Sockets listen on 127.0.0.1 unless ``HCCL_SOCKET_ADDR`` names an address, or
+``HCCL_SOCKET_IFNAME`` names an interface whose IPv4 address is used. Every blocking call
+has the process group's timeout; a peer that closes its socket raises
+:class:`~hccl.transport.shm.PeerFailure` naming the rank.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hmac
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+
+import torch
+
+from .shm import HcclTimeoutError, PeerFailure
+
+__all__ = ["TcpMesh", "listen_address", "HELLO_BYTES"]
+
+log = logging.getLogger(__name__)
+
+_HELLO_MAGIC = b"HCCLTCP1"
+_TOKEN_LEN = 48
+HELLO_BYTES = 8 + 8 + _TOKEN_LEN
+_HDR = struct.Struct("<4s4sqq")
+_MSG_MAGIC = b"HCCL"
+
+
+def _ifname_address(ifname: str) -> str:
+    """IPv4 address of interface ``ifname`` (Linux SIOCGIFADDR)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = struct.pack("256s", ifname.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, packed)[20:24])
+    except OSError as exc:
+        raise ValueError(f"HCCL_SOCKET_IFNAME={ifname!r}: no IPv4 address on that interface ({exc})") from None
+    finally:
+        s.close()
+
+
+def listen_address() -> str:
+    """The address to listen on: ``HCCL_SOCKET_ADDR``, else ``HCCL_SOCKET_IFNAME``'s, else loopback."""
+    addr = os.environ.get("HCCL_SOCKET_ADDR")
+    if addr:
+        return addr
+    ifname = os.environ.get("HCCL_SOCKET_IFNAME")
+    if ifname:
+        return _ifname_address(ifname)
+    return "127.0.0.1"
+
+
+def _recv_exact(sock: socket.socket, view: memoryview, what: str) -> None:
+    got = 0
+    n = len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"connection closed during {what}")
+        got += k
+
+
+class TcpMesh:
+    """Connections from this leader rank to every other leader rank.
+
+    Args:
+        rank: this process's group rank.
+        peers: group ranks of the other leaders.
+        token: the job token every peer must present (from the rendezvous store).
+        timeout_s: limit for connecting and for every send/receive, wall seconds.
+    """
+
+    def __init__(self, rank: int, peers: Sequence[int], token: str, timeout_s: float) -> None:
+        if len(token.encode()) > _TOKEN_LEN:
+            raise ValueError("hccl: job token too long")
+        self.rank = rank
+        self.peers = list(peers)
+        self.token = token.encode().ljust(_TOKEN_LEN, b"\0")
+        self.timeout_s = timeout_s
+        self.conns: dict[int, socket.socket] = {}
+        self.refused = 0
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((listen_address(), 0))
+        self._listener.listen(max(8, len(self.peers)))
+        self._accept_thread: threading.Thread | None = None
+        self._accept_error: BaseException | None = None
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        host, port = self._listener.getsockname()[:2]
+        return f"{host}:{port}"
+
+    # ---- connection set-up ------------------------------------------------------------
+    def connect(self, addresses: dict[int, str]) -> None:
+        """Connect to peers with a higher rank, accept those with a lower one (blocking)."""
+        lower = {p for p in self.peers if p < self.rank}
+        self._accept_thread = threading.Thread(target=self._accept_loop, args=(lower,), daemon=True, name="hccl-tcp-accept")
+        self._accept_thread.start()
+        for p in self.peers:
+            if p > self.rank:
+                self.conns[p] = self._dial(p, addresses[p])
+        self._accept_thread.join(self.timeout_s)
+        if self._accept_error is not None:
+            raise self._accept_error
+        missing = sorted(lower - set(self.conns))
+        if missing:
+            raise HcclTimeoutError(f"hccl: rank {self.rank}: rank(s) {missing} did not connect within {self.timeout_s:.0f} s")
+        # keep answering the port: anyone who connects later is refused (and logged)
+        threading.Thread(target=self._refuse_loop, daemon=True, name="hccl-tcp-refuse").start()
+
+    def _refuse_loop(self) -> None:
+        while not self._closed:
+            try:
+                self._listener.settimeout(0.5)
+                conn, addr = self._listener.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            self._handshake(conn, addr, set())
+
+    def _dial(self, peer: int, address: str) -> socket.socket:
+        host, port = address.rsplit(":", 1)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                s = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise HcclTimeoutError(f"hccl: rank {self.rank} could not connect to rank {peer} at {address}: {exc}") from None
+                time.sleep(0.05)
+        s.settimeout(self.timeout_s)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(_HELLO_MAGIC + struct.pack("<q", self.rank) + self.token)
+        return s
+
+    def _accept_loop(self, expected: set[int]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not expected <= set(self.conns):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._listener.settimeout(left)
+                try:
+                    conn, addr = self._listener.accept()
+                except (TimeoutError, socket.timeout):
+                    return
+                except OSError:
+                    if self._closed:
+                        return
+                    raise
+                peer = self._handshake(conn, addr, expected)
+                if peer is not None:
+                    self.conns[peer] = conn
+        except BaseException as exc:  # noqa: BLE001 - reported to connect()
+            self._accept_error = exc
+
+    def _handshake(self, conn: socket.socket, addr, expected: set[int]) -> int | None:
+        try:
+            conn.settimeout(min(5.0, self.timeout_s))
+            buf = bytearray(HELLO_BYTES)
+            _recv_exact(conn, memoryview(buf), "hello")
+            magic, peer, token = bytes(buf[:8]), struct.unpack("<q", buf[8:16])[0], bytes(buf[16:])
+            if magic != _HELLO_MAGIC or not hmac.compare_digest(token, self.token) or peer not in expected:
+                raise PermissionError("bad hello")
+        except (OSError, PermissionError, ConnectionError) as exc:
+            self.refused += 1
+            log.warning("hccl: rank %d refused a connection from %s (%s): no valid job token", self.rank, addr, exc)
+            conn.close()
+            return None
+        conn.settimeout(self.timeout_s)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return peer
+
+    # ---- messages ---------------------------------------------------------------------
+    def send(self, peer: int, tag: bytes, seq: int, payload: memoryview) -> None:
+        """Send one framed message (header + raw bytes) to ``peer``."""
+        sock = self.conns[peer]
+        try:
+            sock.sendall(_HDR.pack(_MSG_MAGIC, tag, seq, len(payload)))
+            if len(payload):
+                sock.sendall(payload)
+        except (TimeoutError, socket.timeout):
+            raise HcclTimeoutError(f"hccl: rank {self.rank} timed out sending to rank {peer}") from None
+        except OSError as exc:
+            raise PeerFailure(f"hccl: rank {peer} is unreachable from rank {self.rank}: {exc}") from None
+
+    def recv(self, peer: int, tag: bytes, seq: int, into: memoryview) -> None:
+        """Receive one framed message from ``peer`` into ``into`` (its size must match)."""
+        sock = self.conns[peer]
+        hdr = bytearray(_HDR.size)
+        try:
+            _recv_exact(sock, memoryview(hdr), "a message header")
+            magic, rtag, rseq, nbytes = _HDR.unpack(hdr)
+            if magic != _MSG_MAGIC or rtag != tag or rseq != seq:
+                raise PeerFailure(
+                    f"hccl: rank {self.rank} got message {rtag!r}#{rseq} from rank {peer}, expected {tag!r}#{seq}:"
+                    " collectives were called in a different order on different hosts"
+                )
+            if nbytes != len(into):
+                raise PeerFailure(
+                    f"hccl: rank {peer} sent {nbytes} bytes to rank {self.rank}, which expected {len(into)}:"
+                    " tensor sizes differ across hosts"
+                )
+            if nbytes:
+                _recv_exact(sock, into, "a message payload")
+        except (TimeoutError, socket.timeout):
+            raise HcclTimeoutError(
+                f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s waiting for rank {peer}"
+            ) from None
+        except ConnectionError as exc:
+            raise PeerFailure(f"hccl: rank {peer} closed its connection to rank {self.rank} ({exc})") from None
+
+    def exchange(self, tag: bytes, seq: int, send: memoryview, recv: dict[int, memoryview]) -> None:
+        """Send ``send`` to every peer and receive ``recv[p]`` from each, without deadlock.
+
+        Sends run on helper threads (a large send would otherwise block while the peer is
+        also sending); receives run here. Every wait is bounded by the timeout.
+        """
+        errors: list[BaseException] = []
+
+        def _send(p: int) -> None:
+            try:
+                self.send(p, tag, seq, send)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=_send, args=(p,), daemon=True) for p in self.peers]
+        for t in threads:
+            t.start()
+        try:
+            for p in self.peers:
+                self.recv(p, tag, seq, recv[p])
+        finally:
+            for t in threads:
+                t.join(self.timeout_s)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        self._closed = True
+        for s in list(self.conns.values()) + [self._listener]:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self.conns.clear()
+
+
+def tensor_bytes_view(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor (no copy)."""
+    return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")

@@ -1,0 +1,74 @@
+"""Graph keys: what makes two lazy-mode graphs "the same recipe".
+
+NOTE [graph key]
+A launched graph is keyed by the sequence of its ops, each as ``(op, signature)`` where the
+signature holds, per argument, ``(shape, dtype)`` for a tensor and the value itself for
+anything else (Python scalars, int lists, dtypes, devices, ``None``). So, as on Gaudi:
+
+* the same iteration repeated gives the same key (a recipe-cache hit, no compile);
+* a different batch shape (a ragged last batch) gives a new key (a recompile);
+* a Python number that changes every iteration and reaches an op (``x * step``,
+  ``steps[i]``) is a constant of the graph and gives a new key each time (a recompile per
+  iteration; the Gaudi optimization guide's "avoid constant variables in loops");
+* tensor *values* never matter; a 0-dim tensor made with ``torch.tensor(i, device="hpu")``
+  is data, not a constant (it is copied host->device).
+
+View ops are part of the key (``steps[i]`` is ``aten.select.int(steps, 0, i)``) but cost no
+device time. Ops with a data-dependent output shape (``nonzero``, ``masked_select``) add
+their output shapes. Keys are hashable tuples for the in-memory cache; :func:`graph_digest`
+gives the stable bytes used to name recipes on disk across processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+__all__ = ["op_signature", "output_signature", "graph_digest", "recipe_name"]
+
+_Tensor = torch.Tensor
+_Generator = torch.Generator
+_ScriptObject = torch.ScriptObject
+
+
+def _item(a: object) -> object:
+    if isinstance(a, _Tensor):
+        return (a.shape, a.dtype)
+    if isinstance(a, (list, tuple)):
+        return tuple((x.shape, x.dtype) if isinstance(x, _Tensor) else x for x in a)
+    if isinstance(a, (_Generator, _ScriptObject)):
+        return type(a).__name__  # identity objects must not make every graph new
+    return a
+
+
+def op_signature(args: tuple, kwargs: dict) -> tuple:
+    """Hashable signature of one op's arguments (see NOTE [graph key])."""
+    sig = [_item(a) for a in args]
+    if kwargs:
+        for k, v in kwargs.items():
+            if v is not None:
+                sig.append((k, _item(v)))
+    return tuple(sig)
+
+
+def output_signature(out: object) -> tuple:
+    """Shapes and dtypes of an op's outputs (for data-dependent output shapes)."""
+    if isinstance(out, _Tensor):
+        return ((out.shape, out.dtype),)
+    if isinstance(out, (list, tuple)):
+        return tuple((o.shape, o.dtype) for o in out if isinstance(o, _Tensor))
+    return ()
+
+
+def graph_digest(spec_name: str, key: tuple) -> bytes:
+    """Stable SHA-256 of a graph key for ``spec_name`` (the same in every process)."""
+    h = hashlib.sha256(spec_name.encode())
+    h.update(b"\0")
+    h.update(repr(key).encode())
+    return h.digest()
+
+
+def recipe_name(digest: bytes, n_ops: int) -> str:
+    """Readable recipe name used in metrics and traces, e.g. ``"recipe_3fa2c1d0_12ops"``."""
+    return f"recipe_{digest[:4].hex()}_{n_ops}ops"

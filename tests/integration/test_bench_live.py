@@ -1,0 +1,35 @@
+"""``python -m hccl.bench --live``: real ranks report the planner's simulated figures plus wall time."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from hccl.bench import run
+
+
+def test_bench_live_matches_planner(tmp_path):
+    """2 live ranks, 2 sizes: same sizes, times and bandwidths as planner mode, plus a wall column."""
+    out = tmp_path / "live.csv"
+    cmd = [sys.executable, "-m", "hccl.bench", "--test", "all_reduce", "--size_range", "4KB", "8KB",
+           "--ranks", "2", "--topology", "hls2", "--live", "--csv", str(out), "--timeout", "240"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "live ranks" in proc.stdout and "(ms,measured)" in proc.stdout
+    rows = list(csv.DictReader(open(out)))
+    ref = run("all_reduce", [4096, 8192], ranks=2, topology="hls2")
+    assert [int(r["size"]) for r in rows] == [4096, 8192]
+    for live, plan in zip(rows, ref):
+        assert float(live["time_ms"]) == plan["time_ms"]
+        assert float(live["nw_bw"]) == pytest.approx(plan["nw_bw"], rel=1e-12)
+        assert live["algorithm"] == plan["algorithm"] == "direct"
+        assert float(live["wall_ms"]) > 0
+
+
+def test_bench_live_bad_algorithm(capsys):
+    """A bad --algorithm is reported before any rank starts."""
+    from hccl.bench import main
+
+    assert main(["--live", "--ranks", "2", "--size", "1KB", "--algorithm", "tree"]) == 2
+    assert "unknown algorithm 'tree'" in capsys.readouterr().err

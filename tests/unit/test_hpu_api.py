@@ -1,0 +1,162 @@
+"""The torch.hpu-like API: HBM accounting and OOM, PCIe copies, CPU fallback, streams and events."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import hpu_runtime as hpu
+from hpu_runtime.cost_model import pcie_ns
+from hpu_runtime.memory import HPUOutOfMemoryError
+
+
+@pytest.fixture
+def dev():
+    d = hpu.reset_device("gaudi2")
+    yield d
+    hpu.reset_device("gaudi2")
+
+
+def test_torch_hpu_is_the_api():
+    assert torch.hpu.memory_allocated is hpu.memory_allocated
+    assert torch.hpu.HPUGraph is hpu.HPUGraph and torch.hpu.Event is hpu.Event
+
+
+def test_memory_allocated_live_peak_and_reset(dev):
+    base = hpu.memory_allocated()
+    a = torch.empty(1024, 1024, device="hpu")  # 4 MiB
+    assert hpu.memory_allocated() - base == 4 << 20
+    b = a * 2
+    assert hpu.memory_allocated() - base == 8 << 20
+    del b
+    gc.collect()
+    assert hpu.memory_allocated() - base == 4 << 20
+    assert hpu.max_memory_allocated() - base >= 8 << 20
+    hpu.reset_peak_memory_stats()
+    assert hpu.max_memory_allocated() == hpu.memory_allocated()
+    free, total = hpu.mem_get_info()
+    assert total == dev.spec.hbm_bytes and free == total - hpu.memory_allocated()
+    assert hpu.memory_stats()["InUse"] == hpu.memory_allocated()
+    del a
+
+
+def test_saved_activations_stay_resident_until_backward(dev):
+    """HBM follows storages, so activations kept only by autograd still count."""
+    w = torch.randn(256, 256, device="hpu", requires_grad=True)
+    x = torch.randn(256, 256, device="hpu")
+    before = hpu.memory_allocated()
+    loss = (x @ w).exp().sum()  # exp saves its output (256 KiB) for backward
+    held = hpu.memory_allocated() - before
+    assert held >= 256 * 256 * 4  # the exp result, kept only by autograd
+    loss.backward()
+    del loss
+    gc.collect()
+    assert hpu.memory_allocated() - before < held
+
+
+def test_40gb_tensor_on_gaudi_fails_before_host_allocation():
+    """On the 32 GB Gaudi spec a 40 GB tensor raises the HPU OOM, naming the sizes, allocating nothing."""
+    hpu.reset_device("gaudi")
+    try:
+        with pytest.raises(HPUOutOfMemoryError, match=r"40\.00 GiB") as info:
+            torch.empty(10 * 1024**3, dtype=torch.float32, device="hpu")  # 40 GiB
+        assert info.value.requested_bytes == 40 * 1024**3
+        assert hpu.memory_allocated() == 0
+        with pytest.raises(HPUOutOfMemoryError):
+            torch.zeros(20, 1024**3, device="hpu", dtype=torch.bfloat16)  # 40 GiB
+    finally:
+        hpu.reset_device("gaudi2")
+
+
+def test_to_hpu_of_host_tensor_costs_pcie_once(dev):
+    with hpu.bridge_disabled():
+        x = torch.randn(1 << 20)  # 4 MiB on the host
+    h0 = dev.host_ns
+    y = x.to("hpu")
+    assert dev.host_ns - h0 == pcie_ns(dev.spec, x.nbytes)
+    assert hpu.memory_allocated() >= x.nbytes
+    h1 = dev.host_ns
+    y.to("hpu")  # already resident
+    assert dev.host_ns == h1
+
+
+def test_cpu_of_device_tensor_costs_d2h(dev):
+    y = torch.ones(1 << 20, device="hpu")
+    hpu.synchronize()
+    h0 = dev.host_ns
+    y.cpu()
+    assert dev.host_ns - h0 == pcie_ns(dev.spec, y.nbytes)
+
+
+def test_model_to_hpu_counts_parameters(dev):
+    m = torch.nn.Linear(1000, 1000).to("hpu")
+    assert hpu.memory_allocated() >= (1000 * 1000 + 1000) * 4
+    assert m.weight.device.type == "cpu"  # storage stays on the host: numerics are real
+
+
+def test_tensor_factory_with_hpu_device(dev):
+    t = torch.tensor([1.0, 2.0], device="hpu")
+    assert t.tolist() == [1.0, 2.0] and dev.is_resident(t)
+
+
+def test_cpu_fallback_counted_charged_and_logged(monkeypatch, capsys):
+    monkeypatch.setenv("LOG_LEVEL_PT_FALLBACK", "1")
+    monkeypatch.setenv("ENABLE_CONSOLE", "true")
+    monkeypatch.setenv("PT_HPU_PLACE_ON_CPU", "aten::erf")
+    d = hpu.reset_device()
+    try:
+        a = torch.rand(1024, device="hpu", dtype=torch.bfloat16) + 1
+        h0 = d.host_ns
+        launched = d.graphs_launched
+        r = torch.digamma(a)
+        assert d.graphs_launched == launched + 1, "a fallback launches the pending graph first"
+        assert d.host_ns - h0 >= 2 * pcie_ns(d.spec, a.nbytes)
+        torch.erf(a)  # listed in PT_HPU_PLACE_ON_CPU
+        torch.ones(3, device="hpu", dtype=torch.float64).sum()  # float64: not on the HPU
+        stats = dict(hpu.metric_global("cpu_fallback").stats())
+        assert stats["TotalNumber"] == 4
+        assert stats["FallbackOps"]["aten::digamma"] == 1 and stats["FallbackOps"]["aten::erf"] == 1
+        assert "aten::sum" in stats["FallbackOps"]
+        out = capsys.readouterr().out
+        assert "CPU fallback digamma : self=HPUBFloat16Type" in out.splitlines()
+        assert "CPU fallback sum : self=HPUDoubleType" in out
+        assert r.dtype == torch.bfloat16
+    finally:
+        hpu.reset_device()
+
+
+def test_fallback_not_logged_without_console(monkeypatch, capsys):
+    monkeypatch.setenv("LOG_LEVEL_PT_FALLBACK", "1")
+    monkeypatch.delenv("ENABLE_CONSOLE", raising=False)
+    hpu.reset_device()
+    torch.digamma(torch.rand(4, device="hpu") + 1)
+    assert "CPU fallback" not in capsys.readouterr().out
+    assert dict(hpu.metric_global("cpu_fallback").stats())["TotalNumber"] == 1
+    hpu.reset_device()
+
+
+def test_event_elapsed_time_is_simulated_ms(dev):
+    a = torch.randn(2048, 2048, device="hpu")
+    start, end = hpu.Event(enable_timing=True), hpu.Event(enable_timing=True)
+    start.record()
+    for _ in range(4):
+        a @ a
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end)
+    # 4 fp32 matmuls of 2 x 2048^3 FLOP at the gaudi2 fp32 MME rate: at least their compute time
+    flop_ms = 4 * 2 * 2048**3 / (dev.spec.mme_fp32_flops_per_s * dev.spec.mme_efficiency) * 1e3
+    assert ms >= flop_ms * 0.99 and ms > 0
+    assert dev.host_ns >= end.time_ns and end.query()
+    with pytest.raises(RuntimeError):
+        hpu.Event().elapsed_time(end)
+
+
+def test_streams_are_accepted(dev):
+    s = hpu.Stream()
+    with hpu.stream(s):
+        torch.ones(4, device="hpu") + 1
+    s.synchronize()
+    assert s.query() and torch.hpu.current_stream() == s

@@ -1,0 +1,247 @@
+"""Lazy-mode graphs through the bridge: keying, recipe cache, compile metrics, fusion, eager mode."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import hpu_runtime as hpu
+from hpu_runtime import metrics
+from hpu_runtime.cost_model import fused_time_ns, op_cost
+from hpu_runtime.device import SimDevice
+from hpu_runtime.device_spec import get_device_spec
+
+
+def _compiles() -> int:
+    return dict(hpu.metric_global("graph_compilation").stats())["TotalNumber"]
+
+
+def _cache() -> dict:
+    return dict(hpu.metric_global("recipe_cache").stats())
+
+
+@pytest.fixture
+def dev():
+    d = hpu.reset_device("gaudi2")
+    yield d
+    hpu.reset_device("gaudi2")
+
+
+def _train_steps(n: int, batches, use_counter: bool = False) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("hpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hpu.mark_step()
+    for i in range(n):
+        x = batches[i].to("hpu")
+        loss = model(x).square().mean()
+        if use_counter:
+            loss = loss * (i + 1)  # a loop counter reaching an op: a new graph constant each step
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        hpu.mark_step()
+        opt.step()
+        hpu.mark_step()
+
+
+def _data(sizes):
+    with hpu.bridge_disabled():
+        return [torch.randn(s, 16) for s in sizes]
+
+
+def test_first_iteration_compiles_later_ones_hit(dev):
+    """Identical iterations: the first compiles its two graphs, the rest only hit."""
+    _train_steps(4, _data([8] * 4))
+    gc = dict(hpu.metric_global("graph_compilation").stats())
+    assert gc["TotalNumber"] == 2  # backward graph + optimizer graph
+    assert gc["TotalTime"] > 0 and gc["AvgTime"] == pytest.approx(gc["TotalTime"] / 2, rel=1e-3)
+    assert _cache()["TotalMiss"] == 2 and _cache()["TotalHit"] == 6
+
+
+def test_loop_counter_constant_recompiles_every_iteration(dev):
+    """A Python loop counter in an op is a graph constant: one recompile per iteration."""
+    _train_steps(4, _data([8] * 4), use_counter=True)
+    assert _compiles() == 4 + 1  # 4 distinct backward graphs + 1 optimizer graph
+
+
+def test_ragged_last_batch_recompiles(dev):
+    """A smaller last batch changes the shapes: exactly one more compile."""
+    _train_steps(4, _data([8, 8, 8, 5]))
+    assert _compiles() == 3
+
+
+def test_compile_time_charged_on_host_only_on_miss(dev):
+    x = torch.randn(8, 8, device="hpu")
+    hpu.mark_step()
+    h0 = dev.host_ns
+    (x * 2).sum()
+    hpu.mark_step()
+    first = dev.host_ns - h0
+    h1 = dev.host_ns
+    (x * 2).sum()
+    hpu.mark_step()
+    second = dev.host_ns - h1
+    spec = dev.spec
+    assert first - second == spec.compile_base_ns + 2 * spec.compile_per_op_ns
+
+
+def test_view_constants_are_part_of_the_key(dev):
+    """``steps[i]`` (a select view) with a changing index gives a new graph each time."""
+    steps = torch.arange(10, device="hpu", dtype=torch.float32)
+    hpu.mark_step()
+    base = _compiles()
+    for i in range(3):
+        (steps[i] * 2).sum()
+        hpu.mark_step()
+    assert _compiles() - base == 3
+    for _ in range(3):
+        (steps[0] * 2).sum()
+        hpu.mark_step()
+    assert _compiles() - base == 3  # index 0 was already compiled
+
+
+def test_max_compound_op_size_splits_graphs(monkeypatch):
+    monkeypatch.setenv("PT_HPU_MAX_COMPOUND_OP_SIZE", "2")
+    d = hpu.reset_device()
+    try:
+        x = torch.ones(4, device="hpu")
+        hpu.mark_step()
+        launched = d.graphs_launched
+        for _ in range(4):
+            x = x + 1
+        assert d.graphs_launched - launched == 2 and len(d.pending) == 0
+    finally:
+        monkeypatch.delenv("PT_HPU_MAX_COMPOUND_OP_SIZE")
+        hpu.reset_device()
+
+
+def test_eager_mode_launches_op_by_op(monkeypatch):
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    d = hpu.reset_device()
+    try:
+        assert not d.lazy
+        x = torch.ones(4, device="hpu")
+        y = x * 3 + 1
+        assert not d.pending and d.graphs_launched == 3  # ones, mul, add
+        assert y.tolist() == [4.0] * 4
+    finally:
+        monkeypatch.delenv("PT_HPU_LAZY_MODE")
+        hpu.reset_device()
+
+
+@pytest.mark.parametrize("read", ["item", "cpu", "tolist", "print"])
+def test_host_reads_launch_and_wait(dev, read, capsys):
+    x = torch.ones(4, device="hpu")
+    y = (x * 2).sum()
+    assert dev.pending
+    {"item": y.item, "cpu": y.cpu, "tolist": y.tolist, "print": lambda: print(y)}[read]()
+    assert not dev.pending and dev.host_ns >= dev.compute.free_ns
+
+
+def test_host_read_of_host_tensor_is_free(dev):
+    """``.item()`` of a CPU-resident tensor (e.g. a non-capturable optimizer's step) does not launch."""
+    with hpu.bridge_disabled():
+        step = torch.tensor(3.0)
+    x = torch.ones(4, device="hpu") + 1
+    assert step.item() == 3.0
+    assert dev.pending, "reading a host tensor must not launch the pending graph"
+    assert x.sum().item() == 8.0 and not dev.pending
+
+
+def test_fusion_removes_intermediate_hbm_traffic():
+    """A chain of elementwise ops costs less in one graph than op by op (intermediates stay on chip)."""
+    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=0, compile_per_op_ns=0)
+    d = hpu.reset_device(spec)
+    try:
+        x = torch.randn(1 << 20, device="hpu")
+        hpu.mark_step()
+        y = ((x * 2 + 1).relu() - 3).abs()
+        unfused = sum(c.device_ns for c in d.pending)
+        start, end = d.launch()
+        assert end - start < unfused
+        # only x is read from HBM and only y written: 2 tensors instead of 2 per op
+        one = x.nbytes
+        c = op_cost(spec, torch.ops.aten.abs.default, (y,), {}, y)
+        assert end - start <= 5 * fused_time_ns(spec, c, 2 * one)
+        del y
+    finally:
+        hpu.reset_device("gaudi2")
+
+
+def test_dead_intermediates_are_not_written():
+    """An output dropped before the launch is not written back; a kept one is."""
+    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=0, compile_per_op_ns=0)
+    times = []
+    for keep in (True, False):
+        d = hpu.reset_device(spec)
+        x = torch.randn(1 << 20, device="hpu")
+        hpu.mark_step()
+        t = x * 2
+        out = t + 1
+        kept = t if keep else None
+        del t
+        start, end = d.launch()
+        times.append(end - start)
+        del kept, out
+    hpu.reset_device("gaudi2")
+    assert times[1] < times[0]
+
+
+def test_autocast_hpu_changes_the_charged_rate(dev):
+    """Under ``torch.autocast("hpu", bfloat16)`` the matmul runs in bf16 at the faster MME rate."""
+    lin = torch.nn.Linear(512, 512).to("hpu")
+    x = torch.randn(256, 512, device="hpu")
+    hpu.mark_step()
+    lin(x)
+    fp32 = [c for c in dev.pending if c.engine == "MME"]
+    hpu.mark_step()
+    with torch.autocast("hpu", dtype=torch.bfloat16):
+        y = lin(x)
+    bf16 = [c for c in dev.pending if c.engine == "MME"]
+    assert y.dtype == torch.bfloat16
+    assert not fp32[0].low_precision and bf16[0].low_precision
+    assert bf16[0].device_ns < fp32[0].device_ns
+    assert fp32[0].flops == bf16[0].flops
+
+
+def test_fp32_and_bf16_rates_differ_in_cost_model():
+    spec = get_device_spec("gaudi2")
+    a32 = torch.randn(256, 256)
+    a16 = a32.to(torch.bfloat16)
+    mm = torch.ops.aten.mm.default
+    with hpu.bridge_disabled():
+        c32 = op_cost(spec, mm, (a32, a32), {}, a32 @ a32)
+        c16 = op_cost(spec, mm, (a16, a16), {}, a16 @ a16)
+    assert c16.compute_ns * 7 < c32.compute_ns  # bf16 MME is 8x the fp32 rate in the spec
+
+
+def test_recipe_cache_metric_counts_hits_and_misses_by_recipe(dev):
+    x = torch.ones(4, device="hpu")
+    hpu.mark_step()
+    metrics.reset_all()
+    for _ in range(3):
+        (x + 1).sum()
+        hpu.mark_step()
+    rc = _cache()
+    assert rc["TotalMiss"] == 1 and rc["TotalHit"] == 2
+    (name,) = rc["RecipeMiss"]
+    assert rc["RecipeHit"] == {name: 2}
+
+
+def test_metric_names_on_package():
+    assert hpu.metric_global is hpu.metrics.metric_global
+    assert hpu.metric_global("cpu_fallback") is metrics.metric_global("cpu_fallback")
+
+
+def test_pure_device_record_op_keys_by_cost():
+    """The pure API: two different ops with the same name are different recipes."""
+    from hpu_runtime.cost_model import OpCost
+
+    d = SimDevice(get_device_spec("gaudi2"))
+    for ns in (10, 20):
+        d.record_op(OpCost(name="x", engine="TPC", flops=0, bytes_in=0, bytes_out=0,
+                           low_precision=False, device_ns=ns))
+        d.launch()
+    assert d.compilations == 2
