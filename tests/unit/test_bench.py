@@ -41,11 +41,10 @@ def test_cli_all_tests_and_csv(tmp_path, capsys):
     assert len(rows) == 14 and {"size", "count", "type", "redop", "time_ms", "algo_bw", "nw_bw"} <= set(rows[0])
 
 
-def test_cli_live_not_wired(capsys):
-    """--live fails with a clear message until the lead wires it."""
-    with pytest.raises(SystemExit):
-        main(["--live"])
-    assert "not yet wired" in capsys.readouterr().err
+def test_cli_live_too_many_ranks(capsys):
+    """--live refuses more ranks than this host should run, before starting any process."""
+    assert main(["--live", "--ranks", "17", "--size", "1KB"]) == 2
+    assert "--ranks must be 1..16" in capsys.readouterr().err
 
 
 def test_cli_bad_topology(capsys):
