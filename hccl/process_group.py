@@ -25,13 +25,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import shm_engine as eng
 from hpu_runtime.bridge import bridge_disabled
 from hpu_runtime.device import get_device
 
-from .reduce_ops import check_dtype, reduce_op_code
-from .timing import collective_times
+from . import p2p, timing
+from . import shm_engine as eng
 from .multihost import HostLayout, MultiHost
+from .reduce_ops import check_dtype, reduce_op_code
+from .timing import collective_times, p2p_times
 from .transport.shm import ShmArena, ShmSegment
 from .transport.tcp import TcpMesh
 from .work import CollectiveRecord, HcclWork
@@ -112,10 +113,19 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self._timeout_s = timeout.total_seconds() if timeout.total_seconds() > 0 else 300.0
         self._seq = 0
         self._error: str | None = None
+        self._sends: list = []  # p2p.SendOp still being posted
         self.history: list[CollectiveRecord] = []
         self._history_limit = 100_000
         self._device = get_device()  # the simulated card of this process
         self._coll = self._rendezvous(store, group_id)
+        sizes = {len(h) for h in self.layout.hosts}
+        if len(self.layout.hosts) > 1 and len(sizes) == 1:
+            timing.set_ranks_per_host(world_size, sizes.pop())
+        try:  # a bad HCCL_TOPOLOGY / HCCL_ALGO / PT_HCCL_SLICE_SIZE_MB fails here, not mid-training
+            self.topology = timing.get_topology(world_size)
+        except BaseException:
+            self.shutdown()
+            raise
 
     # ---- set-up -----------------------------------------------------------------------
     def _rendezvous(self, store: dist.Store, group_id: str):
@@ -135,15 +145,15 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         local = layout.local_ranks
         capacity = _buffer_bytes()
         names = {r: f"hccl_{token[:16]}_{r}" for r in local}
-        mine = ShmSegment(names[rank], capacity, create=True)
+        mine = ShmSegment(names[rank], capacity, create=True, p2p_slots=len(local))
         segments: list[ShmSegment] = []
         mesh = None
         try:
             store.set(f"hccl/seg/{rank}", names[rank])
             store.wait([f"hccl/seg/{r}" for r in local], timedelta(seconds=self._timeout_s))
             for r in local:
-                segments.append(mine if r == rank else ShmSegment(names[r], capacity, create=False))
-            arena = ShmArena(segments, layout.local_index, self._timeout_s)
+                segments.append(mine if r == rank else ShmSegment(names[r], capacity, create=False, p2p_slots=len(local)))
+            arena = ShmArena(segments, layout.local_index, self._timeout_s, group_ranks=list(local))
             # everyone on this host has mapped everyone: the names are no longer needed
             eng.barrier(arena, self._meta("barrier", 0, 0), "hccl rendezvous")
             mine.unlink()
@@ -182,6 +192,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         """
         if self._error is not None:
             self._check_usable()
+        if self._sends:
+            self._drain_sends()
         seq = self._seq
         what = f"{kind} #{seq}"
         ready = self._device.collective_ready_ns()
@@ -472,6 +484,144 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                          dtype_bytes=input.element_size())
 
     all_to_all_single = alltoall_base
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """``all_gather_into_tensor`` of several tensors fused into one buffer (one collective)."""
+        return self._fused("allgather", outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """``reduce_scatter_tensor`` of several tensors fused into one buffer (one collective)."""
+        return self._fused("reduce_scatter", outputs, inputs, opts)
+
+    def _fused(self, kind: str, outputs, inputs, opts):
+        if len(outputs) != len(inputs) or not outputs:
+            raise ValueError(f"hccl: coalesced {kind} needs matching, non-empty output and input lists")
+        dtypes = {t.dtype for t in list(outputs) + list(inputs)}
+        if len(dtypes) != 1:
+            works = [
+                (self._allgather_base if kind == "allgather" else self._reduce_scatter_base)(o, i, opts)
+                for o, i in zip(outputs, inputs)
+            ]
+            return works[-1]
+        n = self._world_size
+        with bridge_disabled():
+            if kind == "allgather":
+                fused_in = torch.cat([i.reshape(-1) for i in inputs])
+                fused_out = torch.empty(n * fused_in.numel(), dtype=fused_in.dtype)
+            else:  # rank-major chunks of every input, concatenated per rank
+                per = [o.numel() for o in outputs]
+                fused_in = torch.cat(
+                    [i.reshape(n, -1)[r] for r in range(n) for i, m in zip(inputs, per)]
+                ) if sum(per) else torch.empty(0, dtype=outputs[0].dtype)
+                fused_out = torch.empty(sum(per), dtype=outputs[0].dtype)
+        if kind == "allgather":
+            work = self._allgather_base(fused_out, fused_in, opts)
+            with bridge_disabled():
+                total = fused_in.numel()
+                rows = fused_out.view(n, total) if total else fused_out.view(n, 0)
+                off = 0
+                for o, i in zip(outputs, inputs):
+                    m = i.numel()
+                    o.view(n, m).copy_(rows[:, off : off + m])
+                    off += m
+        else:
+            work = self._reduce_scatter_base(fused_out, fused_in, opts)
+            with bridge_disabled():
+                off = 0
+                for o in outputs:
+                    o.view(-1).copy_(fused_out[off : off + o.numel()])
+                    off += o.numel()
+        work._outputs[:] = list(outputs)
+        return work
+
+    # ---- point to point -----------------------------------------------------------------
+    def _local_peer(self, peer: int, what: str) -> int:
+        if not 0 <= peer < self._world_size:
+            raise ValueError(f"hccl: {what} peer rank {peer} out of range for world size {self._world_size}")
+        if peer == self._rank:
+            raise ValueError(f"hccl: {what} to/from itself (rank {peer})")
+        local = self.layout.local_ranks
+        if peer not in local:
+            raise NotImplementedError(
+                f"hccl: {what} between hosts (rank {self._rank} -> rank {peer}) is not supported;"
+                " point-to-point works between ranks of one host"
+            )
+        return local.index(peer)
+
+    def send(self, tensors, dst, tag=0):
+        """Send ``tensors[0]`` to rank ``dst``; returns at once (see NOTE [p2p outboxes])."""
+        if self._error is not None:
+            self._check_usable()
+        t = tensors[0]
+        dcode = check_dtype(t, "send tensor")
+        peer = self._local_peer(dst, "send")
+        flat = _flat(t)
+        what = f"send to rank {dst}"
+        ready = self._device.collective_ready_ns()
+        op = p2p.SendOp(self._coll.arena, peer, flat, tag, dcode, ready, what)
+        self._p2p_guard(what, op.progress)
+        if not op.done:
+            self._sends.append(op)
+        nbytes = t.numel() * t.element_size()
+        start, end, _ = p2p_times(nbytes, src=self._rank, dst=dst, src_ready_ns=ready, dst_ready_ns=0, world_size=self._world_size)
+        work = self._p2p_record("send", nbytes, start, end, tensors)
+        work._pending = op
+        work._drain = self._wait_send
+        return work
+
+    def recv(self, tensors, src, tag=0):
+        """Receive into ``tensors[0]`` from rank ``src`` (blocks; queued sends progress meanwhile)."""
+        if self._error is not None:
+            self._check_usable()
+        t = tensors[0]
+        dcode = check_dtype(t, "recv tensor")
+        peer = self._local_peer(src, "recv")
+        flat = _flat(t)
+        what = f"recv from rank {src}"
+        ready = self._device.collective_ready_ns()
+
+        def body():
+            sent_ns = p2p.recv(self._coll.arena, peer, flat, tag, dcode, what, self._progress_sends)
+            _writeback(t, flat)
+            return sent_ns
+
+        sent_ns = self._p2p_guard(what, body)
+        nbytes = t.numel() * t.element_size()
+        _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=sent_ns, dst_ready_ns=ready, world_size=self._world_size)
+        return self._p2p_record("recv", nbytes, max(ready, sent_ns), end, tensors)
+
+    def _p2p_guard(self, what: str, fn):
+        try:
+            with bridge_disabled():
+                return fn()
+        except BaseException as exc:
+            self._error = f"{what}: {exc}"
+            self._coll.arena.abort(f"{what}: {exc}")
+            raise
+
+    def _progress_sends(self) -> None:
+        if self._sends:
+            self._sends = [op for op in self._sends if not op.progress()]
+
+    def _wait_send(self, op) -> None:
+        if not op.done:
+            self._p2p_guard(op.what, lambda: op.wait(self._progress_sends))
+            self._progress_sends()
+
+    def _drain_sends(self) -> None:
+        """Finish queued sends before a collective (keeps per-peer order simple)."""
+        while self._sends:
+            self._wait_send(self._sends[0])
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError("hccl: recv from any source is not supported (HCCL has none either)")
+
+    def _p2p_record(self, kind: str, nbytes: int, start: int, end: int, outputs) -> HcclWork:
+        self._device.record_collective(f"{kind}", start, end)
+        rec = CollectiveRecord(seq=-1, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm="p2p")
+        if len(self.history) < self._history_limit:
+            self.history.append(rec)
+        return HcclWork(outputs, rec, self._device)
 
     def barrier(self, opts=None):
         """Wait for every rank (simulated: a small synchronisation on the collective stream)."""

@@ -62,7 +62,19 @@ class CollectiveTiming(NamedTuple):
 
 
 _lock = threading.Lock()
-_topologies: dict[tuple[str, int], Topology] = {}
+_topologies: dict[tuple[str, int, int], Topology] = {}
+_ranks_per_host: dict[int, int] = {}
+
+
+def set_ranks_per_host(world_size: int, ranks_per_host: int) -> None:
+    """Map hosts to boxes: a job of ``world_size`` ranks has ``ranks_per_host`` ranks per host.
+
+    When a host holds fewer ranks than the topology's box has cards, each host becomes a
+    box of ``ranks_per_host`` cards, so traffic between hosts is charged on the scale-out
+    ports (a two-host run of 4 + 4 ranks is two boxes, not one box of 8).
+    """
+    with _lock:
+        _ranks_per_host[int(world_size)] = int(ranks_per_host)
 
 
 def get_topology(world_size: int) -> Topology:
@@ -79,7 +91,8 @@ def get_topology(world_size: int) -> Topology:
             an unknown ``HCCL_ALGO`` or a bad ``PT_HCCL_SLICE_SIZE_MB``.
     """
     name = os.environ.get("HCCL_TOPOLOGY") or "hls2"
-    key = (name, int(world_size))
+    per_host = _ranks_per_host.get(int(world_size), 0)
+    key = (name, int(world_size), per_host)
     topo = _topologies.get(key)
     if topo is None:
         with _lock:
@@ -87,6 +100,13 @@ def get_topology(world_size: int) -> Topology:
             if topo is None:
                 try:
                     topo = load_topology(name, world_size=int(world_size))
+                    if per_host and per_host < topo.cards_per_box:
+                        # a host is a box populated with its first `per_host` cards; NICs to
+                        # the absent cards stay unused (-2)
+                        nics = tuple(tuple(p if p < per_host else -2 for p in row) for row in topo.nic_peer[:per_host])
+                        topo = load_topology(
+                            name, world_size=int(world_size), cards_per_box=per_host, nic_peer=nics
+                        )
                 except ValueError as exc:
                     raise ValueError(f"hccl: HCCL_TOPOLOGY={name!r}: {exc}") from None
                 algo = os.environ.get("HCCL_ALGO")
@@ -104,6 +124,7 @@ def reset() -> None:
     """Forget the loaded topologies (tests that change ``HCCL_TOPOLOGY`` in one process)."""
     with _lock:
         _topologies.clear()
+        _ranks_per_host.clear()
 
 
 def _even(splits: Sequence[Sequence[int]]) -> bool:

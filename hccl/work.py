@@ -53,19 +53,28 @@ class HcclWork(dist.Work):
         self._device = device
         self._future: Future = Future()
         self._future.set_result(outputs)
+        self._pending = None  # a p2p send still being posted (see hccl.p2p)
+        self._drain = None
+
+    def _finish_pending(self) -> None:
+        if self._pending is not None and self._drain is not None:
+            self._drain(self._pending)
+            self._pending = None
 
     def wait(self, timeout=None) -> bool:  # noqa: ARG002 - data already moved
         """Make the simulated compute stream wait for this collective's end; returns True."""
+        self._finish_pending()
         if self._device is not None:
             self._device.stream_wait(self.record.end_ns)
         return True
 
     def get_future(self) -> Future:
         """A completed ``torch.futures.Future`` whose value is the list of output tensors."""
+        self._finish_pending()
         return self._future
 
     def is_completed(self) -> bool:
-        return True
+        return self._pending is None or self._pending.done
 
     def is_success(self) -> bool:
         return True

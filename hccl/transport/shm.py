@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE"]
+__all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE", "P2P_SLOT_BYTES", "P2P_SENT_W", "P2P_TAKEN_W"]
 
 _MAGIC = 0x4843434C53484D31  # "HCCLSHM1"
 _CTRL_BYTES = 4096
@@ -50,6 +50,11 @@ META_FIELDS = ("seq", "kind", "dtype", "numel", "op", "root", "ready_ns", "x0", 
 _N_META = len(META_FIELDS)
 #: bytes of each of the two small-message regions (one per round parity).
 SMALL_BYTES = 64 * 1024
+#: bytes of each point-to-point outbox (one per local peer), header included.
+P2P_SLOT_BYTES = 256 * 1024
+#: control words: messages sent to local rank d / messages taken from local rank s.
+P2P_SENT_W, P2P_TAKEN_W = 256, 320
+MAX_LOCAL_RANKS = 64
 _REASON_OFF = 1024  # bytes: abort reason text (utf-8, NUL padded)
 _REASON_LEN = 1024
 _SHM_DIR = "/dev/shm"
@@ -77,11 +82,13 @@ class ShmSegment:
         create: create the file (owner) or open an existing one (peer).
     """
 
-    def __init__(self, name: str, capacity: int, *, create: bool) -> None:
+    def __init__(self, name: str, capacity: int, *, create: bool, p2p_slots: int = 0) -> None:
         self.name = name
         self.path = os.path.join(_SHM_DIR, name)
         self.capacity = capacity
-        size = _CTRL_BYTES + 2 * capacity + 2 * SMALL_BYTES
+        if p2p_slots > MAX_LOCAL_RANKS:
+            raise ValueError(f"hccl: at most {MAX_LOCAL_RANKS} ranks per host, got {p2p_slots}")
+        size = _CTRL_BYTES + 2 * capacity + 2 * SMALL_BYTES + p2p_slots * P2P_SLOT_BYTES
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(self.path, flags, 0o600)
         try:
@@ -102,6 +109,9 @@ class ShmSegment:
         self.b = raw[_CTRL_BYTES + capacity : _CTRL_BYTES + 2 * capacity]
         s0 = _CTRL_BYTES + 2 * capacity
         self.small = (raw[s0 : s0 + SMALL_BYTES], raw[s0 + SMALL_BYTES : s0 + 2 * SMALL_BYTES])
+        p0 = s0 + 2 * SMALL_BYTES
+        #: p2p_slot[d]: this rank's outbox to local rank d (written here, read by d).
+        self.p2p_slot = [raw[p0 + d * P2P_SLOT_BYTES : p0 + (d + 1) * P2P_SLOT_BYTES] for d in range(p2p_slots)]
         if create:
             self.ctrl[_PID_W] = os.getpid()
             self.ctrl[_MAGIC_W] = _MAGIC
@@ -155,7 +165,7 @@ class ShmSegment:
 
     def close(self) -> None:
         self.unlink()
-        self.a = self.b = self.small = None  # type: ignore[assignment]
+        self.a = self.b = self.small = self.p2p_slot = None  # type: ignore[assignment]
         self.ctrl = None  # type: ignore[assignment]
         try:
             self._mm.close()
@@ -168,16 +178,21 @@ class ShmArena:
 
     Args:
         segments: every rank's segment, indexed by group rank (``segments[rank]`` is ours).
-        rank: this process's group rank.
+        rank: this process's index in ``segments``.
         timeout_s: wall seconds any single wait may take before raising.
+        group_ranks: the process-group rank of each segment's owner (default: the index).
     """
 
-    def __init__(self, segments: list[ShmSegment], rank: int, timeout_s: float) -> None:
+    def __init__(
+        self, segments: list[ShmSegment], rank: int, timeout_s: float, group_ranks: list[int] | None = None
+    ) -> None:
         self.segments = segments
         self.rank = rank
         self.me = segments[rank]
+        #: the process-group rank of each local index (error messages name group ranks)
+        self.group_ranks = list(group_ranks) if group_ranks is not None else list(range(len(segments)))
         self.peers = [s for i, s in enumerate(segments) if i != rank]
-        self.peer_ranks = [i for i in range(len(segments)) if i != rank]
+        self.peer_ranks = [self.group_ranks[i] for i in range(len(segments)) if i != rank]
         self.timeout_s = timeout_s
         self.round = 0
 
@@ -227,22 +242,61 @@ class ShmArena:
                 if now - start > self.timeout_s:
                     late = ", ".join(str(self.peer_ranks[i]) for i in pending)
                     raise HcclTimeoutError(
-                        f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s in {what}"
-                        f" waiting for rank(s) {late}"
+                        f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
+                        f" in {what} waiting for rank(s) {late}"
                     )
+
+    def wait_word(self, seg: ShmSegment, word: int, target: int, what: str, progress=None) -> None:
+        """Block until ``seg.ctrl[word] >= target`` (one peer's counter), with the usual checks.
+
+        ``progress`` (no arguments) is called while waiting, e.g. to push queued sends.
+        """
+        ctrl = seg.ctrl
+        if ctrl[word] >= target:
+            return
+        idx = self.segments.index(seg)
+        pending_i = self.peers.index(seg) if seg in self.peers else None
+        start = time.monotonic()
+        spins = 0
+        delay = 0.0
+        next_check = start + 0.05
+        while ctrl[word] < target:
+            if progress is not None:
+                progress()
+            spins += 1
+            if spins > 2000:
+                if delay:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1e-3)
+                else:
+                    os.sched_yield()
+                    if spins > 4000:
+                        delay = 2e-5
+            if spins % 64 == 0 or delay:
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.05
+                    self._check_peers([pending_i] if pending_i is not None else [], what)
+                    if now - start > self.timeout_s:
+                        raise HcclTimeoutError(
+                            f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
+                            f" in {what} waiting for rank {self.group_ranks[idx]}"
+                        )
 
     def _check_peers(self, pending: list[int], what: str) -> None:
         for i, seg in enumerate(self.peers):
             r = self.peer_ranks[i]
             if seg.aborted:
                 raise PeerFailure(
-                    f"hccl: rank {r} aborted while rank {self.rank} was in {what}: {seg.abort_reason()}"
+                    f"hccl: rank {r} aborted while rank {self.group_ranks[self.rank]} was in {what}:"
+                    f" {seg.abort_reason()}"
                 )
         for i in pending:
             pid = self.peers[i].pid
             if not _pid_alive(pid):
                 raise PeerFailure(
-                    f"hccl: rank {self.peer_ranks[i]} (pid {pid}) died while rank {self.rank} was in {what}"
+                    f"hccl: rank {self.peer_ranks[i]} (pid {pid}) died while rank"
+                    f" {self.group_ranks[self.rank]} was in {what}"
                 )
 
     def abort(self, reason: str) -> None:

@@ -155,3 +155,59 @@ def test_allreduce_coalesced_future_and_barrier():
         assert b == [6.0] * 6
         assert shapes == [torch.Size([5]), torch.Size([3, 2])]
         assert waited is True
+
+
+def _p2p_and_coalescing(rank: int, world: int) -> list[str]:
+    failures: list[str] = []
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for numel in (5, 300_000):  # one outbox, then many chunks
+            mine = _input(rank, 7000 + numel, numel, dtype)
+            got = torch.empty(numel, dtype=dtype)
+            # every rank posts its send first: sends must not block the receives behind them
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prv)])
+            for r in reqs:
+                r.wait()
+            _close(got, _input(prv, 7000 + numel, numel, dtype).double().numpy(), f"isend/irecv ring {dtype} n={numel}", failures)
+    if rank == 0:
+        dist.send(torch.arange(10.0), dst=1)
+    elif rank == 1:
+        t = torch.empty(10)
+        dist.recv(t, src=0)
+        _close(t, np.arange(10.0), "send/recv", failures)
+    pg = dist.group.WORLD
+    before = len(pg.history)
+    a, b = torch.full((4,), float(rank)), torch.full((3,), 1.0)
+    with dist._coalescing_manager():
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    expected = float(sum(range(world)))
+    _close(a, np.full(4, expected), "coalesced allreduce a", failures)
+    _close(b, np.full(3, float(world)), "coalesced allreduce b", failures)
+    colls = [r for r in pg.history[before:] if r.kind == "allreduce"]
+    if len(colls) != 1:
+        failures.append(f"coalescing manager issued {len(colls)} allreduces, expected one fused")
+    x, y = torch.full((2,), float(rank)), torch.full((3,), float(10 * rank))
+    ox, oy = torch.empty(2 * world), torch.empty(3 * world)
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(ox, x)
+        dist.all_gather_into_tensor(oy, y)
+    _close(ox, np.repeat(np.arange(world, dtype=float), 2), "coalesced all_gather x", failures)
+    _close(oy, np.repeat(10.0 * np.arange(world), 3), "coalesced all_gather y", failures)
+    ix, iy = torch.arange(2.0 * world), torch.arange(3.0 * world)
+    rx, ry = torch.empty(2), torch.empty(3)
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(rx, ix)
+        dist.reduce_scatter_tensor(ry, iy)
+    _close(rx, world * np.arange(2.0 * world)[2 * rank : 2 * rank + 2], "coalesced reduce_scatter x", failures)
+    _close(ry, world * np.arange(3.0 * world)[3 * rank : 3 * rank + 3], "coalesced reduce_scatter y", failures)
+    return failures
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_send_recv_and_coalescing_manager(world):
+    """isend/irecv rings (any post order), send/recv, and coalesced calls fused into one collective."""
+    results = run_ranks(_p2p_and_coalescing, world, timeout=100)
+    failures = [f for per_rank in results for f in per_rank]
+    assert not failures, "\n".join(failures[:20])

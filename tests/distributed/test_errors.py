@@ -103,3 +103,20 @@ def test_silent_peer_times_out():
     elapsed, _, msg = res[0].partition(" ")
     assert "HcclTimeoutError" in msg and "rank(s) 1" in msg, msg
     assert 1.5 <= float(elapsed) < 10
+
+
+def _p2p_mismatch(rank: int, world: int) -> str:
+    if rank == 0:
+        dist.send(torch.ones(10), dst=1)
+        return "sent"
+    try:
+        dist.recv(torch.empty(11), src=0)
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(90)
+def test_recv_of_wrong_size_names_both_sizes():
+    res = run_ranks(_p2p_mismatch, 2)
+    assert "rank 0 sent 10 elements of float32, the receive expects 11 elements of float32" in res[1], res[1]
