@@ -28,17 +28,20 @@ SIZES = [("1 KB", 1024), ("1 MB", 1 << 20), ("16 MB", 16 << 20), ("64 MB", 64 <<
 
 
 def _time_allreduce(t: torch.Tensor, group, iters: int) -> float:
-    """Median wall seconds of one allreduce of ``t`` on ``group`` (barrier-separated)."""
-    for _ in range(3):
+    """Wall seconds per allreduce of ``t`` on ``group``, as nccl-tests and hccl_demo measure:
+    ``iters`` back-to-back calls after a warm-up and a barrier, divided by ``iters``; the
+    median of 3 such runs; the slowest rank's figure (a collective is as slow as its last rank).
+    """
+    for _ in range(5):
         dist.all_reduce(t, group=group)
-    samples = []
-    for _ in range(iters):
+    runs = []
+    for _ in range(3):
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        dist.all_reduce(t, group=group)
-        samples.append(time.perf_counter() - t0)
-    # the slowest rank defines a collective's time
-    worst = torch.tensor([statistics.median(samples)], dtype=torch.float32)
+        for _ in range(iters):
+            dist.all_reduce(t, group=group)
+        runs.append((time.perf_counter() - t0) / iters)
+    worst = torch.tensor([statistics.median(runs)], dtype=torch.float32)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
     return float(worst.item())
 
@@ -55,7 +58,7 @@ def _worker(rank: int, world: int, init_file: str, iters: int, queue) -> None:
         t = torch.ones(nbytes // 4, dtype=torch.float32)
         n_iters = iters if nbytes <= (1 << 20) else max(3, iters // 4)
         if nbytes <= 1024:
-            n_iters = iters * 10
+            n_iters = iters * 50
         row = [label, nbytes]
         for group in (hccl, gloo):
             row.append(_time_allreduce(t, group, n_iters))
@@ -73,6 +76,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     if args.ranks < 2:
         raise SystemExit("--ranks must be >= 2")
+    # one intra-op thread per rank, as torchrun sets: ranks spinning on shared memory must
+    # not compete with OpenMP worker threads for the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:

@@ -161,22 +161,22 @@ def allreduce_small(arena: ShmArena, flat: torch.Tensor, op: int, meta: list[int
     Every rank reduces all ranks' copies itself, in rank order, so all ranks get the same bits.
     """
     parity = (arena.round + 1) & 1
-    nbytes = flat.numel() * ITEMSIZE[flat.dtype]
-    me = arena.me
-    me.small[parity][:nbytes].copy_(flat.view(torch.uint8))
-    me.write_meta(meta, parity)
+    dtype = flat.dtype
+    numel = flat.numel()
+    views = arena.small_views(parity, dtype)
+    views[arena.rank][:numel].copy_(flat)
+    arena.me.write_meta(meta, parity)
     arena.signal()
     arena.wait_all(what)
     ready = _gather_meta(arena, meta, parity)
-    segs = arena.segments
-    dtype = flat.dtype
-    if len(segs) == 1:
+    n = len(views)
+    if n == 1:
         finish(op, flat, 1)
         return ready
-    combine_out(op, flat, segs[0].small[parity][:nbytes].view(dtype), segs[1].small[parity][:nbytes].view(dtype))
-    for q in range(2, len(segs)):
-        combine(op, flat, segs[q].small[parity][:nbytes].view(dtype))
-    finish(op, flat, len(segs))
+    combine_out(op, flat, views[0][:numel], views[1][:numel])
+    for q in range(2, n):
+        combine(op, flat, views[q][:numel])
+    finish(op, flat, n)
     return ready
 
 

@@ -195,10 +195,21 @@ class ShmArena:
         self.peer_ranks = [self.group_ranks[i] for i in range(len(segments)) if i != rank]
         self.timeout_s = timeout_s
         self.round = 0
+        self._small_views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
 
     @property
     def world_size(self) -> int:
         return len(self.segments)
+
+    def small_views(self, parity: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Every rank's small-message region of ``parity`` as a ``dtype`` tensor (cached)."""
+        key = (parity, dtype)
+        views = self._small_views.get(key)
+        if views is None:
+            n = SMALL_BYTES // ITEMSIZE[dtype]
+            views = [seg.small[parity].view(dtype)[:n] for seg in self.segments]
+            self._small_views[key] = views
+        return views
 
     def signal(self) -> int:
         """Finish the next round; returns its number."""
@@ -307,6 +318,7 @@ class ShmArena:
         self.me.unlink()
 
     def close(self) -> None:
+        self._small_views.clear()
         for seg in self.segments:
             seg.close()
 
