@@ -126,7 +126,6 @@ def reset() -> None:
         _topologies.clear()
         _ranks_per_host.clear()
         _memo.clear()
-        _config_cache.clear()
 
 
 def _even(splits: Sequence[Sequence[int]]) -> bool:
@@ -173,7 +172,8 @@ def collective_times(
     memo_key = (
         kind, nbytes, rank, root, dtype_bytes, tuple(r - base for r in ready_ns),
         None if splits is None else tuple(map(tuple, splits)),
-        _config(), _ranks_per_host.get(n, 0),
+        _environ.get("HCCL_TOPOLOGY"), _environ.get("HCCL_ALGO"), _environ.get("PT_HCCL_SLICE_SIZE_MB"),
+        _ranks_per_host.get(n, 0),
     )
     hit = _memo.get(memo_key)
     if hit is not None:
@@ -187,16 +187,7 @@ def collective_times(
 
 _memo: dict[tuple, tuple[int, int, str]] = {}
 _MEMO_LIMIT = 4096
-_config_cache: list[tuple] = []
-
-
-def _config() -> tuple:
-    """The timing-relevant environment, read once per process (:func:`reset` re-reads it)."""
-    if not _config_cache:
-        _config_cache.append(
-            tuple(os.environ.get(k) for k in ("HCCL_TOPOLOGY", "HCCL_ALGO", "PT_HCCL_SLICE_SIZE_MB"))
-        )
-    return _config_cache[0]
+_environ = os.environ
 
 
 def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits) -> CollectiveTiming:
