@@ -1,0 +1,104 @@
+"""torchrun: two "hosts" on this machine form one job; a killed rank fails the job cleanly."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "tests" / "integration" / "scripts" / "tiny_ddp.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun_args(nnodes: int, nproc: int, port: int) -> list[str]:
+    if nnodes == 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job{port}",
+    ]
+
+
+def _run_nodes(nnodes: int, nproc: int, target: list[str], timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """Start ``nnodes`` torchrun agents (one per emulated host) and wait for all of them."""
+    port = _free_port()
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(_torchrun_args(nnodes, nproc, port) + target, cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(nnodes)
+    ]
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=10)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_two_node_torchrun_is_one_job(tmp_path):
+    """2 nodes x 2 ranks = the 4-rank single-node job: same parameters (float tolerance);
+    the simulated timeline is deterministic and charges cross-host traffic on scale-out."""
+    single = tmp_path / "single.json"
+    (res,) = _run_nodes(1, 4, ["-m", "models.train", "--epochs", "1", "--max-steps", "6", "--summary", str(single)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    summaries = []
+    for i in range(2):
+        path = tmp_path / f"two_node_{i}.json"
+        results = _run_nodes(2, 2, ["-m", "models.train", "--epochs", "1", "--max-steps", "6", "--summary", str(path)])
+        for r in results:
+            assert r.returncode == 0, r.stderr[-3000:]
+        summaries.append(json.loads(path.read_text()))
+    one = json.loads(single.read_text())
+    assert summaries[0]["config"]["world_size"] == 4
+    e1, e2a, e2b = one["epochs"][0], summaries[0]["epochs"][0], summaries[1]["epochs"][0]
+    assert e2a["train_loss"] == pytest.approx(e1["train_loss"], rel=1e-5)
+    assert e2a["test_accuracy"] == pytest.approx(e1["test_accuracy"], abs=1e-6)
+    sim = [k for k in e2a if k.startswith("sim_")]
+    assert {k: e2a[k] for k in sim} == {k: e2b[k] for k in sim}, "simulated timeline not deterministic"
+    # two hosts = two boxes: the allreduce crosses the scale-out ports and takes longer
+    assert e2a["sim_comm_ns_mean"] > e1["sim_comm_ns_mean"]
+
+    params = []
+    for nnodes, nproc in ((1, 4), (2, 2)):
+        out = tmp_path / f"params_{nnodes}.json"
+        for r in _run_nodes(nnodes, nproc, [TINY, "--backend", "hccl", "--steps", "4", "--out", str(out)]):
+            assert r.returncode == 0, r.stderr[-3000:]
+        params.append(json.loads(out.read_text())["params"])
+    assert len(params[0]) == len(params[1])
+    assert max(abs(a - b) for a, b in zip(*params)) < 1e-6
+
+
+@pytest.mark.timeout(200)
+def test_killed_rank_fails_torchrun_job_naming_it():
+    """SIGKILL of rank 1 mid-training: the job exits non-zero naming rank 1, nothing is left behind."""
+    before = set(glob.glob("/dev/shm/hccl_*"))
+    (res,) = _run_nodes(
+        1, 3, [TINY, "--backend", "hccl", "--steps", "50", "--die-rank", "1", "--die-mode", "kill", "--die-at-step", "2"],
+        timeout=150,
+    )
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "rank     : 1" in text or "rank: 1" in text, text[-3000:]
+    assert "Signal 9" in text or "SIGKILL" in text or "exitcode  : -9" in text, text[-3000:]
+    assert set(glob.glob("/dev/shm/hccl_*")) <= before, "shared-memory segments left behind"
+    leftover = subprocess.run(["pgrep", "-f", "tiny_ddp.py --backend hccl --steps 50"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", f"processes left: {leftover.stdout}"
