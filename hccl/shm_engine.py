@@ -190,61 +190,44 @@ def _slice_elems(arena: ShmArena, dtype: torch.dtype, parts: int = 1) -> int:
 
 def allreduce(arena: ShmArena, flat: torch.Tensor, op: int, meta: list[int], what: str) -> list[int]:
     """In place on ``flat``: reduce over all ranks with op code ``op``."""
-    n, me = arena.world_size, arena.rank
-    segs = arena.segments
-    rounds = _Rounds(arena, meta, what)
-    step = _slice_elems(arena, flat.dtype)
-    total = flat.numel()
-    for s0 in range(0, total, step):
-        cnt = min(step, total - s0)
-        part = flat[s0 : s0 + cnt]
-        arena.me.region("a", flat.dtype, cnt).copy_(part)
-        rounds.publish()
-        lo, hi = chunk_bounds(cnt, n, me)
-        if hi > lo:
-            acc = arena.me.region("b", flat.dtype, hi - lo, lo)
-            if n == 1:
-                acc.copy_(segs[0].region("a", flat.dtype, hi - lo, lo))
-            else:
-                a0 = segs[0].region("a", flat.dtype, hi - lo, lo)
-                a1 = segs[1].region("a", flat.dtype, hi - lo, lo)
-                combine_out(op, acc, a0, a1)
-                for q in range(2, n):
-                    combine(op, acc, segs[q].region("a", flat.dtype, hi - lo, lo))
-            finish(op, acc, n)
-        rounds.consumed()
-        for q in range(n):
-            qlo, qhi = chunk_bounds(cnt, n, q)
-            if qhi > qlo:
-                part[qlo:qhi].copy_(segs[q].region("b", flat.dtype, qhi - qlo, qlo))
-    return rounds.result()
+    return _reduce_slices(arena, flat, op, None, meta, what)
 
 
 def reduce(arena: ShmArena, flat: torch.Tensor, op: int, root: int, meta: list[int], what: str) -> list[int]:
     """Reduce over all ranks into ``flat`` on ``root`` (other ranks' tensors unchanged)."""
+    return _reduce_slices(arena, flat, op, root, meta, what)
+
+
+def _reduce_slices(arena: ShmArena, flat: torch.Tensor, op: int, root: int | None, meta: list[int], what: str) -> list[int]:
+    """Slice by slice: rank r reduces chunk r of every rank's ``A`` into its ``B``; then every
+    rank (``root is None``) or only ``root`` copies all chunks back into ``flat``."""
     n, me = arena.world_size, arena.rank
     segs = arena.segments
+    dtype = flat.dtype
     rounds = _Rounds(arena, meta, what)
-    step = _slice_elems(arena, flat.dtype)
+    step = _slice_elems(arena, dtype)
     total = flat.numel()
     for s0 in range(0, total, step):
         cnt = min(step, total - s0)
         part = flat[s0 : s0 + cnt]
-        arena.me.region("a", flat.dtype, cnt).copy_(part)
+        arena.me.region("a", dtype, cnt).copy_(part)
         rounds.publish()
         lo, hi = chunk_bounds(cnt, n, me)
         if hi > lo:
-            acc = arena.me.region("b", flat.dtype, hi - lo, lo)
-            acc.copy_(segs[0].region("a", flat.dtype, hi - lo, lo))
-            for q in range(1, n):
-                combine(op, acc, segs[q].region("a", flat.dtype, hi - lo, lo))
+            acc = arena.me.region("b", dtype, hi - lo, lo)
+            if n == 1:
+                acc.copy_(segs[0].region("a", dtype, hi - lo, lo))
+            else:
+                combine_out(op, acc, segs[0].region("a", dtype, hi - lo, lo), segs[1].region("a", dtype, hi - lo, lo))
+                for q in range(2, n):
+                    combine(op, acc, segs[q].region("a", dtype, hi - lo, lo))
             finish(op, acc, n)
         rounds.consumed()
-        if me == root:
+        if root is None or me == root:
             for q in range(n):
                 qlo, qhi = chunk_bounds(cnt, n, q)
                 if qhi > qlo:
-                    part[qlo:qhi].copy_(segs[q].region("b", flat.dtype, qhi - qlo, qlo))
+                    part[qlo:qhi].copy_(segs[q].region("b", dtype, qhi - qlo, qlo))
     return rounds.result()
 
 

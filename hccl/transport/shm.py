@@ -228,34 +228,12 @@ class ShmArena:
         pending = [i for i, s in enumerate(self.peers) if s.ctrl[_STATE_W] < target]
         if not pending:
             return
-        start = time.monotonic()
-        spins = 0
-        next_check = start + 0.05
-        delay = 0.0
-        while True:
-            pending = [i for i in pending if self.peers[i].ctrl[_STATE_W] < target]
-            if not pending:
-                return
-            spins += 1
-            if spins > 2000:
-                # back off: yield first, then sleep with a growing delay (max 1 ms)
-                if delay:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1e-3)
-                else:
-                    os.sched_yield()
-                    if spins > 4000:
-                        delay = 2e-5
-            now = time.monotonic() if spins % 64 == 0 or delay else 0.0
-            if now and now >= next_check:
-                next_check = now + 0.05
-                self._check_peers(pending, what)
-                if now - start > self.timeout_s:
-                    late = ", ".join(str(self.peer_ranks[i]) for i in pending)
-                    raise HcclTimeoutError(
-                        f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
-                        f" in {what} waiting for rank(s) {late}"
-                    )
+
+        def arrived() -> bool:
+            pending[:] = [i for i in pending if self.peers[i].ctrl[_STATE_W] < target]
+            return not pending
+
+        self._spin(arrived, lambda: pending, what)
 
     def wait_word(self, seg: ShmSegment, word: int, target: int, what: str, progress=None) -> None:
         """Block until ``seg.ctrl[word] >= target`` (one peer's counter), with the usual checks.
@@ -265,15 +243,26 @@ class ShmArena:
         ctrl = seg.ctrl
         if ctrl[word] >= target:
             return
-        idx = self.segments.index(seg)
-        pending_i = self.peers.index(seg) if seg in self.peers else None
-        start = time.monotonic()
-        spins = 0
-        delay = 0.0
-        next_check = start + 0.05
-        while ctrl[word] < target:
+        late = [self.peers.index(seg)] if seg in self.peers else []
+
+        def arrived() -> bool:
             if progress is not None:
                 progress()
+            return ctrl[word] >= target
+
+        self._spin(arrived, lambda: late, what)
+
+    def _spin(self, arrived, pending, what: str) -> None:
+        """Poll ``arrived()`` until true: spin, then yield, then sleep (growing to 1 ms).
+
+        Every 50 ms the peers are checked for death or abort, and past ``timeout_s`` the
+        peers ``pending()`` returns (indices into ``self.peers``) are named in the error.
+        """
+        start = time.monotonic()
+        spins = 0
+        next_check = start + 0.05
+        delay = 0.0
+        while not arrived():
             spins += 1
             if spins > 2000:
                 if delay:
@@ -287,11 +276,13 @@ class ShmArena:
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + 0.05
-                    self._check_peers([pending_i] if pending_i is not None else [], what)
+                    late = pending()
+                    self._check_peers(late, what)
                     if now - start > self.timeout_s:
+                        names = ", ".join(str(self.peer_ranks[i]) for i in late)
                         raise HcclTimeoutError(
                             f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
-                            f" in {what} waiting for rank {self.group_ranks[idx]}"
+                            f" in {what} waiting for rank(s) {names}"
                         )
 
     def _check_peers(self, pending: list[int], what: str) -> None:

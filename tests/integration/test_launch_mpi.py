@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,64 +15,13 @@ pytest.importorskip("mpi4py")
 MPIEXEC = shutil.which("mpiexec")
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: pip install -e '.[mpi]'")
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = "tests/integration/scripts/tiny_ddp.py"
-_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCH_VARS and not k.startswith(("OMPI_", "PMI_", "TORCHELASTIC"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _run(cmd: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+from tests.integration.launch_helpers import TINY, assert_all_gone as _assert_all_gone
+from tests.integration.launch_helpers import assert_no_new_shm as _assert_no_new_shm, rank_pids as _rank_pids
+from tests.integration.launch_helpers import run as _run, shm_names as _shm_names, torchrun as _torchrun
 
 
 def _mpiexec(n: int, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return _run([MPIEXEC, "-n", str(n), sys.executable, "-m", "launchers.mpi", *args], timeout)
-
-
-def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-    return _run([*cmd, *args])
-
-
-def _rank_pids(output: str) -> dict[int, int]:
-    return {int(r): int(p) for r, p in re.findall(r"rank (\d+) of \d+ is pid (\d+)", output)}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _shm_names() -> set[str]:
-    """Shared-memory files a job of ours could leave: hccl's segments and MPICH's."""
-    shm = Path("/dev/shm")
-    return {p.name for p in shm.glob("*") if p.name.startswith(("hccl_", "mpich_shm_"))}
-
-
-def _assert_no_new_shm(before: set[str], within_s: float = 5.0) -> None:
-    """No segment created since ``before`` survives (other jobs' segments are unlinked
-    within milliseconds of creation, so only a leak outlasts the deadline)."""
-    deadline = time.monotonic() + within_s
-    while _shm_names() - before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _shm_names() - before, "shared-memory segments left behind"
-
-
-def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)], "rank processes left behind"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,66 @@
+"""Shared helpers of the launcher tests: a clean environment, subprocess runs with timeouts,
+and checks that a failed job left no process or shared-memory segment behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = "tests/integration/scripts/tiny_ddp.py"
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_PREFIXES = ("OMPI_", "PMI_", "TORCHELASTIC", "RAY_")
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without any launcher's variables, one thread per rank, repo importable."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run(cmd: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+    return run([*cmd, *args], timeout=150)
+
+
+def rank_pids(output: str) -> dict[int, int]:
+    return {int(r): int(p) for r, p in re.findall(r"rank (\d+) of \d+ is pid (\d+)", output)}
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def shm_names() -> set[str]:
+    """Shared-memory files a job of ours could leave: hccl's segments and MPICH's."""
+    return {p.name for p in Path("/dev/shm").glob("*") if p.name.startswith(("hccl_", "mpich_shm_"))}
+
+
+def assert_no_new_shm(before: set[str], within_s: float = 5.0) -> None:
+    """No segment created since ``before`` survives (other jobs' segments are unlinked
+    within milliseconds of creation, so only a leak outlasts the deadline)."""
+    deadline = time.monotonic() + within_s
+    while shm_names() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not shm_names() - before, "shared-memory segments left behind"
+
+
+def assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "rank processes left behind"
