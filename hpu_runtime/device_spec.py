@@ -165,6 +165,18 @@ _GRAPH_LAUNCH_NS = 20_000        # assumption: enqueue one recipe
 _COMPILE_BASE_NS = 150_000_000   # assumption: graph compile fixed cost, 150 ms
 _COMPILE_PER_OP_NS = 2_000_000   # assumption: 2 ms per op in the graph
 
+# The modelling assumptions every generation shares (efficiencies, host and compile costs).
+_MODEL_ASSUMPTIONS = dict(
+    mme_efficiency=_MME_EFFICIENCY,
+    tpc_efficiency=_TPC_EFFICIENCY,
+    hbm_efficiency=_HBM_EFFICIENCY,
+    host_op_ns=_HOST_OP_NS,
+    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
+    graph_launch_ns=_GRAPH_LAUNCH_NS,
+    compile_base_ns=_COMPILE_BASE_NS,
+    compile_per_op_ns=_COMPILE_PER_OP_NS,
+)
+
 GAUDI = DeviceSpec(
     name="gaudi",
     hbm_bytes=32 * _GIB,                    # [GS], [HC24]: 32 GB (4 HBM2 stacks)
@@ -173,15 +185,8 @@ GAUDI = DeviceSpec(
     mme_fp32_flops_per_s=60 * _TERA * _MME_FP32_OVER_BF16,   # assumption, see NOTE
     tpc_bf16_flops_per_s=8 * _TPC_BF16_PER_CORE_FLOPS_PER_S,  # assumption, see NOTE
     tpc_fp32_flops_per_s=8 * _TPC_BF16_PER_CORE_FLOPS_PER_S / 2,  # [TPC] half of bf16
-    mme_efficiency=_MME_EFFICIENCY,
-    tpc_efficiency=_TPC_EFFICIENCY,
-    hbm_efficiency=_HBM_EFFICIENCY,
     pcie_bytes_per_s=32 * _GIGA,            # [HC24]: 64 GB/s bidirectional (PCIe Gen4 x16)
-    host_op_ns=_HOST_OP_NS,
-    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
-    graph_launch_ns=_GRAPH_LAUNCH_NS,
-    compile_base_ns=_COMPILE_BASE_NS,
-    compile_per_op_ns=_COMPILE_PER_OP_NS,
+    **_MODEL_ASSUMPTIONS,
     num_tpc=8,                              # [DESIGN6]
     num_mme=1,                              # [DESIGN6]
 )
@@ -194,15 +199,8 @@ GAUDI2 = DeviceSpec(
     mme_fp32_flops_per_s=432 * _TERA * _MME_FP32_OVER_BF16,  # assumption, see NOTE
     tpc_bf16_flops_per_s=24 * _TPC_BF16_PER_CORE_FLOPS_PER_S,  # assumption, see NOTE
     tpc_fp32_flops_per_s=24 * _TPC_BF16_PER_CORE_FLOPS_PER_S / 2,  # [TPC] half of bf16
-    mme_efficiency=_MME_EFFICIENCY,
-    tpc_efficiency=_TPC_EFFICIENCY,
-    hbm_efficiency=_HBM_EFFICIENCY,
     pcie_bytes_per_s=32 * _GIGA,            # [HC24]: 64 GB/s bidirectional (PCIe Gen4 x16)
-    host_op_ns=_HOST_OP_NS,
-    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
-    graph_launch_ns=_GRAPH_LAUNCH_NS,
-    compile_base_ns=_COMPILE_BASE_NS,
-    compile_per_op_ns=_COMPILE_PER_OP_NS,
+    **_MODEL_ASSUMPTIONS,
     num_tpc=24,                             # [DESIGN6]
     num_mme=2,                              # [DESIGN6]
 )
@@ -215,15 +213,8 @@ GAUDI3 = DeviceSpec(
     mme_fp32_flops_per_s=1835 * _TERA * _MME_FP32_OVER_BF16,  # [G3SPEC]: 229.38 TFLOP/s
     tpc_bf16_flops_per_s=28.7 * _TERA,      # [HC24]: BF16 vector 28.7 TFLOP/s
     tpc_fp32_flops_per_s=28.7 * _TERA / 2,  # [G3SPEC]: 14.35 TFLOP/s; [TPC]
-    mme_efficiency=_MME_EFFICIENCY,
-    tpc_efficiency=_TPC_EFFICIENCY,
-    hbm_efficiency=_HBM_EFFICIENCY,
     pcie_bytes_per_s=64 * _GIGA,            # [HC24]: PCIe Gen5 x16, 128 GB/s bidirectional
-    host_op_ns=_HOST_OP_NS,
-    eager_op_launch_ns=_EAGER_OP_LAUNCH_NS,
-    graph_launch_ns=_GRAPH_LAUNCH_NS,
-    compile_base_ns=_COMPILE_BASE_NS,
-    compile_per_op_ns=_COMPILE_PER_OP_NS,
+    **_MODEL_ASSUMPTIONS,
     num_tpc=64,                             # [HC24], [DESIGN6]
     num_mme=8,                              # [HC24], [DESIGN6]
 )
