@@ -13,13 +13,17 @@ def create_process_group(dist_backend_opts, backend_options=None):
     """Creator called by ``init_process_group``/``new_group`` (extended API)."""
     from .process_group import ProcessGroupHCCL
 
-    return ProcessGroupHCCL(
+    pg = ProcessGroupHCCL(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         dist_backend_opts.timeout,
         str(dist_backend_opts.group_id),
     )
+    # torch returns a ProcessGroup subclass as is, before it would name it: name it here so
+    # that destroy_process_group(subgroup) can unregister it
+    pg.group_name = str(dist_backend_opts.group_id)
+    return pg
 
 
 def register_backend() -> None:

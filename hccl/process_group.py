@@ -74,6 +74,15 @@ def _buffer_bytes() -> int:
     return max(4096, int(mb * 1024 * 1024) // 64 * 64)
 
 
+def _transport() -> str:
+    """``HCCL_TRANSPORT``: ``shm`` (default: shared memory inside a host, TCP between) or ``mpi``."""
+    raw = os.environ.get("HCCL_TRANSPORT", "")
+    value = raw.strip().lower() or "shm"
+    if value not in ("shm", "mpi"):
+        raise ValueError(f"HCCL_TRANSPORT={raw!r} is not a transport; use 'shm' (the default) or 'mpi'")
+    return value
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A flat contiguous view of ``t`` (or a contiguous copy, written back by the caller)."""
     return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
@@ -114,6 +123,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self._seq = 0
         self._error: str | None = None
         self._sends: list = []  # p2p.SendOp still being posted
+        self._group_name = group_id
         self.history: list[CollectiveRecord] = []
         self._history_limit = 100_000
         self._device = get_device()  # the simulated card of this process
@@ -132,8 +142,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         """Map the host-local peers' segments; connect the hosts' leaders over TCP.
 
         Returns the collectives driver: :class:`ShmCollectives` (one host) or
-        :class:`MultiHost` (several).
+        :class:`MultiHost` (several); with ``HCCL_TRANSPORT=mpi``,
+        :class:`~hccl.transport.mpi.MpiCollectives` (all traffic through mpi4py).
+
+        Raises:
+            ValueError: ``HCCL_TRANSPORT`` is neither ``shm`` nor ``mpi``.
+            MpiUnavailableError: ``HCCL_TRANSPORT=mpi`` without mpi4py or outside an MPI job.
         """
+        transport = _transport()
         rank, n = self._rank, self._world_size
         store.set_timeout(timedelta(seconds=self._timeout_s))
         if rank == 0:
@@ -142,6 +158,10 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         store.set(f"hccl/host/{rank}", _host_key())
         layout = HostLayout.from_keys([store.get(f"hccl/host/{r}").decode() for r in range(n)], rank)
         self.layout = layout
+        if transport == "mpi":
+            from .transport.mpi import connect
+
+            return connect(store, rank, n, self._timeout_s)
         local = layout.local_ranks
         capacity = _buffer_bytes()
         names = {r: f"hccl_{token[:16]}_{r}" for r in local}
@@ -217,6 +237,15 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     # ---- identity ---------------------------------------------------------------------
     def getBackendName(self) -> str:
         return "hccl"
+
+    @property
+    def group_name(self) -> str:
+        """The name torch registered this group under (set by the backend creator)."""
+        return self._group_name
+
+    @group_name.setter
+    def group_name(self, name: str) -> None:
+        self._group_name = name
 
     @property
     def last_collective(self) -> CollectiveRecord | None:

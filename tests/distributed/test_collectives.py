@@ -211,3 +211,24 @@ def test_send_recv_and_coalescing_manager(world):
     results = run_ranks(_p2p_and_coalescing, world, timeout=100)
     failures = [f for per_rank in results for f in per_rank]
     assert not failures, "\n".join(failures[:20])
+
+
+def _subgroups(rank: int, world: int) -> list:
+    evens = dist.new_group([0, 2])
+    odds = dist.new_group([1])
+    t = torch.full((5,), float(rank + 1))
+    if rank in (0, 2):
+        dist.all_reduce(t, group=evens)
+    else:
+        dist.all_reduce(t, group=odds)
+    dist.destroy_process_group(evens)
+    dist.destroy_process_group(odds)
+    w = torch.ones(2)
+    dist.all_reduce(w)  # the default group still works
+    return [t[0].item(), w[0].item()]
+
+
+@pytest.mark.timeout(120)
+def test_subgroups_reduce_within_and_can_be_destroyed():
+    res = run_ranks(_subgroups, 3)
+    assert res == [[4.0, 3.0], [2.0, 3.0], [4.0, 3.0]]

@@ -1,0 +1,196 @@
+"""``HCCL_TRANSPORT=mpi``: every collective through mpi4py under ``mpiexec``, checked like shm.
+
+The rank side of these tests is this file's ``__main__`` (run by ``mpiexec -n 3``); each
+rank writes ``result_<rank>.json`` next to the init file, which the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCH_VARS and not k.startswith(("OMPI_", "PMI_", "TORCHELASTIC", "HCCL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def _mpiexec(n: int, mode: str, tmp_path: Path, timeout: float = 50) -> dict[int, dict]:
+    mpiexec = shutil.which("mpiexec")
+    cmd = [mpiexec, "-n", str(n), sys.executable, __file__, mode, str(tmp_path / "init")]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(HCCL_TRANSPORT="mpi"), capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    results = {}
+    for path in sorted(tmp_path.glob("result_*.json")):
+        results[int(path.stem.removeprefix("result_"))] = json.loads(path.read_text())
+    assert sorted(results) == list(range(n)), proc.stdout[-3000:]
+    return results
+
+
+def _needs_mpi() -> None:
+    pytest.importorskip("mpi4py")
+    if shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec: pip install -e '.[mpi]'")
+
+
+@pytest.mark.timeout(60)
+def test_every_collective_matches_numpy_over_mpi(tmp_path: Path) -> None:
+    """3 ranks, HCCL_TRANSPORT=mpi: all collectives x dtypes vs numpy (multi-slice path too),
+    allreduce bits equal to the rank-order reduction (what shm gives) and the same on every
+    rank, a subgroup of ranks 1-2, and a size mismatch raising the same error on every rank."""
+    _needs_mpi()
+    results = _mpiexec(3, "collectives", tmp_path)
+    failures = [f for r in results.values() for f in r["failures"]]
+    assert not failures, "\n".join(failures[:20])
+    assert all(r["driver"] == "MpiCollectives" for r in results.values())
+    messages = {r["mismatch"] for r in results.values()}
+    assert len(messages) == 1, messages
+    msg = messages.pop()
+    assert "CollectiveMismatchError" in msg and "tensor sizes differ across ranks" in msg
+    assert "rank 1: 5 elements of float32" in msg
+
+
+@pytest.mark.timeout(40)
+def test_peer_that_never_arrives_times_out(tmp_path: Path) -> None:
+    """MPI has no timeouts: the transport polls, so a missing peer raises within the group's timeout."""
+    _needs_mpi()
+    results = _mpiexec(3, "timeout", tmp_path, timeout=30)
+    assert results[1]["error"] == "no error"
+    for rank in (0, 2):
+        assert results[rank]["error"] == (
+            f"HcclTimeoutError: hccl: rank {rank} timed out after 2.0 s in barrier #0 waiting for its"
+            " MPI peers (HCCL_TRANSPORT=mpi)"
+        )
+
+
+@pytest.mark.timeout(30)
+def test_bad_transport_value_is_refused() -> None:
+    """An unknown HCCL_TRANSPORT fails group creation with a ValueError naming the variable."""
+    code = ("import hccl, torch.distributed as dist, tempfile, os\n"
+            "d = tempfile.mkdtemp()\n"
+            "try:\n"
+            "    dist.init_process_group('hccl', init_method='file://' + os.path.join(d, 'i'), rank=0, world_size=1)\n"
+            "except ValueError as exc:\n"
+            "    print('ERR', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(HCCL_TRANSPORT="infiniband"),
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ERR HCCL_TRANSPORT='infiniband' is not a transport" in proc.stdout
+
+
+def _two_ranks_without_mpiexec(rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("hccl", init_method=f"file://{os.environ['INIT_FILE']}", rank=rank, world_size=world)
+
+
+@pytest.mark.timeout(60)
+def test_mpi_transport_outside_mpiexec_says_how_to_start(tmp_path: Path) -> None:
+    """HCCL_TRANSPORT=mpi in ranks not started by mpiexec: a clear error on every rank."""
+    pytest.importorskip("mpi4py")
+    from tests.dist_utils import run_ranks
+
+    res = run_ranks(_two_ranks_without_mpiexec, 2, backend=None, timeout=50, expect_errors=True,
+                    env={"HCCL_TRANSPORT": "mpi", "INIT_FILE": str(tmp_path / "init")})
+    for status, text in res:
+        assert status == "err", res
+        assert "HCCL_TRANSPORT=mpi needs the job started by mpiexec" in text
+        assert "MPI sees 1 process(es) but the process group has 2 ranks" in text
+
+
+# ---- rank side (under mpiexec) ---------------------------------------------------------------
+def _rank_main(mode: str, init_file: str) -> None:
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import hccl.transport.mpi as mpi_transport
+    import hpu_runtime
+    from tests.distributed import test_collectives as tc
+
+    hpu_runtime.deactivate()
+    rank, world = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    result_file = Path(init_file).parent / f"result_{rank}.json"
+    dist.init_process_group("hccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=2 if mode == "timeout" else 30))
+    if mode == "timeout":  # rank 1 never joins the barrier
+        error = "no error"
+        if rank == 1:
+            time.sleep(4)
+        else:
+            try:
+                dist.barrier()
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                error = f"{type(exc).__name__}: {exc}"
+        result_file.write_text(json.dumps({"error": error}))
+        return
+    pg = dist.group.WORLD
+    out: dict = {"driver": type(pg._coll).__name__}
+    mpi_transport.SLICE_BYTES = 64 * 1024  # 70,000-element tensors take several slices
+    failures = tc._all_collectives(rank, world)
+
+    # allreduce bits: the rank-order reduction in the tensor's dtype (the shm engine's order),
+    # identical on every rank
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for numel in (9, 50_000):
+            ins = [torch.randn(numel, generator=torch.Generator().manual_seed(r + numel)).to(dtype) for r in range(world)]
+            t = ins[rank].clone()
+            dist.all_reduce(t)
+            ref = ins[0] + ins[1]
+            for q in range(2, world):
+                ref += ins[q]
+            if not torch.equal(t, ref):
+                failures.append(f"allreduce {dtype} n={numel}: not the rank-order sum")
+            every = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(every, t)
+            if not all(torch.equal(e, every[0]) for e in every):
+                failures.append(f"allreduce {dtype} n={numel}: ranks hold different bits")
+
+    # a subgroup that is not the MPI world (MPI_Comm_create_group; rank 0 is not a member)
+    sub = dist.new_group([1, 2], backend="hccl")
+    if rank in (1, 2):
+        t = torch.full((100_000,), float(rank))
+        dist.all_reduce(t, group=sub)
+        if not torch.equal(t, torch.full((100_000,), 3.0)):
+            failures.append("subgroup [1, 2] allreduce is wrong")
+    dist.barrier()
+
+    # sizes differ on rank 1: every rank raises the same mismatch error
+    try:
+        dist.all_reduce(torch.ones(4 + (rank == 1)))
+        out["mismatch"] = "no error"
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out["mismatch"] = f"{type(exc).__name__}: {exc}"
+    out["failures"] = failures
+    result_file.write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    try:
+        _rank_main(sys.argv[1], sys.argv[2])
+    except BaseException:  # noqa: BLE001 - one failing rank must not leave the others waiting
+        import traceback
+
+        from mpi4py import MPI
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
