@@ -19,7 +19,7 @@ def test_torchrun_digits_job(tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "models.train", "--model", "mlp", "--dataset", "digits", "--epochs", "4",
-        "--bucket-cap-mb", "0.02", "--summary", str(summary),
+        "--bucket-cap-mb", "0.02", "--summary", str(summary), "--trace", str(tmp_path / "trace"),
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,3 +39,8 @@ def test_torchrun_digits_job(tmp_path):
         assert e["sim_comm_ns_mean"] >= e["sim_exposed_comm_ns_mean"] >= 0
         assert e["wall_epoch_s"] > 0
     assert data["device_spec"]["name"] == "gaudi2"
+    trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert {e["pid"] for e in events} == {0, 1}  # one process row per rank
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert spans and all(e["dur"] >= 0 for e in spans)
