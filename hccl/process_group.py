@@ -577,16 +577,19 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             )
         return local.index(peer)
 
-    def send(self, tensors, dst, tag=0):
-        """Send ``tensors[0]`` to rank ``dst``; returns at once (see NOTE [p2p outboxes])."""
+    def _p2p_prologue(self, tensors, peer: int, kind: str):
+        """Checks shared by send and recv; returns (tensor, dtype code, local peer, flat view, ready ns)."""
         if self._error is not None:
             self._check_usable()
         t = tensors[0]
-        dcode = check_dtype(t, "send tensor")
-        peer = self._local_peer(dst, "send")
-        flat = _flat(t)
+        dcode = check_dtype(t, f"{kind} tensor")
+        local_peer = self._local_peer(peer, kind)
+        return t, dcode, local_peer, _flat(t), self._device.collective_ready_ns()
+
+    def send(self, tensors, dst, tag=0):
+        """Send ``tensors[0]`` to rank ``dst``; returns at once (see NOTE [p2p outboxes])."""
+        t, dcode, peer, flat, ready = self._p2p_prologue(tensors, dst, "send")
         what = f"send to rank {dst}"
-        ready = self._device.collective_ready_ns()
         op = p2p.SendOp(self._coll.arena, peer, flat, tag, dcode, ready, what)
         self._p2p_guard(what, op.progress)
         if not op.done:
@@ -600,14 +603,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def recv(self, tensors, src, tag=0):
         """Receive into ``tensors[0]`` from rank ``src`` (blocks; queued sends progress meanwhile)."""
-        if self._error is not None:
-            self._check_usable()
-        t = tensors[0]
-        dcode = check_dtype(t, "recv tensor")
-        peer = self._local_peer(src, "recv")
-        flat = _flat(t)
+        t, dcode, peer, flat, ready = self._p2p_prologue(tensors, src, "recv")
         what = f"recv from rank {src}"
-        ready = self._device.collective_ready_ns()
 
         def body():
             sent_ns = p2p.recv(self._coll.arena, peer, flat, tag, dcode, what, self._progress_sends)
