@@ -16,7 +16,6 @@ these the group is unusable and says so.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -39,7 +38,6 @@ from .work import CollectiveRecord, HcclWork
 
 __all__ = ["ProcessGroupHCCL", "HcclError"]
 
-log = logging.getLogger(__name__)
 
 _DEFAULT_BUFFER_MB = 16
 
@@ -94,7 +92,8 @@ def _writeback(orig: torch.Tensor, flat: torch.Tensor) -> None:
 
 
 class ProcessGroupHCCL(dist.ProcessGroup):
-    """The emulated HCCL backend for one group of ranks on one host.
+    """The emulated HCCL backend for one group of ranks (shared memory inside a host, TCP
+    between hosts' leaders, or MPI with ``HCCL_TRANSPORT=mpi``).
 
     Args:
         store: the c10d store of the group (small metadata only, never tensor data).
@@ -104,7 +103,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         group_id: a name unique to the group (keys in the store, segment names).
 
     Raises:
-        NotImplementedError: ranks of the group are on different hosts.
+        ValueError: a bad ``HCCL_TRANSPORT``, ``HCCL_TOPOLOGY``, ``HCCL_ALGO`` or
+            ``PT_HCCL_SLICE_SIZE_MB``, or a world size the topology cannot hold.
         HcclTimeoutError: peers did not rendezvous within ``timeout``.
     """
 
@@ -217,18 +217,27 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         seq = self._seq
         what = f"{kind} #{seq}"
         ready = self._device.collective_ready_ns()
+        ready_all = self._guarded(what, lambda: body(ready, what))
+        self._seq = seq + 1
+        start, end, algorithm = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
+        return self._record(what, kind, seq, nbytes, start, end, algorithm, outputs)
+
+    def _guarded(self, what: str, fn):
+        """Run ``fn`` (the emulator's own tensor ops, unseen by the bridge); on any failure mark
+        the group unusable and tell the peers at once (abort flag; TCP connections dropped)."""
         try:
             with bridge_disabled():
-                ready_all = body(ready, what)
+                return fn()
         except BaseException as exc:
             self._error = f"{what}: {exc}"
             if self._coll is not None:
                 self._coll.arena.abort(f"{what}: {exc}")
-                self._coll.close()  # peers on other hosts see the connection drop at once
+                self._coll.close()
             raise
-        self._seq = seq + 1
-        start, end, algorithm = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
-        self._device.record_collective(what, start, end)
+
+    def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs) -> HcclWork:
+        """Occupy the simulated collective stream, keep the record, return the finished Work."""
+        self._device.record_collective(label, start, end)
         rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm=algorithm)
         if len(self.history) < self._history_limit:
             self.history.append(rec)
@@ -591,12 +600,12 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         t, dcode, peer, flat, ready = self._p2p_prologue(tensors, dst, "send")
         what = f"send to rank {dst}"
         op = p2p.SendOp(self._coll.arena, peer, flat, tag, dcode, ready, what)
-        self._p2p_guard(what, op.progress)
+        self._guarded(what, op.progress)
         if not op.done:
             self._sends.append(op)
         nbytes = t.numel() * t.element_size()
         start, end, _ = p2p_times(nbytes, src=self._rank, dst=dst, src_ready_ns=ready, dst_ready_ns=0, world_size=self._world_size)
-        work = self._p2p_record("send", nbytes, start, end, tensors)
+        work = self._record(what, "send", -1, nbytes, start, end, "p2p", tensors)
         work._pending = op
         work._drain = self._wait_send
         return work
@@ -611,19 +620,10 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             _writeback(t, flat)
             return sent_ns
 
-        sent_ns = self._p2p_guard(what, body)
+        sent_ns = self._guarded(what, body)
         nbytes = t.numel() * t.element_size()
         _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=sent_ns, dst_ready_ns=ready, world_size=self._world_size)
-        return self._p2p_record("recv", nbytes, max(ready, sent_ns), end, tensors)
-
-    def _p2p_guard(self, what: str, fn):
-        try:
-            with bridge_disabled():
-                return fn()
-        except BaseException as exc:
-            self._error = f"{what}: {exc}"
-            self._coll.arena.abort(f"{what}: {exc}")
-            raise
+        return self._record(what, "recv", -1, nbytes, max(ready, sent_ns), end, "p2p", tensors)
 
     def _progress_sends(self) -> None:
         if self._sends:
@@ -631,7 +631,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def _wait_send(self, op) -> None:
         if not op.done:
-            self._p2p_guard(op.what, lambda: op.wait(self._progress_sends))
+            self._guarded(op.what, lambda: op.wait(self._progress_sends))
             self._progress_sends()
 
     def _drain_sends(self) -> None:
@@ -641,13 +641,6 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError("hccl: recv from any source is not supported (HCCL has none either)")
-
-    def _p2p_record(self, kind: str, nbytes: int, start: int, end: int, outputs) -> HcclWork:
-        self._device.record_collective(f"{kind}", start, end)
-        rec = CollectiveRecord(seq=-1, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm="p2p")
-        if len(self.history) < self._history_limit:
-            self.history.append(rec)
-        return HcclWork(outputs, rec, self._device)
 
     def barrier(self, opts=None):
         """Wait for every rank (simulated: a small synchronisation on the collective stream)."""

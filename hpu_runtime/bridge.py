@@ -60,22 +60,23 @@ def _is_cpu(value: object) -> bool:
     return isinstance(value, torch.device) and value.type == "cpu"
 
 
-def _host_read(func, args, kwargs):
+def _read_back(args) -> None:
+    """A host read of ``args[0]``: launch, wait and copy back if it lives on the device."""
     t = args[0] if args else None
     if isinstance(t, torch.Tensor):
         dev = get_device()
         if dev.is_resident(t):
             dev.host_read(t.nbytes)
+
+
+def _host_read(func, args, kwargs):
+    _read_back(args)
     return func(*args, **kwargs)
 
 
 def _format(func, args, kwargs):
     """Printing: a host read of the tensor, then formatting that is not device work."""
-    t = args[0] if args else None
-    if isinstance(t, torch.Tensor):
-        dev = get_device()
-        if dev.is_resident(t):
-            dev.host_read(t.nbytes)
+    _read_back(args)
     with bridge_disabled():
         return func(*args, **kwargs)
 
