@@ -237,7 +237,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs) -> HcclWork:
         """Occupy the simulated collective stream, keep the record, return the finished Work."""
-        self._device.record_collective(label, start, end)
+        self._device.record_collective(label, start, end, outputs)
         rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm=algorithm)
         if len(self.history) < self._history_limit:
             self.history.append(rec)

@@ -66,7 +66,7 @@ def _read_back(args) -> None:
     if isinstance(t, torch.Tensor):
         dev = get_device()
         if dev.is_resident(t):
-            dev.host_read(t.nbytes)
+            dev.host_read(t.nbytes, t)
 
 
 def _host_read(func, args, kwargs):
@@ -178,7 +178,7 @@ class HpuDispatchMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func is _LOCAL_SCALAR:
             if self.device.is_resident(args[0]):
-                self.device.host_read(args[0].element_size())
+                self.device.host_read(args[0].element_size(), args[0])
             return out
         try:
             self.device.record(func, args, kwargs, out)

@@ -38,114 +38,44 @@ import os
 import threading
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from . import metrics
-from .cost_model import OpCost, compile_ns, fused_time_ns, host_op_time_ns, op_cost, pcie_ns
+from .cost_model import OpCost, compile_ns, host_op_time_ns, op_cost, pcie_ns
 from .device_spec import DeviceSpec, get_device_spec
 from .fallback import FallbackPolicy
 from .graph_key import graph_digest, op_signature, output_signature, recipe_name
+from .lazy_graph import OpRecord, graph_op_times
 from .memory import HBMModel
 from .recipe_cache import ENV_VAR as RECIPE_CACHE_ENV, Recipe, RecipeCache
+from .timeline import Stream, StepTimes, step_breakdown
 
-__all__ = ["Stream", "StepTimes", "SimDevice", "get_device", "reset_device"]
+__all__ = ["Stream", "StepTimes", "GraphInfo", "SimDevice", "get_device", "reset_device"]
 
 _Tensor = torch.Tensor
 
 
-@dataclass(slots=True)
-class Stream:
-    """A simulated device queue: when it is next free, and its busy intervals (ns).
-
-    ``trace``, when a list, also receives every span as ``(stream, start, dur, label)``
-    (kept for the whole run, unlike ``intervals`` which steps trim).
-    """
-
-    name: str
-    free_ns: int = 0
-    intervals: list[tuple[int, int, str]] = field(default_factory=list)
-    trace: list | None = None
-
-    def run(self, ready_ns: int, duration_ns: int, label: str) -> tuple[int, int]:
-        """Enqueue work ready at ``ready_ns``; returns its (start, end) in simulated ns."""
-        start = max(ready_ns, self.free_ns)
-        end = start + duration_ns
-        self.free_ns = end
-        if duration_ns > 0:
-            self.intervals.append((start, end, label))
-            if self.trace is not None:
-                self.trace.append((self.name, start, duration_ns, label))
-        return start, end
-
-
 @dataclass(frozen=True, slots=True)
-class StepTimes:
-    """Simulated breakdown of one training step, all in ns.
+class GraphInfo:
+    """One launched graph: why it was launched, its ops, its start and device time (ns).
 
-    Attributes:
-        step_ns: from the end of the previous step (or the device's start) to this step's end.
-        compute_ns: time the compute stream was busy during the step.
-        comm_ns: time the collective stream was busy during the step.
-        exposed_comm_ns: collective busy time not overlapped by compute.
-        host_ns: host time spent building/launching the step.
+    ``op_times_ns`` is each op's share of ``device_ns`` after fusion, in issue order (for a
+    recipe-cache hit the recipe's cached total is charged; the shares are recomputed).
     """
 
-    step_ns: int
-    compute_ns: int
-    comm_ns: int
-    exposed_comm_ns: int
-    host_ns: int
-
-
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            if e > merged[-1][1]:
-                merged[-1] = (merged[-1][0], e)
-        else:
-            merged.append((s, e))
-    return merged
-
-
-def _length(intervals: list[tuple[int, int]]) -> int:
-    return sum(e - s for s, e in intervals)
-
-
-def _clip(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
-    out = []
-    for s, e, *_ in intervals:
-        s2, e2 = max(s, lo), min(e, hi)
-        if e2 > s2:
-            out.append((s2, e2))
-    return out
-
-
-def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
-    """Length of ``a`` minus ``b`` (both merged, sorted)."""
-    total = 0
-    j = 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                total += b[k][0] - cur
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < e:
-            total += e - cur
-    return total
+    reason: str
+    ops: int
+    start_ns: int
+    device_ns: int
+    op_times_ns: tuple[int, ...] = ()
 
 
 class _StorageRef(weakref.ref):
-    """Weak reference to a resident storage, carrying its id and size (HBM bytes)."""
+    """Weak reference to a resident storage: its id, size (HBM bytes) and serial."""
 
-    __slots__ = ("key", "nbytes")
+    __slots__ = ("key", "nbytes", "serial")
 
 
 @dataclass(slots=True)
@@ -162,8 +92,9 @@ class _OpInfo:
 _FUNC_FLAGS: dict = {}
 
 
-_NOT_DEVICE_WORK = frozenset({"profiler"})
-"""Op namespaces that are bookkeeping, not device work (``record_function`` markers)."""
+_NOT_DEVICE_WORK = frozenset({"profiler", "prim"})
+"""Op namespaces that are bookkeeping, not device work (``record_function`` markers, the
+``prim.device`` queries autograd makes on fake tensors)."""
 
 
 def _func_flags(func) -> tuple[bool, bool, bool, bool]:
@@ -208,6 +139,12 @@ class SimDevice:
             (``PT_HPU_MAX_COMPOUND_OP_SIZE``; 0 = unlimited).
         recipes: the recipe cache (default: memory only).
         fallback: CPU-fallback policy (default: from the environment).
+
+    Attributes:
+        log: when a list, every event that shapes the timeline is appended to it, in order:
+            ``("op", OpRecord)``, ``("view", key)``, ``("launch", reason)``,
+            ``("h2d", nbytes)``, ``("host_read", nbytes, serial)``, ``("mark", payload)``
+            (see :mod:`hpu_runtime.tracing`, which replays such logs).
     """
 
     def __init__(self, spec: DeviceSpec, *, lazy: bool = True, max_compound_ops: int = 0,
@@ -223,10 +160,12 @@ class SimDevice:
         self.collective = Stream("collective")
         self.pending: list[OpCost] = []
         self._pending_keys: list = []
-        self._pending_io: list[tuple[int, list]] = []  # per pending op: (fused input bytes, outputs)
-        self._graph_storages: dict[int, _StorageRef] = {}  # storages produced by the pending graph
+        self._pending_ops: list[OpRecord] = []
+        self._pending_dep_ns = 0  # the pending graph reads a collective output ready then
         self._pending_host_start = 0
         self._resident: dict[int, _StorageRef] = {}
+        self._next_serial = 0
+        self._ready_after: dict[int, int] = {}  # serial -> end of the collective that writes it
         self._memo: dict = {}
         self._region: str | None = None
         self._capture: list | None = None
@@ -236,6 +175,8 @@ class SimDevice:
         self.ops_recorded = 0
         self.compilations = 0
         self.trace: list | None = None
+        self.log: list | None = None
+        self.graph_log: list[GraphInfo] | None = None
         self._step_start_ns = 0
         self._step_host_start = 0
         self.lock = threading.RLock()
@@ -258,12 +199,24 @@ class SimDevice:
             ref = _StorageRef(storage, self._on_free)
             ref.key = key
             ref.nbytes = nbytes
+            ref.serial = self._next_serial
+            self._next_serial += 1
             self._resident[key] = ref
         return ref
 
     def is_resident(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is on the simulated HBM."""
         return id(t.untyped_storage()) in self._resident
+
+    def serial_of(self, t: torch.Tensor) -> int:
+        """The serial of ``t``'s resident storage, or -1 if it is not on the simulated HBM."""
+        ref = self._resident.get(id(t.untyped_storage()))
+        return -1 if ref is None else ref.serial
+
+    def make_resident(self, t: torch.Tensor) -> int:
+        """Count ``t``'s storage as on the simulated HBM without charging a copy; its serial."""
+        with self.lock:
+            return self._register(t.untyped_storage()).serial
 
     def check_alloc(self, nbytes: int) -> None:
         """Raise :class:`~hpu_runtime.memory.HPUOutOfMemoryError` if ``nbytes`` would not fit."""
@@ -280,9 +233,16 @@ class SimDevice:
             return
         with self.lock:
             self._register(st)
-            ns = pcie_ns(self.spec, st.nbytes())
-            self._host_event("H2D copy", ns, {"bytes": st.nbytes()})
+            self.charge_h2d(st.nbytes())
+
+    def charge_h2d(self, nbytes: int) -> None:
+        """Host time of one host->device copy of ``nbytes`` over PCIe (simulated ns)."""
+        with self.lock:
+            ns = pcie_ns(self.spec, nbytes)
+            self._host_event("H2D copy", ns, {"bytes": nbytes})
             self.host_ns += ns
+            if self.log is not None:
+                self.log.append(("h2d", nbytes))
 
     # ---- ops and graphs -----------------------------------------------------------------
     def record(self, func, args: tuple, kwargs: dict, out: object) -> None:
@@ -303,37 +263,46 @@ class SimDevice:
             mk = (func, sig, output_signature(out))
         with self.lock:
             if info.view:
-                if self.lazy or self._region is not None:
-                    self._pending_keys.append(mk)
+                self.append_view(mk)
                 return
             if info.fallback:
                 self._cpu_fallback(func, args, kwargs, out, info.cost)
                 return
+            resident = self._resident
             if (not info.allocates and args and isinstance(args[0], _Tensor)
-                    and id(args[0].untyped_storage()) not in self._resident):
+                    and id(args[0].untyped_storage()) not in resident):
                 return  # in place on a host tensor (parameter init, a CPU step counter): host work
-            gs = self._graph_storages
-            fused = 0
-            for a in args:
+            reads = []
+            rg = False  # autograd will record this op: its outputs are activations it may keep
+            for a in (*args, *kwargs.values()):
                 if isinstance(a, _Tensor):
-                    if id(a.untyped_storage()) in gs:
-                        fused += a.nbytes
+                    rg = rg or a.requires_grad
+                    ref = resident.get(id(a.untyped_storage()))
+                    if ref is not None:
+                        reads.append((ref.serial, a.nbytes))
                 elif isinstance(a, (list, tuple)):
                     for x in a:
-                        if isinstance(x, _Tensor) and id(x.untyped_storage()) in gs:
-                            fused += x.nbytes
-            outs = []
+                        if isinstance(x, _Tensor):
+                            rg = rg or x.requires_grad
+                            ref = resident.get(id(x.untyped_storage()))
+                            if ref is not None:
+                                reads.append((ref.serial, x.nbytes))
+            rg = rg and torch.is_grad_enabled()
+            writes = []
             for o in _out_tensors(out):
                 st = o.untyped_storage()
-                if info.allocates:
-                    ref = self._register(st)
-                    gs[id(st)] = ref
-                else:
-                    ref = gs.get(id(st))
-                outs.append((o.nbytes, ref))
+                ref = self._register(st) if info.allocates else resident.get(id(st))
+                writes.append((-1 if ref is None else ref.serial, o.nbytes, info.allocates, rg))
             if self._capture is not None:
                 self._capture.append((func, args, kwargs, out, info.allocates))
-            self._append(mk, info.cost, fused, outs)
+            self.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes)))
+
+    def append_view(self, key: object) -> None:
+        """A view op: free, but part of the pending graph's key (lazy mode and regions)."""
+        if self.lazy or self._region is not None:
+            self._pending_keys.append(key)
+            if self.log is not None:
+                self.log.append(("view", key))
 
     def record_op(self, cost: OpCost, key: object = None) -> None:
         """Account one op given only its cost (pure use, e.g. tests and the planner).
@@ -343,22 +312,39 @@ class SimDevice:
         """
         if key is None:
             key = (cost.flops, cost.bytes_in, cost.bytes_out, cost.device_ns)
-        with self.lock:
-            self._append((cost.name, key), cost, 0, [])
+        self.append_op(OpRecord((cost.name, key), cost))
 
-    def _append(self, mk, cost: OpCost, fused: int, outs: list) -> None:
-        self.ops_recorded += 1
-        accumulate = self.lazy or self._region is not None
-        if not self.pending:
-            self._pending_host_start = self.host_ns
-        self.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
-        self.pending.append(cost)
-        self._pending_keys.append(mk)
-        self._pending_io.append((fused, outs))
-        if not accumulate:
-            self._launch("eager", 0)
-        elif self.max_compound_ops and self._region is None and len(self.pending) >= self.max_compound_ops:
-            self.launch("max_compound_op_size")
+    def append_op(self, op: OpRecord) -> None:
+        """Add one op record to the pending graph (eager mode: launch it at once).
+
+        The graph will not start on the compute stream before the end of any collective that
+        writes a storage the op reads or writes (see :meth:`record_collective`).
+        """
+        with self.lock:
+            if self._ready_after:
+                after = self._ready_after
+                for serial, _ in op.reads:
+                    dep = after.get(serial)
+                    if dep is not None and dep > self._pending_dep_ns:
+                        self._pending_dep_ns = dep
+                for w in op.writes:
+                    dep = after.get(w[0])
+                    if dep is not None and dep > self._pending_dep_ns:
+                        self._pending_dep_ns = dep
+            if self.log is not None:
+                self.log.append(("op", op))
+            self.ops_recorded += 1
+            accumulate = self.lazy or self._region is not None
+            if not self.pending:
+                self._pending_host_start = self.host_ns
+            self.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
+            self.pending.append(op.cost)
+            self._pending_keys.append(op.key)
+            self._pending_ops.append(op)
+            if not accumulate:
+                self._launch("eager", 0)
+            elif self.max_compound_ops and self._region is None and len(self.pending) >= self.max_compound_ops:
+                self.launch("max_compound_op_size")
 
     def _cpu_fallback(self, func, args, kwargs, out, cost: OpCost) -> None:
         """The op ran "on the CPU": launch, wait, copy inputs down, run on host, copy back."""
@@ -375,25 +361,13 @@ class SimDevice:
         metrics.record_fallback(name)
         self.fallback.emit(func, args, kwargs)
 
-    def _graph_ns(self) -> int:
-        spec = self.spec
-        total = 0
-        for cost, (fused, outs) in zip(self.pending, self._pending_io):
-            if not outs and not fused:
-                total += cost.device_ns
-                continue
-            written = 0
-            for nbytes, ref in outs:
-                if ref is None or ref() is not None:
-                    written += nbytes
-            total += fused_time_ns(spec, cost, cost.bytes_in - fused + written)
-        return total
-
     def _launch(self, reason: str, launch_host_ns: int) -> tuple[int, int] | None:
         n = len(self.pending)
         if n == 0:
             self._pending_keys.clear()
             return None
+        if self.log is not None:
+            self.log.append(("launch", reason))
         key = tuple(self._pending_keys)
         spec_name = self.spec.name
         digest: list[bytes] = []
@@ -407,7 +381,8 @@ class SimDevice:
         if recipe is None:
             cns = compile_ns(self.spec, n)
             name = recipe_name(get_digest(), n)
-            recipe = Recipe(n_ops=n, compile_ns=cns, device_ns=self._graph_ns(), meta={"name": name})
+            times = graph_op_times(self.spec, self._pending_ops)
+            recipe = Recipe(n_ops=n, compile_ns=cns, device_ns=sum(times), meta={"name": name})
             self.recipes.insert(key, recipe, digest=get_digest)
             metrics.record_recipe_cache(False, name)
             metrics.record_compilation(cns)
@@ -417,24 +392,34 @@ class SimDevice:
         else:
             name = recipe.meta.get("name", "recipe")
             metrics.record_recipe_cache(True, name)
+            times = None
         if self.trace is not None and self.host_ns > self._pending_host_start and reason != "eager":
             self._host_event(f"build graph[{n} ops]", self.host_ns - self._pending_host_start, {},
                              start=self._pending_host_start)
         self.host_ns += launch_host_ns
-        span = self.compute.run(self.host_ns, recipe.device_ns, f"{name} ({reason})")
+        span = self.compute.run(max(self.host_ns, self._pending_dep_ns), recipe.device_ns, f"{name} ({reason})")
+        if self.graph_log is not None:
+            if times is None:
+                times = graph_op_times(self.spec, self._pending_ops)
+            self.graph_log.append(GraphInfo(reason, n, span[0], recipe.device_ns, tuple(times)))
         self.graphs_launched += 1
         self.last_recipe = recipe
         self.pending = []
         self._pending_keys = []
-        self._pending_io = []
-        self._graph_storages = {}
+        self._pending_ops = []
+        self._pending_dep_ns = 0
+        if self._ready_after:  # a collective that ended before this graph started binds no later work
+            start = span[0]
+            self._ready_after = {s: e for s, e in self._ready_after.items() if e > start}
         return span
 
     def launch(self, reason: str = "mark_step") -> tuple[int, int] | None:
         """Launch the pending graph on the compute stream; returns its (start, end) or None.
 
         The graph is looked up in the recipe cache by its key; a miss charges a compile on
-        the host and counts in ``metric_global("graph_compilation")``.
+        the host and counts in ``metric_global("graph_compilation")``. It starts when the
+        host has launched it, the compute stream is free and every collective whose output
+        it reads has ended.
         """
         with self.lock:
             return self._launch(reason, self.spec.graph_launch_ns)
@@ -444,11 +429,20 @@ class SimDevice:
             self._host_event("wait", until_ns - self.host_ns, {})
             self.host_ns = until_ns
 
-    def host_read(self, nbytes: int = 0) -> None:
-        """A host read of a device tensor: launch, wait for the compute stream, copy ``nbytes`` down."""
+    def host_read(self, nbytes: int = 0, tensor: torch.Tensor | None = None) -> None:
+        """A host read of a device tensor: launch, wait for the compute stream (and for the
+        collective that wrote ``tensor``, if any), copy ``nbytes`` down."""
         with self.lock:
+            serial = -1 if tensor is None else self.serial_of(tensor)
+            self.read_serial(nbytes, serial)
+
+    def read_serial(self, nbytes: int, serial: int = -1) -> None:
+        """:meth:`host_read` of the storage ``serial`` (-1: none in particular)."""
+        with self.lock:
+            if self.log is not None:
+                self.log.append(("host_read", nbytes, serial))
             self.launch("host_read")
-            self._wait_host(self.compute.free_ns)
+            self._wait_host(max(self.compute.free_ns, self._ready_after.get(serial, 0)))
             if nbytes:
                 ns = pcie_ns(self.spec, nbytes)
                 self._host_event("D2H copy", ns, {"bytes": nbytes})
@@ -460,20 +454,33 @@ class SimDevice:
             self.launch("synchronize")
             self._wait_host(max(self.compute.free_ns, self.collective.free_ns))
 
+    def mark(self, payload: object) -> None:
+        """Put ``payload`` in the event log (a tracer's marker; no simulated cost)."""
+        if self.log is not None:
+            self.log.append(("mark", payload))
+
     # ---- regions: torch.compile graphs and HPU graph capture/replay ---------------------------
     @contextmanager
     def compiled_region(self, label: str = "torch.compile"):
         """Ops inside form one recipe with no per-op host cost (a ``torch.compile`` FX graph)."""
         with self.lock:
             self.launch(label)
-            prev = (self._region, self._op_host_ns)
-            self._region, self._op_host_ns = label, 0
+            prev = self._region
+            self.set_region(label)
         try:
             yield
         finally:
             with self.lock:
                 self.launch(label)
-                self._region, self._op_host_ns = prev
+                self.set_region(prev)
+
+    def set_region(self, label: str | None) -> None:
+        """Enter (``label``) or leave (None) a compiled region: ops accumulate with no host cost."""
+        with self.lock:
+            if self.log is not None:
+                self.log.append(("region", label))
+            self._region = label
+            self._op_host_ns = 0 if label is not None else self.spec.host_op_ns
 
     def begin_capture(self, ops: list) -> None:
         """Start recording ops into ``ops`` as one HPU graph (see :mod:`hpu_runtime.graphs`)."""
@@ -510,11 +517,22 @@ class SimDevice:
             self.launch("collective")
             return max(self.host_ns, self.compute.free_ns, self.collective.free_ns)
 
-    def record_collective(self, label: str, start_ns: int, end_ns: int) -> None:
-        """Occupy the collective stream from ``start_ns`` to ``end_ns``."""
+    def record_collective(self, label: str, start_ns: int, end_ns: int,
+                          outputs: tuple | list = (), serials: tuple | list = ()) -> None:
+        """Occupy the collective stream from ``start_ns`` to ``end_ns``.
+
+        ``outputs`` (tensors, made resident) and ``serials`` (storage serials) are what the
+        collective writes: no graph that reads or writes them starts, and no host read of
+        them returns, before ``end_ns``, however the caller waits (``Work.wait()``, the
+        future, or not at all).
+        """
         with self.lock:
             self.collective.run(start_ns, end_ns - start_ns, label)
             self.collective.free_ns = max(self.collective.free_ns, end_ns)
+            marks = [self._register(t.untyped_storage()).serial for t in outputs if isinstance(t, _Tensor)]
+            for serial in (*marks, *serials):
+                if end_ns > self._ready_after.get(serial, 0):
+                    self._ready_after[serial] = end_ns
 
     def stream_wait(self, until_ns: int) -> None:
         """The compute stream waits for an event at ``until_ns`` (e.g. a collective's end)."""
@@ -564,15 +582,7 @@ class SimDevice:
         with self.lock:
             self.launch("mark_step")
             lo, hi = self._step_start_ns, max(self.compute.free_ns, self.collective.free_ns, self.host_ns)
-            comp = _union(_clip(self.compute.intervals, lo, hi))
-            comm = _union(_clip(self.collective.intervals, lo, hi))
-            times = StepTimes(
-                step_ns=hi - lo,
-                compute_ns=_length(comp),
-                comm_ns=_length(comm),
-                exposed_comm_ns=_subtract(comm, comp),
-                host_ns=self.host_ns - self._step_host_start,
-            )
+            times = step_breakdown(self.compute, self.collective, lo, hi, self.host_ns - self._step_host_start)
             self._step_start_ns = hi
             self._step_host_start = self.host_ns
             self._trim(hi)

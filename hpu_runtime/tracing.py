@@ -1,0 +1,326 @@
+"""One training step of a model at full size, traced without data, and replayed with other cuts.
+
+:func:`training_step` is the step every driver runs (``models.train`` live, the tracer here):
+inputs copied to the device, forward and loss, ``zero_grad(set_to_none=True)``, backward,
+``mark_step()``, ``optimizer.step()``, ``mark_step()``.
+
+:func:`trace_step` runs that step under torch's ``FakeTensorMode`` (shapes and dtypes only:
+no storage is allocated and nothing is computed) with the lazy-mode bridge charging a
+private :class:`~hpu_runtime.device.SimDevice`, whose event log (NOTE [op records and storage
+serials] in :mod:`hpu_runtime.lazy_graph`) becomes a :class:`StepTrace`. Post-accumulate-grad
+hooks mark when each parameter's gradient is produced. One warm-up step first creates the
+optimizer state, so the traced step is a steady-state step.
+
+:func:`replay` feeds a trace's events to a device again, with callbacks where gradients
+become ready and where backward ends: ``hccl.ddp_plan`` inserts DDP's reducer copies, graph
+launches and bucket allreduces there, so a planned step runs the very code a live step does.
+
+Simulated times are integer ns; ``wall_s`` fields are wall-clock seconds on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from . import bridge
+from . import device as device_mod
+from .device import SimDevice
+from .device_spec import DeviceSpec
+from .lazy_graph import OpRecord
+
+__all__ = ["ParamInfo", "StepTrace", "training_step", "trace_step", "replay", "run_replays",
+           "ddp_parameters", "MODES"]
+
+MODES = ("lazy", "eager", "compile")
+"""Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
+(forward and backward as compiled regions: one recipe each with no per-op host cost, the
+optimizer eager)."""
+
+
+def _mark(payload) -> None:
+    device_mod.get_device().mark(payload)
+
+
+def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer,
+                  mark_step: Callable[[], None] | None = None) -> torch.Tensor:
+    """One training step on the simulated Gaudi; returns the loss (detached, on the device).
+
+    Args:
+        model: the (DDP-wrapped or plain) model, its parameters on ``"hpu"``.
+        inputs: host tensors; each is copied to the device (``.to("hpu")``, charged as PCIe).
+        loss_fn: ``loss_fn(model(*inputs)) -> scalar loss``.
+        optimizer: any ``torch.optim`` optimizer over the model's parameters.
+        mark_step: the launch function (default :func:`hpu_runtime.mark_step`).
+    """
+    if mark_step is None:
+        from .hpu import mark_step
+    dev = [t.to("hpu") for t in inputs]
+    loss = loss_fn(model(*dev))
+    _mark(("phase", "forward_end"))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    _mark(("phase", "backward_end"))
+    mark_step()
+    optimizer.step()
+    mark_step()
+    return loss.detach()
+
+
+@dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """A trainable parameter in DDP's order.
+
+    Attributes:
+        name: qualified name (the first, for a parameter tied to several modules).
+        numel: elements.
+        dtype: e.g. ``"torch.float32"``.
+        nbytes: bytes of its gradient.
+        grad_serial: storage serial of its gradient in the traced step's event log.
+    """
+
+    name: str
+    numel: int
+    dtype: str
+    nbytes: int
+    grad_serial: int
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """A traced steady-state training step (see module docstring).
+
+    Attributes:
+        spec: the device the costs were computed for.
+        mode: one of :data:`MODES`.
+        lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` was on when traced (recorded for
+            the planner; the trace itself has no collectives).
+        batch_size: per-card batch.
+        events: the step's event log, in order (see :class:`~hpu_runtime.device.SimDevice`).
+        params: trainable parameters in DDP's order.
+        frozen: names of parameters that do not require grad (DDP skips them).
+        peak_hbm_bytes: simulated HBM high-water mark over the traced steps, bytes.
+        wall_s: wall-clock seconds the trace took on this machine.
+    """
+
+    spec: DeviceSpec
+    mode: str
+    lazy_collectives: bool
+    batch_size: int
+    events: list
+    params: list[ParamInfo]
+    frozen: list[str] = field(default_factory=list)
+    peak_hbm_bytes: int = 0
+    wall_s: float = 0.0
+
+
+def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``(name, parameter)`` in the order DDP's reducer indexes them.
+
+    As ``DistributedDataParallel._build_params_for_reducer`` (torch 2.13): modules in
+    ``named_modules()`` order, each module's own parameters that require grad, a parameter
+    shared by several modules (tied) counted once at its first occurrence.
+    """
+    seen: set[int] = set()
+    out = []
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append((f"{mname}.{pname}" if mname else pname, p))
+    return out
+
+
+@contextlib.contextmanager
+def _traced_device(dev: SimDevice):
+    """Route the bridge to ``dev`` on this thread (the process's own device is untouched)."""
+    was_active = bridge.is_active()
+    if was_active:
+        bridge.deactivate()
+    saved = device_mod._device
+    device_mod._device = dev
+    try:
+        yield
+    finally:
+        device_mod._device = saved
+        if was_active:
+            bridge.activate()
+
+
+def _optimizer(name: str, params, lr: float, momentum: float):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; known: sgd, adamw")
+
+
+def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: DeviceSpec,
+               mode: str = "lazy", lazy_collectives: bool = False, optimizer: str = "sgd",
+               lr: float = 0.05, momentum: float = 0.9) -> StepTrace:
+    """Trace one steady-state training step of ``factory(batch_size)`` without data.
+
+    Args:
+        factory: ``factory(batch_size) -> (model, inputs, loss_fn)``; called under
+            ``FakeTensorMode``, so it must build everything with torch factories.
+        batch_size: per-card batch.
+        spec: the simulated device.
+        mode: ``"lazy"``, ``"eager"`` or ``"compile"`` (see :data:`MODES`).
+        lazy_collectives: recorded in the trace for the planner.
+        optimizer: ``"sgd"`` (momentum, as ``models.train``) or ``"adamw"``.
+
+    Returns:
+        The :class:`StepTrace`; compile costs are left out (a steady-state step hits the
+        recipe cache).
+
+    Raises:
+        ValueError: unknown mode or optimizer, non-positive batch, or a factory that does
+            not return ``(nn.Module, tuple of tensors, callable)``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
+    wall0 = time.perf_counter()
+    quiet = dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0)
+    dev = SimDevice(quiet, lazy=(mode == "lazy"))
+    with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
+        made = factory(batch_size)
+        if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
+                or not callable(made[2])):
+            raise ValueError("a step factory must return (model: nn.Module, inputs: tuple of tensors, "
+                             f"loss_fn: callable), got {type(made).__name__}")
+        model, inputs, loss_fn = made
+        inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+        if not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise ValueError("a step factory's inputs must all be tensors")
+        named = ddp_parameters(model)
+        frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+        bridge.activate()
+        try:
+            for t in (*model.parameters(), *model.buffers()):  # on the device (fake tensors
+                dev.make_resident(t)                            # cannot be swapped by .to())
+            opt = _optimizer(optimizer, [p for _, p in named], lr, momentum)
+            index = {id(p): i for i, (_, p) in enumerate(named)}
+            grad_serial: dict[int, int] = {}
+
+            def hook(p: torch.Tensor) -> None:
+                i = index[id(p)]
+                grad_serial[i] = dev.serial_of(p.grad)
+                dev.mark(("grad_ready", i))
+
+            handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
+            run = _step_runner(mode, model, inputs, loss_fn, opt, dev)
+            run()  # warm-up: optimizer state
+            dev.begin_step()
+            dev.hbm.reset_peak()
+            dev.log = []
+            run()
+            dev.end_step()
+            events, dev.log = dev.log, None
+            for h in handles:
+                h.remove()
+        finally:
+            bridge.deactivate()
+    params = [ParamInfo(name=n, numel=p.numel(), dtype=str(p.dtype), nbytes=p.numel() * p.element_size(),
+                        grad_serial=grad_serial.get(i, -1)) for i, (n, p) in enumerate(named)]
+    return StepTrace(spec=spec, mode=mode, lazy_collectives=lazy_collectives, batch_size=batch_size,
+                     events=events, params=params, frozen=frozen, peak_hbm_bytes=dev.hbm.peak_bytes,
+                     wall_s=time.perf_counter() - wall0)
+
+
+def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice) -> Callable[[], None]:
+    if mode != "compile":
+        return lambda: training_step(model, inputs, loss_fn, opt)
+
+    def run():  # training_step with forward+loss and backward each one compiled region
+        dev_inputs = [t.to("hpu") for t in inputs]
+        with dev.compiled_region("torch.compile forward"):
+            loss = loss_fn(model(*dev_inputs))
+        dev.mark(("phase", "forward_end"))
+        opt.zero_grad(set_to_none=True)
+        with dev.compiled_region("torch.compile backward"):
+            loss.backward()
+        dev.mark(("phase", "backward_end"))
+        dev.launch("mark_step")
+        opt.step()
+        dev.launch("mark_step")
+
+    return run
+
+
+def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], None] | None = None,
+           on_backward_end: Callable[[], None] | None = None,
+           rewrite: Callable[[OpRecord, str], OpRecord] | None = None) -> None:
+    """Feed one traced step's events to ``dev`` (simulated time advances on ``dev``).
+
+    Launches the device makes by itself (eager ops, ``PT_HPU_MAX_COMPOUND_OP_SIZE``, host
+    reads, collectives) happen again by themselves; a logged launch with nothing pending
+    is a no-op.
+
+    Args:
+        trace: the step.
+        dev: the device to charge (its mode and spec should be the trace's).
+        on_grad_ready: called with the parameter index (DDP order) right after the op that
+            produces that gradient, as DDP's autograd hook would run.
+        on_backward_end: called when backward returns (where DDP finalizes its buckets).
+        rewrite: maps each op record before it is charged; also told the phase
+            (``"forward"``, ``"backward"``, ``"optimizer"``).
+    """
+    phase = "forward"
+    for ev in trace.events:
+        kind = ev[0]
+        if kind == "op":
+            dev.append_op(ev[1] if rewrite is None else rewrite(ev[1], phase))
+        elif kind == "launch":
+            if ev[1] != "eager":
+                dev.launch(ev[1])
+        elif kind == "view":
+            dev.append_view(ev[1])
+        elif kind == "h2d":
+            dev.charge_h2d(ev[1])
+        elif kind == "host_read":
+            dev.read_serial(ev[1], ev[2])
+        elif kind == "region":
+            dev.set_region(ev[1])
+        elif kind == "mark":
+            payload = ev[1]
+            if payload[0] == "grad_ready":
+                if on_grad_ready is not None:
+                    on_grad_ready(payload[1])
+            elif payload == ("phase", "forward_end"):
+                phase = "backward"
+            elif payload == ("phase", "backward_end"):
+                phase = "optimizer"
+                if on_backward_end is not None:
+                    on_backward_end()
+
+
+def run_replays(make_device: Callable[[], SimDevice], step: Callable[[SimDevice], None],
+                *, max_steps: int = 12) -> tuple[SimDevice, list, list]:
+    """Run ``step`` on one device until the step time repeats; returns (device, step times,
+    the last step's :class:`GraphInfo` list).
+
+    A step's length depends on how far the host ran ahead in the previous one, so the
+    steady state is reached after a few steps; it is declared when two consecutive steps
+    have the same :class:`~hpu_runtime.timeline.StepTimes` (or after ``max_steps``).
+    """
+    dev = make_device()
+    dev.begin_step()
+    history: list = []
+    graphs: list = []
+    for _ in range(max_steps):
+        graphs = dev.graph_log = []
+        step(dev)
+        history.append(dev.end_step())
+        if len(history) >= 3 and history[-1] == history[-2]:
+            break
+    dev.graph_log = None
+    return dev, history, graphs
