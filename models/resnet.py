@@ -13,8 +13,9 @@ Both are torchvision's ``ResNet`` class with ``Bottleneck`` blocks, randomly ini
   width_per_group=4)``. torchvision itself ships only 32x8d and 64x4d, so it is built
   here from torchvision's ``ResNet`` class with the same arguments.
 
-The ``debug`` flavour of each is a tiny ResNet from the same class: one ``BasicBlock`` per
-stage, 10 classes, 32 x 32 inputs.
+The ``debug`` flavours are tiny networks from the same class, 10 classes, 32 x 32 inputs:
+ResNet-50's has one ``BasicBlock`` per stage (4.9 M parameters), ResNeXt-101's one grouped
+32x4d ``Bottleneck`` per stage.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ register_model("resnet50", ResNetConfig, flavours={"debug": _DEBUG})(build_resne
 register_model(
     "resnext101",
     ResNetConfig,
-    flavours={"debug": _DEBUG},
+    # debug keeps the grouped 32x4d bottleneck (what makes it ResNeXt), one block per stage
+    flavours={"debug": {"layers": (1, 1, 1, 1), "num_classes": 10, "image_size": 32}},
     defaults={"layers": (3, 4, 23, 3), "groups": 32, "width_per_group": 4},
 )(build_resnet)
