@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .registry import get_model_entry, build_config, model_names
 
-__all__ = ["TrainingStep", "step_factory", "resolve_factory", "split_batch", "task_loss"]
+__all__ = ["TrainingStep", "step_factory", "resolve_factory", "split_batch", "task_loss", "check_sizes"]
 
 
 class TrainingStep(NamedTuple):
