@@ -1,52 +1,139 @@
-"""Real datasets for the reference jobs.
+"""Real datasets for the reference jobs (all offline; nothing is downloaded).
 
-``digits``: the handwritten-digits set bundled with scikit-learn (1,797 real 8 x 8 grey
-images of the digits 0-9, pixel values 0..16). Nothing is downloaded.
+- ``digits``: the handwritten-digits set bundled with scikit-learn (1,797 real 8 x 8 grey
+  images of the digits 0-9, pixel values 0..16), flattened to 64 features.
+- ``digits-images``: the same images for image models: normalised (train-split mean and
+  std), resized bilinearly to ``image_size`` x ``image_size`` and repeated to 3 channels;
+  labels 0-9. Resizing happens per sample, so a 224-px set costs no more memory than 8 px.
+- ``text-lm``: next-token examples from the English corpus of :mod:`models.text`
+  (byte-level tokens): ``(input_ids, labels)``, each ``(seq_len,)``.
+- ``text-mlm``: BERT pretraining examples from the same corpus: ``(input_ids,
+  token_type_ids, attention_mask, mlm_labels, nsp_labels)``; see
+  :func:`models.text.mlm_examples`.
+
+Splits are deterministic in ``seed``: digits stratified by label; text examples are
+disjoint windows of the corpus, shuffled by a seeded permutation before the split.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+import torch.nn.functional as F
+from torch.utils.data import Dataset, TensorDataset
 
-__all__ = ["load_dataset", "dataset_names"]
+from . import text
+
+__all__ = ["load_dataset", "dataset_names", "DigitsImages"]
 
 
-def _digits(test_fraction: float, seed: int) -> tuple[TensorDataset, TensorDataset]:
+def _digits_arrays(test_fraction: float, seed: int):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     data = load_digits()
     x = (data.data.astype(np.float32) / 16.0).reshape(-1, 64)
     y = data.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y
-    )
+    return train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+
+
+def _digits(test_fraction: float, seed: int, **_: int | None) -> tuple[TensorDataset, TensorDataset]:
+    x_tr, x_te, y_tr, y_te = _digits_arrays(test_fraction, seed)
     return (
         TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
         TensorDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)),
     )
 
 
-_DATASETS = {"digits": _digits}
+class DigitsImages(Dataset):
+    """Digits as ``(3, S, S)`` float32 images (normalised, bilinear resize) and int64 labels."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, image_size: int) -> None:
+        self.images = images  # (N, 1, 8, 8), already normalised
+        self.labels = labels
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        img = F.interpolate(self.images[i : i + 1], size=(self.image_size, self.image_size),
+                            mode="bilinear", align_corners=False)
+        return img[0].expand(3, -1, -1).contiguous(), self.labels[i]
+
+
+def _digits_images(test_fraction: float, seed: int, *, image_size: int | None = None, **_: int | None):
+    if image_size is None or image_size < 1:
+        raise ValueError(f"dataset 'digits-images' needs image_size >= 1, got {image_size}")
+    x_tr, x_te, y_tr, y_te = _digits_arrays(test_fraction, seed)
+    mean, std = float(x_tr.mean()), float(x_tr.std())
+    # Bilinear weights sum to one, so normalising before the resize equals normalising after.
+    norm = lambda a: ((torch.from_numpy(a) - mean) / std).view(-1, 1, 8, 8)  # noqa: E731
+    return (DigitsImages(norm(x_tr), torch.from_numpy(y_tr), image_size),
+            DigitsImages(norm(x_te), torch.from_numpy(y_te), image_size))
+
+
+def _split(tensors: tuple[torch.Tensor, ...], test_fraction: float, generator: torch.Generator):
+    n = tensors[0].shape[0]
+    perm = torch.randperm(n, generator=generator)
+    n_test = max(1, int(round(n * test_fraction)))
+    te, tr = perm[:n_test], perm[n_test:]
+    return TensorDataset(*(t[tr] for t in tensors)), TensorDataset(*(t[te] for t in tensors))
+
+
+def _check_text_args(name: str, seq_len: int | None, vocab_size: int | None) -> None:
+    if seq_len is None or seq_len < 1:
+        raise ValueError(f"dataset {name!r} needs seq_len >= 1, got {seq_len}")
+    if vocab_size is None:
+        raise ValueError(f"dataset {name!r} needs the model's vocab_size")
+
+
+def _text_lm(test_fraction: float, seed: int, *, seq_len: int | None = None, vocab_size: int | None = None, **_):
+    _check_text_args("text-lm", seq_len, vocab_size)
+    ids = text.encode(text.corpus_text(), vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    return _split(text.lm_sequences(ids, seq_len), test_fraction, g)
+
+
+def _text_mlm(test_fraction: float, seed: int, *, seq_len: int | None = None, vocab_size: int | None = None, **_):
+    _check_text_args("text-mlm", seq_len, vocab_size)
+    ids = text.encode(text.corpus_text(), vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    return _split(text.mlm_examples(ids, seq_len, vocab_size, g), test_fraction, g)
+
+
+_DATASETS = {"digits": _digits, "digits-images": _digits_images, "text-lm": _text_lm, "text-mlm": _text_mlm}
 
 
 def dataset_names() -> list[str]:
     return sorted(_DATASETS)
 
 
-def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
-    """Train and held-out test splits of dataset ``name`` (stratified, deterministic in ``seed``).
+def load_dataset(
+    name: str,
+    *,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    image_size: int | None = None,
+    seq_len: int | None = None,
+    vocab_size: int | None = None,
+) -> tuple[Dataset, Dataset]:
+    """Train and held-out test splits of dataset ``name`` (deterministic in ``seed``).
+
+    Args:
+        image_size: side in pixels (``digits-images`` only).
+        seq_len: tokens per example (``text-lm``, ``text-mlm``).
+        vocab_size: the model's vocabulary; token ids stay below it (text sets).
 
     Returns:
-        ``(train, test)`` TensorDatasets of ``(features float32 (N, 64), label int64 (N,))``.
+        ``(train, test)`` datasets; ``digits``: TensorDatasets of ``(features float32 (N, 64),
+        label int64 (N,))``; the others as described in the module docstring.
 
     Raises:
-        ValueError: unknown dataset or a test fraction outside (0, 1).
+        ValueError: unknown dataset, a test fraction outside (0, 1), or a missing size.
     """
     if name not in _DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    return _DATASETS[name](test_fraction, seed)
+    return _DATASETS[name](test_fraction, seed, image_size=image_size, seq_len=seq_len, vocab_size=vocab_size)

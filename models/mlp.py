@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .registry import register_model
+from .registry import ModelKind, register_model
 
 __all__ = ["MLPConfig", "MLP", "build_mlp"]
 
@@ -29,6 +29,15 @@ class MLPConfig:
         for name in ("in_features", "hidden", "layers", "num_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MLPConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    def model_kind(self) -> ModelKind:
+        return ModelKind(kind="tabular", task="classify", dataset="digits",
+                         in_features=self.in_features, num_classes=self.num_classes)
+
+    def training_flops(self, batch_size: int, *, image_size: int | None = None, seq_len: int | None = None) -> int:
+        """Analytic FLOPs of one training step: 6 x weights x batch (2 forward + 4 backward)."""
+        dims = [self.in_features] + [self.hidden] * self.layers + [self.num_classes]
+        return 6 * sum(a * b for a, b in zip(dims[:-1], dims[1:])) * batch_size
 
 
 class MLP(nn.Module):

@@ -3,6 +3,13 @@
 Run it like a Gaudi job::
 
     torchrun --standalone --nproc-per-node 4 -m models.train --model mlp --dataset digits
+    torchrun --standalone --nproc-per-node 2 -m models.train --model resnet50 --flavour debug
+
+Every registered model trains (``mlp``, ``resnet50``, ``resnext101``, ``bert-large``,
+``gpt2``); without ``--dataset`` the model's own dataset is used (mlp: digits, image models:
+digits-images, BERT: text-mlm, GPT-2: text-lm) and the loss is the one
+:func:`models.zoo.task_loss` gives the tracer too. Classifiers report the held-out
+``test_accuracy``; text models the held-out ``test_loss`` (GPT-2 also ``test_perplexity``).
 
 Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun, or a launcher in
 ``launchers/``), trains with ``DistributedDataParallel`` and a ``DistributedSampler``, and
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -24,7 +32,6 @@ from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -32,7 +39,8 @@ import hpu_runtime as hpu
 from hpu_runtime.device_spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
-from .registry import build_model, model_names
+from .registry import build_model, model_kind, model_names
+from .zoo import check_sizes, split_batch, task_loss
 
 __all__ = ["build_parser", "main"]
 
@@ -41,10 +49,17 @@ log = logging.getLogger("models.train")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="mlp", choices=model_names() or ["mlp"], help="registered model name")
-    p.add_argument("--flavour", default=None, help="model flavour (e.g. debug, large)")
-    p.add_argument("--hidden", type=int, default=None, help="override the MLP hidden width")
-    p.add_argument("--dataset", default="digits", choices=dataset_names())
+    p.add_argument("--model", default="mlp", choices=model_names(), help="registered model name")
+    p.add_argument("--flavour", default=None, help="model flavour (e.g. debug; mlp also has large)")
+    p.add_argument("--hidden", type=int, default=None, help="override the hidden width (mlp, bert-large, gpt2)")
+    p.add_argument("--dataset", default=None, choices=dataset_names(),
+                   help="default: the model's own (mlp: digits, vision: digits-images, bert-large: text-mlm,"
+                        " gpt2: text-lm)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample, text models (default: the flavour's)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="pixels per side, image models (default: the flavour's, 224 full / 32 debug)")
+    p.add_argument("--eval-samples", type=int, default=0,
+                   help="evaluate on at most this many held-out samples (0 = all)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
     p.add_argument(
@@ -87,10 +102,40 @@ def _init_distributed(backend: str) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def _accuracy(model: torch.nn.Module, data) -> float:
-    x, y = data.tensors
-    pred = model(x.to("hpu")).argmax(dim=1)
-    return (pred == y.to("hpu")).float().mean().item()
+def _evaluate(model: torch.nn.Module, data, kind, args) -> dict[str, float]:
+    """Held-out metrics: ``test_accuracy`` (classifiers) or ``test_loss`` (text; GPT-2 also
+    ``test_perplexity`` = exp of it), the loss averaged over batches weighted by their size.
+
+    Tabular data is evaluated in one batch (as before); other data in ``--batch-size`` batches.
+    """
+    if args.eval_samples:
+        data = torch.utils.data.Subset(data, range(min(args.eval_samples, len(data))))
+    chunk = len(data) if kind.kind == "tabular" else args.batch_size
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device="hpu")
+    n = 0
+    batches = iter(DataLoader(data, batch_size=chunk))
+    while True:
+        with hpu.bridge_disabled():  # host-side data loading is not device work
+            batch = next(batches, None)
+        if batch is None:
+            break
+        inputs, targets = split_batch(kind.task, [t.to("hpu") for t in batch])
+        out = model(*inputs)
+        size = inputs[0].shape[0]
+        if kind.task == "classify":
+            total += (out.argmax(dim=1) == targets[0]).float().sum()
+        else:
+            total += task_loss(kind.task, out, targets) * size
+        n += size
+    model.train(was_training)
+    mean = (total / max(n, 1)).item()
+    if kind.task == "classify":
+        return {"test_accuracy": mean}
+    if kind.task == "causal-lm":
+        return {"test_loss": mean, "test_perplexity": math.exp(mean)}
+    return {"test_loss": mean}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -106,6 +151,15 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.bucket_cap_mb <= 0:
         raise ValueError("--bucket-cap-mb must be > 0")
+    if args.eval_samples < 0:
+        raise ValueError("--eval-samples must be >= 0")
+    kind = model_kind(args.model, args.flavour, hidden=args.hidden)
+    args.seq_len, args.image_size = check_sizes(args.model, kind, seq_len=args.seq_len, image_size=args.image_size)
+    if args.dataset is None:
+        args.dataset = kind.dataset
+    elif args.dataset != kind.dataset:
+        raise ValueError(f"model {args.model!r} ({kind.kind}, {kind.task}) trains on dataset {kind.dataset!r},"
+                         f" not {args.dataset!r}")
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
     device = hpu.reset_device(args.device_spec)
@@ -120,12 +174,14 @@ def main(argv: list[str] | None = None) -> dict:
         bucket_cap_mb=args.bucket_cap_mb,
         gradient_as_bucket_view=args.gradient_as_bucket_view,
         static_graph=args.static_graph,
+        broadcast_buffers=False,  # as Habana's ResNet scripts do
     )
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
-    train_set, test_set = load_dataset(args.dataset, seed=args.seed)
+    train_set, test_set = load_dataset(args.dataset, seed=args.seed, image_size=args.image_size,
+                                       seq_len=args.seq_len, vocab_size=kind.vocab_size)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     device.begin_step()
@@ -144,8 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
                 batch = next(batches, None)
             if batch is None or (args.max_steps and steps >= args.max_steps):
                 break
-            x, y = batch[0].to("hpu"), batch[1].to("hpu")
-            loss = F.cross_entropy(ddp(x), y)
+            inputs, targets = split_batch(kind.task, [t.to("hpu") for t in batch])
+            loss = task_loss(kind.task, ddp(*inputs), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             hpu.mark_step()
@@ -158,13 +214,13 @@ def main(argv: list[str] | None = None) -> dict:
             step_ns.append(t.step_ns)
             steps += 1
         train_loss = (loss_sum / max(steps, 1)).item()
-        acc = _accuracy(ddp.module, test_set)
+        metrics = _evaluate(ddp.module, test_set, kind, args)
         wall_s = time.perf_counter() - wall0
         row = {
             "epoch": epoch,
             "steps": steps,
             "train_loss": train_loss,
-            "test_accuracy": acc,
+            **metrics,
             "sim_step_ns_mean": sim["step_ns"] // max(steps, 1),
             "sim_step_ns_median": int(statistics.median(step_ns)) if step_ns else 0,
             "sim_compute_ns_mean": sim["compute_ns"] // max(steps, 1),
@@ -178,11 +234,11 @@ def main(argv: list[str] | None = None) -> dict:
         device.begin_step()  # evaluation is not part of any training step
         if rank == 0:
             log.info(
-                "epoch %d  loss %.4f  test acc %.4f | simulated step %.1f us mean, %.1f us median"
+                "epoch %d  loss %.4f  %s | simulated step %.1f us mean, %.1f us median"
                 " (mean compute %.1f, comm %.1f, exposed comm %.1f, host %.1f) | wall-clock epoch %.2f s",
                 epoch,
                 train_loss,
-                acc,
+                "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in metrics.items()),
                 row["sim_step_ns_mean"] / 1e3,
                 row["sim_step_ns_median"] / 1e3,
                 row["sim_compute_ns_mean"] / 1e3,
@@ -200,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
         "epochs": epochs,
         "final": {
             "train_loss": epochs[-1]["train_loss"],
-            "test_accuracy": epochs[-1]["test_accuracy"],
+            **{k: epochs[-1][k] for k in metrics},
             "sim_total_ns": sum(e["sim_epoch_ns"] for e in epochs),
             "wall_total_s": sum(e["wall_epoch_s"] for e in epochs),
             "collectives": len(history),

@@ -1,0 +1,227 @@
+"""One training step's ingredients, uniformly for every model: ``(model, inputs, loss_fn)``.
+
+``model(*inputs)`` is the forward pass; ``loss_fn(output)`` the scalar training loss, its
+targets held in the closure. :func:`step_factory` makes them for a registered model from
+torch factory functions only (no numpy, no data files, no host reads), so it can run under
+``FakeTensorMode`` with nothing real allocated. :func:`resolve_factory` turns a user's
+spec -- a registered name or ``package.module:factory`` -- into ``factory(batch_size)``.
+
+The same batch layout and loss serve ``models.train`` with real data
+(:func:`split_batch`, :func:`task_loss`), per task:
+
+- ``classify``: batch ``(x, y)``; inputs ``(x,)``; cross entropy of the logits against ``y``.
+- ``mlm-nsp`` (BERT): batch ``(input_ids, token_type_ids, attention_mask, mlm_labels,
+  nsp_labels)``; inputs ``(input_ids, attention_mask, token_type_ids)`` (the positional
+  order of ``BertForPreTraining.forward``); masked-LM cross entropy (labels -100 ignored)
+  plus next-sentence cross entropy, as transformers sums them.
+- ``causal-lm`` (GPT-2): batch ``(input_ids, labels)`` with labels already shifted by one;
+  inputs ``(input_ids,)``; next-token cross entropy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .registry import get_model_entry, build_config, model_names
+
+__all__ = ["TrainingStep", "step_factory", "resolve_factory", "split_batch", "task_loss", "check_sizes"]
+
+
+class TrainingStep(NamedTuple):
+    """What one training step needs: unpacks as ``model, inputs, loss_fn``."""
+
+    model: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    loss_fn: Callable[[Any], torch.Tensor]
+
+
+def _field(output: Any, name: str) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output[name]
+
+
+def split_batch(task: str, batch: Sequence[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """``(inputs, targets)`` of a dataset batch for ``task`` (see the module docstring)."""
+    if task == "classify":
+        return (batch[0],), (batch[1],)
+    if task == "mlm-nsp":
+        ids, types, attention, mlm, nsp = batch
+        return (ids, attention, types), (mlm, nsp)
+    if task == "causal-lm":
+        return (batch[0],), (batch[1],)
+    raise ValueError(f"unknown task {task!r}")
+
+
+def task_loss(task: str, output: Any, targets: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Scalar training loss of ``output`` (a tensor or a transformers ModelOutput)."""
+    if task == "classify":
+        return F.cross_entropy(_field(output, "logits"), targets[0])
+    if task == "mlm-nsp":
+        mlm, nsp = targets
+        logits = output["prediction_logits"]
+        mlm_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), mlm.reshape(-1), ignore_index=-100)
+        return mlm_loss + F.cross_entropy(output["seq_relationship_logits"], nsp)
+    if task == "causal-lm":
+        logits = _field(output, "logits")
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
+    raise ValueError(f"unknown task {task!r}")
+
+
+def _random_batch(kind, batch_size: int, seq_len: int | None, image_size: int | None) -> tuple[torch.Tensor, ...]:
+    b = batch_size
+    if kind.task == "classify":
+        y = torch.randint(kind.num_classes, (b,))
+        if kind.kind == "image":
+            return torch.randn(b, 3, image_size, image_size), y
+        return torch.randn(b, kind.in_features), y
+    t, v = seq_len, kind.vocab_size
+    ids = torch.randint(v, (b, t))
+    if kind.task == "mlm-nsp":
+        types = (torch.arange(t) >= t // 2).long().expand(b, t).contiguous()
+        attention = torch.ones(b, t, dtype=torch.long)
+        mlm = torch.where(torch.rand(b, t) < 0.15, ids, torch.full_like(ids, -100))
+        mlm[:, 0] = ids[:, 0]  # at least one masked position per row
+        return ids, types, attention, mlm, torch.randint(2, (b,))
+    return ids, torch.randint(v, (b, t))
+
+
+def step_factory(
+    name: str,
+    flavour: str | None = None,
+    *,
+    batch_size: int,
+    seq_len: int | None = None,
+    image_size: int | None = None,
+    **overrides: Any,
+) -> TrainingStep:
+    """Build registered model ``name`` and a random batch for one training step.
+
+    Works under ``FakeTensorMode`` (model and inputs come from torch factory functions).
+
+    Args:
+        flavour: e.g. ``"debug"``; ``None`` is full size.
+        batch_size: samples per step (>= 1).
+        seq_len: tokens per sample (text models; default: the config's ``seq_len``).
+        image_size: pixels per side (image models; default: the config's ``image_size``).
+        **overrides: config fields (see the model's config dataclass).
+
+    Returns:
+        ``TrainingStep(model, inputs, loss_fn)``: ``loss_fn(model(*inputs))`` is the loss.
+
+    Raises:
+        ValueError: unknown model/flavour/field, ``batch_size < 1``, a size <= 0, or
+            ``seq_len`` above the model's ``max_positions``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    entry = get_model_entry(name)
+    cfg = build_config(name, flavour, **overrides)
+    kind = cfg.model_kind()
+    seq_len, image_size = check_sizes(name, kind, seq_len=seq_len, image_size=image_size)
+    model = entry.build(cfg)
+    inputs, targets = split_batch(kind.task, _random_batch(kind, batch_size, seq_len, image_size))
+    return TrainingStep(model, inputs, lambda output: task_loss(kind.task, output, targets))
+
+
+def check_sizes(name: str, kind, *, seq_len: int | None, image_size: int | None) -> tuple[int | None, int | None]:
+    """Validated ``(seq_len, image_size)`` for model ``name``, defaults filled from ``kind``.
+
+    Raises:
+        ValueError: a size <= 0, a size given to the wrong kind of model, or ``seq_len``
+            above ``max_positions``.
+    """
+    if kind.kind == "text":
+        if image_size is not None:
+            raise ValueError(f"model {name!r} is a text model: image_size does not apply")
+        seq_len = kind.seq_len if seq_len is None else seq_len
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        if seq_len > kind.max_positions:
+            raise ValueError(f"seq_len {seq_len} exceeds model {name!r}'s max_positions {kind.max_positions}")
+        return seq_len, None
+    if seq_len is not None:
+        raise ValueError(f"model {name!r} is a {kind.kind} model: seq_len does not apply")
+    if kind.kind == "image":
+        image_size = kind.image_size if image_size is None else image_size
+        if image_size < 32:
+            raise ValueError(f"image_size must be >= 32 for model {name!r}, got {image_size}")
+        return None, image_size
+    if image_size is not None:
+        raise ValueError(f"model {name!r} is a {kind.kind} model: image_size does not apply")
+    return None, None
+
+
+def _registered(spec: str) -> tuple[str, str | None] | None:
+    name, _, flavour = spec.partition(":")
+    if name not in model_names():
+        return None
+    return name, (flavour or None)
+
+
+def resolve_factory(spec: str, **model_kwargs: Any) -> Callable[[int], TrainingStep]:
+    """``factory(batch_size) -> (model, inputs, loss_fn)`` for a model spec.
+
+    ``spec`` is one of:
+
+    - a registered name, optionally with a flavour: ``"gpt2"``, ``"resnet50:debug"``;
+      ``model_kwargs`` go to :func:`step_factory` (``seq_len``, ``image_size``, config fields);
+    - ``"package.module:factory"``: an importable callable taking the batch size (and
+      ``model_kwargs``, if any) and returning ``(model, inputs, loss_fn)``.
+
+    A name before the colon that is registered wins over a module of the same name.
+    Nothing is built until the returned factory is called.
+
+    Raises:
+        ValueError: unknown name (the message lists the registered ones), unknown flavour,
+            a module that cannot be imported, a missing attribute, or a non-callable.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
+    reg = _registered(spec)
+    if reg is not None:
+        name, flavour = reg
+        entry = get_model_entry(name)
+        if flavour is not None and flavour not in entry.flavours:
+            raise ValueError(f"model {name!r} has no flavour {flavour!r}; known: {sorted(entry.flavours)}")
+
+        def factory(batch_size: int) -> TrainingStep:
+            return step_factory(name, flavour, batch_size=batch_size, **model_kwargs)
+
+        factory.__name__ = f"step_factory[{spec}]"
+        return factory
+    if ":" not in spec:
+        raise ValueError(
+            f"unknown model {spec!r}; registered: {', '.join(model_names())}"
+            " (or give a user factory as 'package.module:factory')"
+        )
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model spec {spec!r} must look like 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise ValueError(
+                f"cannot import module {module_name!r} of model spec {spec!r} (not found; is it on"
+                f" PYTHONPATH?); registered models: {', '.join(model_names())}"
+            ) from e
+        raise ValueError(f"importing module {module_name!r} of model spec {spec!r} failed: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r} (model spec {spec!r})") from None
+    if not callable(obj):
+        raise ValueError(f"{spec!r} is a {type(obj).__name__}, not a callable factory(batch_size)")
+    if not model_kwargs:
+        return obj
+
+    def user_factory(batch_size: int) -> TrainingStep:
+        return obj(batch_size, **model_kwargs)
+
+    return user_factory
