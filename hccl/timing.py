@@ -143,6 +143,7 @@ def collective_times(
     root: int = 0,
     dtype_bytes: int = 4,
     splits: Sequence[Sequence[int]] | None = None,
+    topology: Topology | None = None,
 ) -> CollectiveTiming:
     """Start, end (simulated ns) and algorithm on ``rank`` of a collective whose ranks are ready at ``ready_ns``.
 
@@ -155,6 +156,8 @@ def collective_times(
         dtype_bytes: bytes per element (a size that is not a whole number of elements is
             timed at byte granularity).
         splits: alltoall element counts, ``splits[i][j]`` from rank i to rank j (None: even).
+        topology: the topology to time on (default: :func:`get_topology` of the world size,
+            i.e. ``HCCL_TOPOLOGY`` with hosts mapped to boxes).
 
     Returns:
         ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready
@@ -172,13 +175,14 @@ def collective_times(
     memo_key = (
         kind, nbytes, rank, root, dtype_bytes, tuple(r - base for r in ready_ns),
         None if splits is None else tuple(map(tuple, splits)),
-        _environ.get("HCCL_TOPOLOGY"), _environ.get("HCCL_ALGO"), _environ.get("PT_HCCL_SLICE_SIZE_MB"),
+        _environ.get("HCCL_TOPOLOGY") if topology is None else topology,
+        _environ.get("HCCL_ALGO"), _environ.get("PT_HCCL_SLICE_SIZE_MB"),
         _ranks_per_host.get(n, 0),
     )
     hit = _memo.get(memo_key)
     if hit is not None:
         return CollectiveTiming(base + hit[0], base + hit[1], hit[2])
-    timing = _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits)
+    timing = _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, topology)
     if len(_memo) >= _MEMO_LIMIT:
         _memo.clear()
     _memo[memo_key] = (timing.start_ns - base, timing.end_ns - base, timing.algorithm)
@@ -190,7 +194,7 @@ _MEMO_LIMIT = 4096
 _environ = os.environ
 
 
-def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits) -> CollectiveTiming:
+def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, topology) -> CollectiveTiming:
     n = len(ready_ns)
     try:
         collective = KIND_TO_COLLECTIVE[kind]
@@ -199,7 +203,7 @@ def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits) -
                          f"{', '.join(KIND_TO_COLLECTIVE)}") from None
     if n == 0:
         return CollectiveTiming(0, 0, "direct")
-    topo = get_topology(n)
+    topo = get_topology(n) if topology is None else topology
     if not splits or collective != "all2all":
         splits = None
     else:

@@ -137,6 +137,28 @@ def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter
 
 
 @contextlib.contextmanager
+def _fake_tensors_look_real():
+    """Hide fake tensors from transformers' ``is_tracing`` while tracing.
+
+    transformers takes other code paths when it sees a FakeTensor (it materialises the
+    causal mask it skips for real tensors), so the traced step would not run the ops a live
+    step runs. Nothing else is changed; without transformers this does nothing.
+    """
+    import sys
+
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if original is None:
+        yield
+        return
+    utils.is_fake_tensor = lambda x: False
+    try:
+        yield
+    finally:
+        utils.is_fake_tensor = original
+
+
+@contextlib.contextmanager
 def _traced_device(dev: SimDevice):
     """Route the bridge to ``dev`` on this thread (the process's own device is untouched)."""
     was_active = bridge.is_active()
@@ -218,12 +240,13 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
 
             handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
             run = _step_runner(mode, model, inputs, loss_fn, opt, dev)
-            run()  # warm-up: optimizer state
-            dev.begin_step()
-            dev.hbm.reset_peak()
-            dev.log = []
-            run()
-            dev.end_step()
+            with _fake_tensors_look_real():
+                run()  # warm-up: optimizer state
+                dev.begin_step()
+                dev.hbm.reset_peak()
+                dev.log = []
+                run()
+                dev.end_step()
             events, dev.log = dev.log, None
             for h in handles:
                 h.remove()
@@ -237,11 +260,18 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
 
 
 def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice) -> Callable[[], None]:
+    def fresh_inputs() -> tuple:  # a new host batch every step, as a data loader gives
+        bridge.deactivate()  # the bridge only: the fake mode below it stays on
+        try:
+            return tuple(t.clone() for t in inputs)
+        finally:
+            bridge.activate()
+
     if mode != "compile":
-        return lambda: training_step(model, inputs, loss_fn, opt)
+        return lambda: training_step(model, fresh_inputs(), loss_fn, opt)
 
     def run():  # training_step with forward+loss and backward each one compiled region
-        dev_inputs = [t.to("hpu") for t in inputs]
+        dev_inputs = [t.to("hpu") for t in fresh_inputs()]
         with dev.compiled_region("torch.compile forward"):
             loss = loss_fn(model(*dev_inputs))
         dev.mark(("phase", "forward_end"))

@@ -92,7 +92,25 @@ def build_bert(cfg: BertConfig) -> torch.nn.Module:
         pad_token_id=0,
         attn_implementation=cfg.attn_implementation,
     )
-    return tf.BertForPreTraining(hf_cfg)
+    return BertPretraining(tf.BertForPreTraining(hf_cfg))
+
+
+class BertPretraining(torch.nn.Module):
+    """``BertForPreTraining`` called as ``model(input_ids, token_type_ids)`` (both ``(batch, seq)``).
+
+    The text corpus packs full-length sequences (no padding), so the attention mask would be
+    all ones and is not passed: given a mask, transformers reads it on the host
+    (``mask.all()``) in every forward to decide whether it can skip it, which in lazy mode is
+    a host read that launches the graph mid-forward. Returns transformers' output
+    (``prediction_logits``, ``seq_relationship_logits``).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor):
+        return self.model(input_ids=input_ids, token_type_ids=token_type_ids)
 
 
 def param_count(cfg: BertConfig) -> int:

@@ -1,23 +1,32 @@
-"""GPT-2 small (124 M) as ``transformers.GPT2LMHeadModel``, built offline.
+"""GPT-2 small (124 M), written in the nanoGPT manner (not transformers' GPT2LMHeadModel).
 
-Full size is ``GPT2Config()``'s shape: 12 layers, hidden 768, 12 heads, vocab 50,257,
-1,024 positions: 124,439,808 parameters, the LM head tied to the token embedding
-(``lm_head.weight is transformer.wte.weight``). The tie is kept on purpose: DDP sees one
-parameter, not two, which changes its bucket count and sizes.
+Full size is GPT-2 small's shape (OpenAI's GPT-2 release, also ``transformers.GPT2Config()``):
+12 layers, hidden 768, 12 heads, vocab 50,257, 1,024 positions: 124,439,808 parameters, the
+LM head tied to the token embedding (``lm_head.weight is wte.weight``). The tie is kept on
+purpose: DDP sees one parameter, not two, which changes its bucket count and sizes. The
+parameter layout matches transformers' (``nn.Linear`` where it has ``Conv1D``: same counts).
 
-Built from a config object only (random init, ``HF_HUB_OFFLINE=1``), ``use_cache=False``
-(training: no key/value cache), attention through ``"sdpa"`` by default.
+Why not transformers: in every training forward, ``GPT2Model`` builds its causal mask through
+``masking_utils._preprocess_mask_arguments``, which reads the position ids on the host to
+detect packed sequences (``find_packed_sequence_indices``: ``(mask[:, -1] == 0).all()``).
+On Gaudi in lazy mode that host read launches the graph in the middle of the forward, and a
+step traced without data (``hpu_runtime.tracing``) cannot take the branch a value decides.
+This model has no host reads: causal attention is ``scaled_dot_product_attention(...,
+is_causal=True)``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .registry import ModelKind, register_model
 
-__all__ = ["GPT2Config", "build_gpt2", "param_count", "training_flops"]
+__all__ = ["GPT2Config", "GPT2", "build_gpt2", "param_count", "training_flops"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,7 +48,7 @@ class GPT2Config:
     seq_len: int = 128
     """Default sequence length of a live run."""
     attn_implementation: str = "sdpa"
-    """transformers attention path: "sdpa" (fused) or "eager" (matmul + softmax)."""
+    """Attention: "sdpa" (``scaled_dot_product_attention``) or "eager" (matmul + softmax)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden", "layers", "heads", "max_positions", "seq_len"):
@@ -63,29 +72,72 @@ class GPT2Config:
         return training_flops(self, batch_size, seq_len or self.seq_len)
 
 
-def build_gpt2(cfg: GPT2Config) -> torch.nn.Module:
-    """``GPT2LMHeadModel`` from a ``transformers.GPT2Config`` (random init, offline, tied head)."""
-    from ._hf import import_transformers
+class _Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
 
-    tf = import_transformers()
-    hf_cfg = tf.GPT2Config(
-        vocab_size=cfg.vocab_size,
-        n_embd=cfg.hidden,
-        n_layer=cfg.layers,
-        n_head=cfg.heads,
-        n_positions=cfg.max_positions,
-        resid_pdrop=cfg.dropout,
-        embd_pdrop=cfg.dropout,
-        attn_pdrop=cfg.dropout,
-        use_cache=False,
-        tie_word_embeddings=True,
-        attn_implementation=cfg.attn_implementation,
-    )
-    return tf.GPT2LMHeadModel(hf_cfg)
+    def __init__(self, cfg: GPT2Config) -> None:
+        super().__init__()
+        h = cfg.hidden
+        self.heads, self.dropout, self.eager = cfg.heads, cfg.dropout, cfg.attn_implementation == "eager"
+        self.ln_1, self.ln_2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.c_attn, self.attn_proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.c_fc, self.mlp_proj = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2)
+                   for z in self.c_attn(x).split(h, dim=2))
+        p = self.dropout if self.training else 0.0
+        if self.eager:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            att = F.dropout(att.masked_fill(~causal, float("-inf")).softmax(-1), p, self.training)
+            y = att @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.drop(self.attn_proj(y.transpose(1, 2).reshape(b, t, h)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._attention(self.ln_1(x))
+        return x + self.drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model: ``(batch, seq)`` token ids -> ``(batch, seq, vocab)`` logits."""
+
+    def __init__(self, cfg: GPT2Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.max_positions, cfg.hidden)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as GPT-2
+        for name, p in self.named_parameters():  # GPT-2's initialisation
+            if p.dim() > 1:
+                nn.init.normal_(p, mean=0.0, std=0.02 / (math.sqrt(2 * cfg.layers) if name.endswith("proj.weight") else 1))
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1]
+        pos = torch.arange(t, device=input_ids.device)
+        x = self.drop(self.wte(input_ids) + self.wpe(pos))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def build_gpt2(cfg: GPT2Config) -> torch.nn.Module:
+    """:class:`GPT2` (random init, tied head)."""
+    return GPT2(cfg)
 
 
 def param_count(cfg: GPT2Config) -> int:
-    """Parameters of ``GPT2LMHeadModel`` counted from the shape (LM head tied)."""
+    """Parameters of GPT-2 counted from the shape (LM head tied)."""
     h = cfg.hidden
     layer = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h)
     return (cfg.vocab_size + cfg.max_positions) * h + cfg.layers * layer + 2 * h

@@ -22,6 +22,7 @@ summary with ``--summary``. :func:`main` returns the same summary dict on every 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -36,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
+from hpu_runtime.tracing import training_step
 from hpu_runtime.device_spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
@@ -190,30 +192,28 @@ def main(argv: list[str] | None = None) -> dict:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         wall0 = time.perf_counter()
-        loss_sum = torch.zeros((), device="hpu")
+        losses: list[torch.Tensor] = []
         steps = 0
         sim = {"step_ns": 0, "compute_ns": 0, "comm_ns": 0, "exposed_comm_ns": 0, "host_ns": 0}
         step_ns: list[int] = []
+        step_times: list[dict] = []
         batches = iter(loader)
         while True:
             with hpu.bridge_disabled():  # host-side data loading is not device work
                 batch = next(batches, None)
             if batch is None or (args.max_steps and steps >= args.max_steps):
                 break
-            inputs, targets = split_batch(kind.task, [t.to("hpu") for t in batch])
-            loss = task_loss(kind.task, ddp(*inputs), targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            hpu.mark_step()
-            opt.step()
-            hpu.mark_step()
-            loss_sum += loss.detach()
+            inputs, targets = split_batch(kind.task, batch)
+            # the same step the tracer times (hpu_runtime.tracing): inputs copied to the
+            # device, forward + loss, backward, mark_step, optimizer, mark_step
+            losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt))
             t = device.end_step()
             for k in sim:
                 sim[k] += getattr(t, k)
             step_ns.append(t.step_ns)
+            step_times.append(asdict(t))
             steps += 1
-        train_loss = (loss_sum / max(steps, 1)).item()
+        train_loss = torch.stack(losses).mean().item() if losses else float("nan")
         metrics = _evaluate(ddp.module, test_set, kind, args)
         wall_s = time.perf_counter() - wall0
         row = {
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
             "sim_host_ns_mean": sim["host_ns"] // max(steps, 1),
             "sim_epoch_ns": sim["step_ns"],
             "wall_epoch_s": wall_s,
+            "sim_steps": step_times,
         }
         epochs.append(row)
         device.begin_step()  # evaluation is not part of any training step

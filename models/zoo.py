@@ -11,8 +11,8 @@ The same batch layout and loss serve ``models.train`` with real data
 
 - ``classify``: batch ``(x, y)``; inputs ``(x,)``; cross entropy of the logits against ``y``.
 - ``mlm-nsp`` (BERT): batch ``(input_ids, token_type_ids, attention_mask, mlm_labels,
-  nsp_labels)``; inputs ``(input_ids, attention_mask, token_type_ids)`` (the positional
-  order of ``BertForPreTraining.forward``); masked-LM cross entropy (labels -100 ignored)
+  nsp_labels)``; inputs ``(input_ids, token_type_ids)`` (the attention mask is all ones:
+  see :class:`models.bert.BertPretraining`); masked-LM cross entropy (labels -100 ignored)
   plus next-sentence cross entropy, as transformers sums them.
 - ``causal-lm`` (GPT-2): batch ``(input_ids, labels)`` with labels already shifted by one;
   inputs ``(input_ids,)``; next-token cross entropy.
@@ -49,8 +49,8 @@ def split_batch(task: str, batch: Sequence[torch.Tensor]) -> tuple[tuple[torch.T
     if task == "classify":
         return (batch[0],), (batch[1],)
     if task == "mlm-nsp":
-        ids, types, attention, mlm, nsp = batch
-        return (ids, attention, types), (mlm, nsp)
+        ids, types, _attention, mlm, nsp = batch  # no padding: see models.bert.BertPretraining
+        return (ids, types), (mlm, nsp)
     if task == "causal-lm":
         return (batch[0],), (batch[1],)
     raise ValueError(f"unknown task {task!r}")

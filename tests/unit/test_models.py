@@ -109,8 +109,8 @@ def test_tied_embeddings_are_kept():
     with FakeTensorMode():
         g = build_model("gpt2", "debug")
         b = build_model("bert-large", "debug")
-    assert g.lm_head.weight is g.transformer.wte.weight
-    assert b.cls.predictions.decoder.weight is b.bert.embeddings.word_embeddings.weight
+    assert g.lm_head.weight is g.wte.weight
+    assert b.model.cls.predictions.decoder.weight is b.model.bert.embeddings.word_embeddings.weight
 
 
 def test_analytic_flops():
