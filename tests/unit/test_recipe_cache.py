@@ -155,15 +155,19 @@ def test_disk_hit_from_fresh_cache(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "flip"])
 def test_corrupt_file_is_a_logged_miss(tmp_path, caplog, damage):
-    """A damaged recipe file is a miss with a warning, then a store repairs it."""
-    disk = DiskRecipeCache(_cfg(tmp_path))
+    """A damaged recipe file is a miss with a warning for a cache opened on it, then a store
+    repairs it."""
+    writer = DiskRecipeCache(_cfg(tmp_path))
     d = digest_of("g")
-    disk.store(d, _recipe(4))
-    path = disk.path_for(d)
+    writer.store(d, _recipe(4))
+    assert writer.close(timeout=JOIN_TIMEOUT_S)
+    path = writer.path_for(d)
     data = path.read_bytes()
     damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 9,
                "empty": b"", "flip": data[:-1] + bytes([data[-1] ^ 1])}[damage]
     path.write_bytes(damaged)
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+        disk = DiskRecipeCache(_cfg(tmp_path))  # the snapshot reads and rejects the file
     cache = RecipeCache(disk=disk)
     with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
         assert cache.lookup("g", digest=d) is None
