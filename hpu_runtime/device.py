@@ -621,7 +621,12 @@ _disk_config: tuple[str, object] | None = None  # (env value, DiskRecipeCache or
 
 
 def _recipe_cache() -> RecipeCache:
-    """A fresh in-memory cache over the (shared, long-lived) disk level of the environment."""
+    """A fresh in-memory cache over the (shared, long-lived) disk level of the environment.
+
+    The disk level is opened once per config value, so its snapshot (what counts as a disk
+    hit, see NOTE [disk recipe cache protocol]) survives ``reset_device``; this process's
+    own compiles stay hits after a reset.
+    """
     global _disk_config
     value = os.environ.get(RECIPE_CACHE_ENV, "").strip()
     if _disk_config is None or _disk_config[0] != value:

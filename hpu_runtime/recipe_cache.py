@@ -9,7 +9,8 @@ Two levels:
 
 * ``RecipeCache``: in-process map from a hashable graph key to a ``Recipe``, counting hits
   and misses. If a ``DiskRecipeCache`` is attached and the caller gives a stable digest of
-  the key, a memory miss falls through to disk and every insert is also stored on disk.
+  the key, a memory miss falls through to the disk level (its snapshot, see the NOTE) and
+  every insert is also stored on disk.
 * ``DiskRecipeCache``: the ``PT_HPU_RECIPE_CACHE_CONFIG=path,clear_at_start,size_MB``
   directory shared by processes. See NOTE [disk recipe cache protocol].
 
@@ -26,9 +27,29 @@ NOTE [disk recipe cache protocol]:
       every store they are at most 0.99 x size_MB. Readers take no lock.
     * Stores and eviction run on one background thread per ``DiskRecipeCache``;
       ``flush()``/``close()`` wait for it with a timeout. ``close()`` also runs at exit.
+    * Determinism (the simulated charges of a process never depend on timing): when a
+      ``DiskRecipeCache`` is opened it takes a *snapshot* under the lock: every regular,
+      valid recipe file in the directory is read, validated and kept in memory. With
+      ``clear_at_start`` the directory is cleared under the same lock and the snapshot is
+      empty, whatever any other rank does. After opening, the directory is never read for
+      an answer: a lookup is a hit exactly for a digest in the snapshot or one this
+      process stored itself (answered from its own in-memory copy). A peer's write, a
+      peer's eviction or corruption that happens after the snapshot, and this process's
+      own background writes, therefore change no answer and no charge. Stores are
+      *published* (written, with eviction) only by ``flush()``/``close()`` (and so at
+      exit), not as they are made, so a rank cannot see a recipe compiled by a peer of the
+      same job just because it opened the cache a little later than that peer; it would
+      need the peer to have flushed or exited before it opened. Consequence: the charges
+      of a process are a pure function of the script, the config and the directory's
+      content when it opened the cache; a second job on the same directory gets disk hits;
+      a process killed before its at-exit close publishes nothing.
     * A file that is truncated, has a bad magic/version/CRC, names another digest or holds
-      invalid JSON is a miss with a ``logging`` warning, never an exception. A file that
-      vanished (evicted by another process) is a silent miss.
+      invalid JSON is left out of the snapshot (a miss) with a ``logging`` warning, never
+      an exception.
+    * Only regular files are recipes. Anything else named ``*.recipe`` (a FIFO, a
+      directory, a symlink, a device) is never opened for reading (so a FIFO cannot block),
+      never counted in the size and never evicted; it is logged once per cache object.
+      ``clear()`` deletes every non-directory ``*.recipe`` entry and skips directories.
     * size_MB is in MiB (1 MB = 1,048,576 bytes) and may be fractional.
 """
 
@@ -41,6 +62,7 @@ import json
 import logging
 import os
 import queue
+import stat
 import struct
 import threading
 import uuid
@@ -262,6 +284,12 @@ class DiskRecipeCache:
     """The shared on-disk recipe directory of ``PT_HPU_RECIPE_CACHE_CONFIG``.
 
     Thread-safe; safe across processes sharing the directory (see the module NOTE).
+
+    Answers (:meth:`lookup`) come only from the snapshot taken when the object is created
+    and from recipes this object was asked to store, never from the directory as it is
+    now, so a process's simulated charges cannot depend on when a peer's write or eviction
+    lands. Stores are published to the directory by :meth:`flush`/:meth:`close` (and at
+    exit). :meth:`load` reads the directory directly and is for inspection only.
     """
 
     def __init__(self, config: RecipeCacheConfig) -> None:
@@ -273,12 +301,14 @@ class DiskRecipeCache:
         self._cond = threading.Condition()
         self._pending = 0
         self._closed = False
+        self._unpublished: list[tuple[bytes, bytes]] = []
+        self._own: dict[bytes, Recipe] = {}
+        self._warned: set[str] = set()
         self.stores = 0
         """Recipes written by this process."""
         self.evictions = 0
         """Recipe files deleted by this process's eviction."""
-        if config.clear_at_start:
-            self.clear()
+        self._snapshot: dict[bytes, Recipe] = self._take_snapshot()
         self._thread = threading.Thread(
             target=self._worker, name=f"recipe-cache-writer:{self.directory}", daemon=True)
         self._thread.start()
@@ -289,53 +319,70 @@ class DiskRecipeCache:
         """File that holds (or would hold) the recipe of this digest."""
         return self.directory / (_name_digest(digest).hex() + RECIPE_SUFFIX)
 
+    def lookup(self, digest: bytes) -> Recipe | None:
+        """This process's answer for a digest: the snapshot taken at open, or its own stores.
+
+        Never touches the directory, so the answer does not depend on what peers (or this
+        process's writer thread) did since the snapshot.
+        """
+        name = _name_digest(digest)
+        recipe = self._snapshot.get(name)
+        if recipe is not None:
+            return recipe
+        with self._cond:
+            return self._own.get(name)
+
+    @property
+    def snapshot_size(self) -> int:
+        """Number of recipes in the snapshot taken when this object was created."""
+        return len(self._snapshot)
+
     def load(self, digest: bytes) -> Recipe | None:
-        """Read a recipe; ``None`` on absence or corruption (corruption logs a warning)."""
-        path = self.path_for(digest)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            logger.warning("recipe cache: cannot read %s (%s); treating as a miss", path, exc)
-            return None
-        try:
-            return decode_recipe(data, digest)
-        except RecipeFormatError as exc:
-            logger.warning("recipe cache: corrupt recipe file %s (%s); treating as a miss",
-                           path, exc)
-            return None
+        """Read a recipe from the directory now; ``None`` on absence, corruption or a
+        non-regular file (both logged as a warning). For inspection and tests: the simulated
+        cost uses :meth:`lookup`."""
+        return self._read(self.path_for(digest), _name_digest(digest))
 
     def directory_bytes(self) -> int:
-        """Total size of the recipe files in the directory, bytes."""
+        """Total size of the (regular) recipe files in the directory, bytes."""
         return sum(size for _, _, size, _ in self._scan())
 
     # -- writing -----------------------------------------------------------------------
     def store_async(self, digest: bytes, recipe: Recipe) -> None:
-        """Queue a store (and the eviction before it) on the background thread.
+        """Remember a recipe for this process and queue it for publishing.
 
-        After ``close()`` the store runs synchronously on the calling thread instead.
+        It becomes an answer of :meth:`lookup` at once; it is written (with the eviction
+        before it) on the background thread at the next :meth:`flush`/:meth:`close`. After
+        ``close()`` the store runs synchronously on the calling thread instead.
         """
+        name = _name_digest(digest)
         data = encode_recipe(digest, recipe)
         with self._cond:
+            self._own[name] = recipe
             closed = self._closed
             if not closed:
-                self._pending += 1
-                self._queue.put((_name_digest(digest), data))
+                self._unpublished.append((name, data))
         if closed:  # after close() (e.g. during interpreter exit): write on this thread
-            self._store_locked(_name_digest(digest), data)
+            self._store_locked(name, data)
 
     def store(self, digest: bytes, recipe: Recipe) -> None:
-        """Store synchronously on the calling thread (same protocol as the worker)."""
-        self._store_locked(_name_digest(digest), encode_recipe(digest, recipe))
+        """Store and publish synchronously on the calling thread (same protocol as the worker)."""
+        name = _name_digest(digest)
+        with self._cond:
+            self._own[name] = recipe
+        self._store_locked(name, encode_recipe(digest, recipe))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every queued store has been written.
+        """Publish every store made so far and wait until they have been written.
 
         Returns:
             True if the queue drained, False on timeout (logged as a warning).
         """
         with self._cond:
+            batch, self._unpublished = self._unpublished, []
+            self._pending += len(batch)
+            for item in batch:
+                self._queue.put(item)
             done = self._cond.wait_for(lambda: self._pending == 0, timeout=timeout)
         if not done:
             logger.warning("recipe cache: flush timed out after %ss with %d stores pending",
@@ -343,7 +390,7 @@ class DiskRecipeCache:
         return done
 
     def close(self, timeout: float | None = 30.0) -> bool:
-        """Flush, then stop the background thread. Idempotent.
+        """Flush (publish), then stop the background thread. Idempotent.
 
         Returns:
             True if everything was written and the thread stopped within the timeout.
@@ -351,7 +398,7 @@ class DiskRecipeCache:
         with self._cond:
             if self._closed:
                 return not self._thread.is_alive()
-            self._closed = True
+            self._closed = True  # from now on store_async writes on the calling thread
         drained = self.flush(timeout)
         self._queue.put(None)
         self._thread.join(timeout)
@@ -359,16 +406,83 @@ class DiskRecipeCache:
         return drained and not self._thread.is_alive()
 
     def clear(self) -> None:
-        """Delete every recipe (and stale temporary file) in the directory."""
+        """Delete every recipe (and stale temporary file) in the directory.
+
+        Directories named ``*.recipe`` are skipped with a warning; the snapshot of this
+        object is not changed.
+        """
         with self._locked():
-            for entry in os.scandir(self.directory):
-                if entry.name.endswith(RECIPE_SUFFIX) or entry.name.startswith(_TMP_PREFIX):
-                    try:
-                        os.unlink(entry.path)
-                    except FileNotFoundError:
-                        pass
+            self._clear_unlocked()
 
     # -- internals ---------------------------------------------------------------------
+    def _warn_once(self, path: str, what: str) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            logger.warning("recipe cache: %s is %s, not a regular recipe file; ignoring it",
+                           path, what)
+
+    def _clear_unlocked(self) -> None:
+        for entry in os.scandir(self.directory):
+            if entry.name.endswith(RECIPE_SUFFIX) or entry.name.startswith(_TMP_PREFIX):
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        self._warn_once(entry.path, "a directory")
+                        continue
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass
+
+    def _take_snapshot(self) -> dict[bytes, Recipe]:
+        """Clear (clear_at_start) or read every valid recipe, holding the writers' lock."""
+        snapshot: dict[bytes, Recipe] = {}
+        with self._locked():
+            if self.config.clear_at_start:
+                self._clear_unlocked()
+                return snapshot
+            for entry in os.scandir(self.directory):
+                if not entry.name.endswith(RECIPE_SUFFIX):
+                    continue
+                try:
+                    name = bytes.fromhex(entry.name[:-len(RECIPE_SUFFIX)])
+                except ValueError:
+                    continue  # not named by a digest: no lookup can ask for it
+                if len(name) != 32:
+                    continue
+                recipe = self._read(Path(entry.path), name)
+                if recipe is not None:
+                    snapshot[name] = recipe
+        return snapshot
+
+    def _read(self, path: Path, name: bytes) -> Recipe | None:
+        """Read and validate one recipe file; never blocks on a FIFO, never raises."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # ELOOP for a symlink, EACCES, ...
+            logger.warning("recipe cache: cannot read %s (%s); treating as a miss", path, exc)
+            return None
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                self._warn_once(str(path), "not a regular file")
+                return None
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        except OSError as exc:
+            logger.warning("recipe cache: cannot read %s (%s); treating as a miss", path, exc)
+            return None
+        finally:
+            os.close(fd)
+        try:
+            return decode_recipe(data, name)
+        except RecipeFormatError as exc:
+            logger.warning("recipe cache: corrupt recipe file %s (%s); treating as a miss",
+                           path, exc)
+            return None
+
     def _close_at_exit(self) -> None:
         self.close(timeout=10.0)
 
@@ -392,14 +506,17 @@ class DiskRecipeCache:
         return _FileLock(self._lock_path)
 
     def _scan(self) -> list[tuple[int, str, int, str]]:
-        """(mtime_ns, name, size, path) of every recipe file, oldest first."""
+        """(mtime_ns, name, size, path) of every regular recipe file, oldest first."""
         found = []
         for entry in os.scandir(self.directory):
             if not entry.name.endswith(RECIPE_SUFFIX):
                 continue
             try:
-                st = entry.stat()
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                self._warn_once(entry.path, "not a regular file")
                 continue
             found.append((st.st_mtime_ns, entry.name, st.st_size, entry.path))
         found.sort()
@@ -413,6 +530,9 @@ class DiskRecipeCache:
                            " not stored", len(data), budget)
             return
         with self._locked():
+            if target.is_dir() and not target.is_symlink():
+                self._warn_once(str(target), "a directory")
+                return  # cannot replace a directory by a file; this recipe is not stored
             files = [f for f in self._scan() if f[3] != str(target)]
             total = sum(f[2] for f in files)
             for _, _, size, path in files:
@@ -478,6 +598,12 @@ class RecipeCacheStats:
 class RecipeCache:
     """In-memory recipe cache with an optional shared disk level.
 
+    A memory miss is answered by ``disk.lookup`` (the disk snapshot taken when the disk
+    level was opened, plus this process's own stores), never by the directory's current
+    content, so whether a lookup hits, and so whether a compile is charged, is a pure
+    function of the lookups and inserts made so far and of the directory's content when
+    the disk level was opened (see NOTE [disk recipe cache protocol]).
+
     Args:
         disk: disk level, or None for memory only.
     """
@@ -520,7 +646,7 @@ class RecipeCache:
                 self._hits += 1
                 return recipe
         if self.disk is not None and digest is not None:
-            recipe = self.disk.load(digest() if callable(digest) else digest)
+            recipe = self.disk.lookup(digest() if callable(digest) else digest)
             if recipe is not None:
                 with self._lock:
                     self._entries[key] = recipe
@@ -533,7 +659,8 @@ class RecipeCache:
 
     def insert(self, key: Hashable, recipe: Recipe, *,
                digest: bytes | Callable[[], bytes] | None = None) -> None:
-        """Remember a freshly compiled recipe; also queue it for disk if a digest is given."""
+        """Remember a freshly compiled recipe; also hand it to the disk level if a digest is
+        given (published to the directory at ``flush()``/``close()``/exit)."""
         with self._lock:
             self._entries[key] = recipe
         if self.disk is not None and digest is not None:
@@ -574,7 +701,8 @@ class RecipeCache:
             self._entries.clear()
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait for queued disk stores; True if none is pending (always True without disk)."""
+        """Publish the disk stores made so far and wait for them; True if none is pending
+        (always True without disk)."""
         return True if self.disk is None else self.disk.flush(timeout)
 
     def close(self, timeout: float | None = 30.0) -> bool:

@@ -155,15 +155,19 @@ def test_disk_hit_from_fresh_cache(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "flip"])
 def test_corrupt_file_is_a_logged_miss(tmp_path, caplog, damage):
-    """A damaged recipe file is a miss with a warning, then a store repairs it."""
-    disk = DiskRecipeCache(_cfg(tmp_path))
+    """A damaged recipe file is a miss with a warning for a cache opened on it, then a store
+    repairs it."""
+    writer = DiskRecipeCache(_cfg(tmp_path))
     d = digest_of("g")
-    disk.store(d, _recipe(4))
-    path = disk.path_for(d)
+    writer.store(d, _recipe(4))
+    assert writer.close(timeout=JOIN_TIMEOUT_S)
+    path = writer.path_for(d)
     data = path.read_bytes()
     damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 9,
                "empty": b"", "flip": data[:-1] + bytes([data[-1] ^ 1])}[damage]
     path.write_bytes(damaged)
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+        disk = DiskRecipeCache(_cfg(tmp_path))  # the snapshot reads and rejects the file
     cache = RecipeCache(disk=disk)
     with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
         assert cache.lookup("g", digest=d) is None
@@ -342,3 +346,127 @@ def test_eight_writers_never_exceed_limit(tmp_path):
     for f in files:
         decode_recipe(f.read_bytes())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+# -- determinism: answers come from the snapshot taken at open -------------------------------
+
+def test_peer_store_after_snapshot_is_a_miss(tmp_path):
+    """A recipe a peer publishes after this cache opened is a miss here (a compile is
+    charged), however soon it lands; a cache opened afterwards hits it."""
+    mine = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+    peer = DiskRecipeCache(_cfg(tmp_path))
+    x = digest_of("X")
+    peer.store(x, _recipe(3))  # synchronous: the file is complete before the lookup
+    assert peer.load(x) == _recipe(3)
+    try:
+        assert mine.lookup("X", digest=x) is None
+        assert mine.stats().misses == 1 and mine.stats().disk_hits == 0
+        fresh = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+        assert fresh.lookup("X", digest=x) == _recipe(3)
+        assert fresh.stats().disk_hits == 1
+        assert fresh.close(timeout=JOIN_TIMEOUT_S)
+    finally:
+        assert peer.close(timeout=JOIN_TIMEOUT_S)
+        assert mine.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_peer_eviction_or_damage_after_snapshot_changes_nothing(tmp_path):
+    """A recipe present when the cache opened stays a hit after a peer evicts or damages
+    its file: the charge is decided by the snapshot."""
+    setup = DiskRecipeCache(_cfg(tmp_path))
+    a, b = digest_of("a"), digest_of("b")
+    setup.store(a, _recipe(1))
+    setup.store(b, _recipe(2))
+    assert setup.close(timeout=JOIN_TIMEOUT_S)
+    cache = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+    assert cache.disk.snapshot_size == 2
+    cache.disk.path_for(a).unlink()  # evicted by a peer
+    cache.disk.path_for(b).write_bytes(b"junk")  # damaged by someone
+    assert cache.lookup("a", digest=a) == _recipe(1)
+    assert cache.lookup("b", digest=b) == _recipe(2)
+    assert cache.stats().disk_hits == 2
+    assert cache.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_own_stores_answer_from_memory_and_publish_at_flush(tmp_path):
+    """A process's own stores are answers at once (even with the in-memory level emptied,
+    as reset_device does) whether or not its writer has written them; they reach the
+    directory at flush()."""
+    cache = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+    for i in range(5):
+        cache.insert(f"k{i}", _recipe(i + 1), digest=digest_of(f"k{i}"))
+    assert _recipe_files(tmp_path) == []  # not published yet: no peer can see them
+    cache.clear()  # forget the memory level
+    assert all(cache.lookup(f"k{i}", digest=digest_of(f"k{i}")) == _recipe(i + 1)
+               for i in range(5))
+    assert cache.stats().disk_hits == 5
+    assert cache.flush(timeout=JOIN_TIMEOUT_S)
+    assert len(_recipe_files(tmp_path)) == 5
+    assert cache.close(timeout=JOIN_TIMEOUT_S)
+
+
+def test_clear_at_start_snapshot_is_empty_for_every_rank(tmp_path):
+    """With clear_at_start every opener's snapshot is empty, whatever the directory holds
+    or whichever rank cleared first; a rank's unpublished stores survive a later rank's
+    clear and are published at close."""
+    old = DiskRecipeCache(_cfg(tmp_path))
+    old.store(digest_of("old"), _recipe(1))
+    assert old.close(timeout=JOIN_TIMEOUT_S)
+    rank0 = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path, clear=True)))
+    rank0.insert("new", _recipe(2), digest=digest_of("new"))
+    rank1 = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path, clear=True)))  # opens later
+    for rank in (rank0, rank1):
+        assert rank.disk.snapshot_size == 0
+        assert rank.lookup("old", digest=digest_of("old")) is None
+    assert rank1.lookup("new", digest=digest_of("new")) is None
+    assert rank0.close(timeout=JOIN_TIMEOUT_S) and rank1.close(timeout=JOIN_TIMEOUT_S)
+    assert [p.name for p in _recipe_files(tmp_path)] == [
+        digest_of("new").hex() + RECIPE_SUFFIX]
+
+
+# -- non-regular entries named *.recipe ------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_fifo_named_like_a_recipe_is_a_miss_not_a_hang(tmp_path, caplog):
+    """A FIFO at a recipe's path is never opened for a blocking read: a logged miss; a
+    store then replaces it."""
+    d = digest_of("fifo")
+    probe = DiskRecipeCache(_cfg(tmp_path))
+    os.mkfifo(probe.path_for(d))
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+        cache = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
+        assert cache.lookup("fifo", digest=d) is None
+        assert probe.load(d) is None
+    assert any("not a regular file" in r.getMessage() for r in caplog.records)
+    assert probe.directory_bytes() == 0
+    cache.insert("fifo", _recipe(5), digest=d)
+    assert cache.close(timeout=JOIN_TIMEOUT_S)
+    assert probe.load(d) == _recipe(5)
+    assert probe.close(timeout=JOIN_TIMEOUT_S)
+
+
+@pytest.mark.timeout(30)
+def test_directory_named_like_a_recipe_does_not_stop_eviction(tmp_path, caplog):
+    """A directory named *.recipe (the oldest entry) is skipped by eviction, size
+    accounting and clear(), with a warning; stores keep working within the limit."""
+    size_mb = 0.05
+    limit = int(size_mb * (1 << 20))
+    odd = [tmp_path / "junk.recipe", tmp_path / (digest_of("d").hex() + RECIPE_SUFFIX)]
+    for p in odd:
+        p.mkdir()
+        os.utime(p, ns=(0, 0))  # oldest: eviction meets it first
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+        disk = DiskRecipeCache(_cfg(tmp_path, size_mb=size_mb))
+        for i in range(40):
+            disk.store(digest_of(str(i)), _recipe(i, pad=2000))
+            assert disk.directory_bytes() <= 0.99 * limit
+        disk.store(digest_of("d"), _recipe(1))  # its path is a directory: skipped
+        assert disk.evictions > 0
+        assert disk.load(digest_of("39")) == _recipe(39, pad=2000)
+        assert disk.close(timeout=JOIN_TIMEOUT_S)
+        cleared = DiskRecipeCache(_cfg(tmp_path, size_mb=size_mb, clear=True))
+        assert cleared.close(timeout=JOIN_TIMEOUT_S)
+    assert all(p.is_dir() for p in odd)
+    assert _recipe_files(tmp_path) == sorted(odd)
+    assert any("not a regular file" in r.getMessage() or "a directory" in r.getMessage()
+               for r in caplog.records)
