@@ -34,7 +34,7 @@ from .device import SimDevice
 from .device_spec import DeviceSpec
 from .lazy_graph import OpRecord
 
-__all__ = ["ParamInfo", "StepTrace", "training_step", "trace_step", "replay", "run_replays",
+__all__ = ["ParamInfo", "StepTrace", "StepSummary", "training_step", "trace_step", "replay", "run_replays", "summarize",
            "ddp_parameters", "MODES"]
 
 MODES = ("lazy", "eager", "compile")
@@ -48,7 +48,7 @@ def _mark(payload) -> None:
 
 
 def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer,
-                  mark_step: Callable[[], None] | None = None) -> torch.Tensor:
+                  mark_step: Callable[[], None] | None = None, autocast: bool = False) -> torch.Tensor:
     """One training step on the simulated Gaudi; returns the loss (detached, on the device).
 
     Args:
@@ -57,11 +57,14 @@ def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, opti
         loss_fn: ``loss_fn(model(*inputs)) -> scalar loss``.
         optimizer: any ``torch.optim`` optimizer over the model's parameters.
         mark_step: the launch function (default :func:`hpu_runtime.mark_step`).
+        autocast: forward and loss under ``torch.autocast("hpu", dtype=torch.bfloat16)``,
+            as Habana's ``--autocast`` recipes run (see :mod:`hpu_runtime.amp`).
     """
     if mark_step is None:
         from .hpu import mark_step
     dev = [t.to("hpu") for t in inputs]
-    loss = loss_fn(model(*dev))
+    with torch.autocast("hpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = loss_fn(model(*dev))
     _mark(("phase", "forward_end"))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -98,6 +101,7 @@ class StepTrace:
     Attributes:
         spec: the device the costs were computed for.
         mode: one of :data:`MODES`.
+        autocast: forward and loss ran under bf16 autocast.
         lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` was on when traced (recorded for
             the planner; the trace itself has no collectives).
         batch_size: per-card batch.
@@ -112,6 +116,7 @@ class StepTrace:
     mode: str
     lazy_collectives: bool
     batch_size: int
+    autocast: bool
     events: list
     params: list[ParamInfo]
     frozen: list[str] = field(default_factory=list)
@@ -184,7 +189,7 @@ def _optimizer(name: str, params, lr: float, momentum: float):
 
 def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: DeviceSpec,
                mode: str = "lazy", lazy_collectives: bool = False, optimizer: str = "sgd",
-               lr: float = 0.05, momentum: float = 0.9) -> StepTrace:
+               lr: float = 0.05, momentum: float = 0.9, autocast: bool = False) -> StepTrace:
     """Trace one steady-state training step of ``factory(batch_size)`` without data.
 
     Args:
@@ -195,6 +200,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         mode: ``"lazy"``, ``"eager"`` or ``"compile"`` (see :data:`MODES`).
         lazy_collectives: recorded in the trace for the planner.
         optimizer: ``"sgd"`` (momentum, as ``models.train``) or ``"adamw"``.
+        autocast: bf16 autocast of forward and loss (as :func:`training_step`).
 
     Returns:
         The :class:`StepTrace`; compile costs are left out (a steady-state step hits the
@@ -239,7 +245,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                 dev.mark(("grad_ready", i))
 
             handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
-            run = _step_runner(mode, model, inputs, loss_fn, opt, dev)
+            run = _step_runner(mode, model, inputs, loss_fn, opt, dev, autocast)
             with _fake_tensors_look_real():
                 run()  # warm-up: optimizer state
                 dev.begin_step()
@@ -254,12 +260,12 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             bridge.deactivate()
     params = [ParamInfo(name=n, numel=p.numel(), dtype=str(p.dtype), nbytes=p.numel() * p.element_size(),
                         grad_serial=grad_serial.get(i, -1)) for i, (n, p) in enumerate(named)]
-    return StepTrace(spec=spec, mode=mode, lazy_collectives=lazy_collectives, batch_size=batch_size,
+    return StepTrace(spec=spec, mode=mode, lazy_collectives=lazy_collectives, batch_size=batch_size, autocast=autocast,
                      events=events, params=params, frozen=frozen, peak_hbm_bytes=dev.hbm.peak_bytes,
                      wall_s=time.perf_counter() - wall0)
 
 
-def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice) -> Callable[[], None]:
+def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice, autocast: bool) -> Callable[[], None]:
     def fresh_inputs() -> tuple:  # a new host batch every step, as a data loader gives
         bridge.deactivate()  # the bridge only: the fake mode below it stays on
         try:
@@ -268,11 +274,12 @@ def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice) -> Call
             bridge.activate()
 
     if mode != "compile":
-        return lambda: training_step(model, fresh_inputs(), loss_fn, opt)
+        return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast)
 
     def run():  # training_step with forward+loss and backward each one compiled region
         dev_inputs = [t.to("hpu") for t in fresh_inputs()]
-        with dev.compiled_region("torch.compile forward"):
+        with dev.compiled_region("torch.compile forward"), torch.autocast("hpu", dtype=torch.bfloat16,
+                                                                          enabled=autocast):
             loss = loss_fn(model(*dev_inputs))
         dev.mark(("phase", "forward_end"))
         opt.zero_grad(set_to_none=True)
@@ -354,3 +361,72 @@ def run_replays(make_device: Callable[[], SimDevice], step: Callable[[SimDevice]
             break
     dev.graph_log = None
     return dev, history, graphs
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    """One card's steady-state step of a trace, without DDP (simulated ns).
+
+    Attributes:
+        times: step, compute, comm (0: no collectives), exposed comm, host.
+        forward_ns, backward_ns, optimizer_ns: device time of each phase's ops after fusion.
+        graphs: ``(reason, ops, device_ns)`` per launched graph, in order.
+        grad_ready_ns: per parameter (DDP order), when the op producing its gradient ends,
+            from the step's start (the graph it is in runs its ops in issue order).
+    """
+
+    times: object
+    forward_ns: int
+    backward_ns: int
+    optimizer_ns: int
+    graphs: tuple[tuple[str, int, int], ...]
+    grad_ready_ns: tuple[int, ...]
+
+
+def summarize(trace: StepTrace) -> StepSummary:
+    """Replay ``trace`` on one card to its steady state and split it into phases (see :class:`StepSummary`)."""
+    phases: list[str] = []
+    grad_at: dict[int, tuple[int, int]] = {}
+
+    def step(dev: SimDevice) -> None:
+        phases.clear()
+        grad_at.clear()
+
+        def rewrite(op: OpRecord, phase: str) -> OpRecord:
+            phases.append(phase)
+            return op
+
+        def on_grad_ready(i: int) -> None:
+            grad_at[i] = (len(dev.graph_log), len(dev.pending) - 1)
+
+        replay(trace, dev, on_grad_ready=on_grad_ready, rewrite=rewrite)
+
+    def make_device() -> SimDevice:
+        return SimDevice(dataclasses.replace(trace.spec, compile_base_ns=0, compile_per_op_ns=0),
+                         lazy=(trace.mode == "lazy"))
+
+    dev, history, graphs = run_replays(make_device, step)
+    times = history[-1]
+    start = dev.now_ns() - times.step_ns
+    per_phase = {"forward": 0, "backward": 0, "optimizer": 0}
+    k = 0
+    for g in graphs:
+        for phase, ns in zip(phases[k:k + g.ops], g.op_times_ns):
+            per_phase[phase] += ns
+        k += g.ops
+    ready = []
+    for i in range(len(trace.params)):
+        if i not in grad_at:
+            ready.append(0)
+            continue
+        gi, pos = grad_at[i]
+        if pos < 0:  # produced by an earlier graph: ready when that graph ends
+            g = graphs[gi - 1]
+            ready.append(g.start_ns + g.device_ns - start)
+        else:
+            g = graphs[gi]
+            ready.append(g.start_ns + sum(g.op_times_ns[:pos + 1]) - start)
+    return StepSummary(times=times, forward_ns=per_phase["forward"], backward_ns=per_phase["backward"],
+                       optimizer_ns=per_phase["optimizer"],
+                       graphs=tuple((g.reason, g.ops, g.device_ns) for g in graphs),
+                       grad_ready_ns=tuple(ready))

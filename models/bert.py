@@ -45,7 +45,12 @@ class BertConfig:
     type_vocab_size: int = 2
     """Segment (token-type) embedding rows: sentence A / B."""
     dropout: float = 0.1
-    """Hidden and attention dropout probability."""
+    """Hidden (residual and embedding) dropout probability."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities. Off by default: then torch's SDPA runs a fused
+    (flash) attention kernel that never stores the ``seq x seq`` scores, as Gaudi's FusedSDPA
+    does; with it on, SDPA falls back to the math path, whose scores alone are 1 GiB per
+    layer at batch 64 x 512 tokens, and BERT-Large does not fit the 96 GB of a Gaudi2."""
     seq_len: int = 128
     """Default sequence length of a live run (Habana's phase 1 uses 128)."""
     attn_implementation: str = "sdpa"
@@ -58,8 +63,9 @@ class BertConfig:
                 raise ValueError(f"BertConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden % self.heads:
             raise ValueError(f"BertConfig.hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"BertConfig.dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.seq_len > self.max_positions:
             raise ValueError(f"BertConfig.seq_len ({self.seq_len}) exceeds max_positions ({self.max_positions})")
         if self.attn_implementation not in ("sdpa", "eager"):
@@ -88,7 +94,7 @@ def build_bert(cfg: BertConfig) -> torch.nn.Module:
         max_position_embeddings=cfg.max_positions,
         type_vocab_size=cfg.type_vocab_size,
         hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout,
         pad_token_id=0,
         attn_implementation=cfg.attn_implementation,
     )

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size, MB")
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--static-graph", action="store_true")
+    p.add_argument("--autocast", action="store_true",
+                   help="forward and loss under torch.autocast('hpu', dtype=torch.bfloat16), as Habana's recipes"
+                        " (see PT_HPU_AUTOCAST_FP32_ON_HOST to compute those regions in fp32 on this CPU)")
     p.add_argument("--device-spec", default="gaudi2", help=f"simulated device: {', '.join(sorted(DEVICE_SPECS))}")
     p.add_argument(
         "--topology",
@@ -206,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
             inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
-            losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt))
+            losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
+                                         autocast=args.autocast))
             t = device.end_step()
             for k in sim:
                 sim[k] += getattr(t, k)
