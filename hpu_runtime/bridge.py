@@ -15,7 +15,9 @@ by :func:`activate` on the thread that imports ``hpu_runtime`` (the training thr
   CPU after checking the size against the simulated HBM (so an oversized tensor raises
   :class:`~hpu_runtime.memory.HPUOutOfMemoryError` before the host allocates anything),
   and hands every op to :meth:`SimDevice.record`. Factory ops with an explicit
-  ``device="cpu"`` are host work and are not charged.
+  ``device="cpu"`` are host work and are not charged; an op with ``device=cpu`` whose input
+  is on the device (the ``_to_copy`` autograd runs to cast a gradient back to fp32 after
+  autocast) is a device op like any other.
 
 The dispatch mode sets ``ignore_compile_internals``: ``torch.compile`` traces without it and
 runs the compiled artifact under it (see :mod:`hpu_runtime.compile_backend`).
@@ -165,8 +167,9 @@ class HpuDispatchMode(TorchDispatchMode):
         if kwargs:
             dev = kwargs.get("device")
             if dev is not None:
-                if dev.type == "cpu":  # an explicit host tensor: not device work
-                    return func(*args, **kwargs)
+                if dev.type == "cpu" and not (args and isinstance(args[0], torch.Tensor)
+                                              and self.device.is_resident(args[0])):
+                    return func(*args, **kwargs)  # an explicit host tensor: not device work
                 if dev.type == "hpu":
                     nbytes = _factory_nbytes(args, kwargs)
                     if nbytes is not None:

@@ -29,6 +29,7 @@ from .device_spec import DeviceSpec
 
 __all__ = [
     "OpCost",
+    "charged_nbytes",
     "compile_ns",
     "fused_time_ns",
     "host_op_time_ns",
@@ -66,15 +67,23 @@ class OpCost:
     compute_ns: int = 0
 
 
-def tensor_bytes(obj: object) -> int:
+def charged_nbytes(t: torch.Tensor, fp32_as_bf16: bool = False) -> int:
+    """Bytes of ``t`` as the device holds it: fp32 counts 2 bytes per element when
+    ``fp32_as_bf16`` (see NOTE [fp32 on the host, bf16 on the device] in :mod:`hpu_runtime.amp`)."""
+    if fp32_as_bf16 and t.dtype == torch.float32:
+        return t.numel() * 2
+    return t.numel() * t.element_size()
+
+
+def tensor_bytes(obj: object, fp32_as_bf16: bool = False) -> int:
     """Bytes of every tensor in ``obj`` (a tensor, or a flat list/tuple of them)."""
     if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
+        return charged_nbytes(obj, fp32_as_bf16)
     if isinstance(obj, (list, tuple)):
         total = 0
         for item in obj:
             if isinstance(item, torch.Tensor):
-                total += item.numel() * item.element_size()
+                total += charged_nbytes(item, fp32_as_bf16)
         return total
     return 0
 
@@ -127,13 +136,19 @@ def compile_ns(spec: DeviceSpec, n_ops: int) -> int:
     return spec.compile_base_ns + spec.compile_per_op_ns * n_ops
 
 
-def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> OpCost:
-    """Cost of one dispatched aten op (``func(*args, **kwargs) -> out``) on ``spec``."""
+def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object,
+            fp32_as_bf16: bool = False) -> OpCost:
+    """Cost of one dispatched aten op (``func(*args, **kwargs) -> out``) on ``spec``.
+
+    ``fp32_as_bf16`` charges fp32 tensors as bf16 (2 bytes, bf16 peak rates): the op ran in
+    fp32 on the host for an autocast region the device runs in bf16.
+    """
     packet = func._overloadpacket
-    bytes_in = sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(v) for v in kwargs.values())
-    bytes_out = tensor_bytes(out)
+    bytes_in = (sum(tensor_bytes(a, fp32_as_bf16) for a in args)
+                + sum(tensor_bytes(v, fp32_as_bf16) for v in kwargs.values()))
+    bytes_out = tensor_bytes(out, fp32_as_bf16)
     dtype = _first_dtype(args, out)
-    low = dtype in _LOW_PRECISION
+    low = dtype in _LOW_PRECISION or (fp32_as_bf16 and dtype == torch.float32)
     formula = flop_registry.get(packet)
     if formula is not None:
         engine = "MME"

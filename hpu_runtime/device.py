@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from . import metrics
-from .cost_model import OpCost, compile_ns, host_op_time_ns, op_cost, pcie_ns
+from .cost_model import OpCost, charged_nbytes, compile_ns, host_op_time_ns, op_cost, pcie_ns
 from .device_spec import DeviceSpec, get_device_spec
 from .fallback import FallbackPolicy
 from .graph_key import graph_digest, op_signature, output_signature, recipe_name
@@ -90,6 +90,16 @@ class _OpInfo:
 
 
 _FUNC_FLAGS: dict = {}
+
+_aten = torch.ops.aten
+FP32_AUTOCAST_OPS = frozenset({
+    _aten._softmax, _aten._log_softmax, _aten._softmax_backward_data, _aten._log_softmax_backward_data,
+    _aten.nll_loss_forward, _aten.nll_loss_backward, _aten.nll_loss2d_forward, _aten.nll_loss2d_backward,
+    _aten.native_layer_norm, _aten.native_layer_norm_backward, _aten.mse_loss, _aten.exp, _aten.log,
+    _aten.pow, _aten.rsqrt, _aten.reciprocal, _aten.sum, _aten.mean, _aten.cumsum, _aten.norm,
+})
+"""Ops an emulated bf16 autocast region still charges in fp32: softmax, losses, norms and
+reductions, which Gaudi's and PyTorch's autocast keep in fp32 (their fp32 op lists)."""
 
 
 _NOT_DEVICE_WORK = frozenset({"profiler", "prim"})
@@ -174,6 +184,8 @@ class SimDevice:
         self.graphs_launched = 0
         self.ops_recorded = 0
         self.compilations = 0
+        self.fp32_as_bf16 = False  # see NOTE [fp32 on the host, bf16 on the device] in amp
+        self._fp32_as_bf16_until_mark_step = False
         self.trace: list | None = None
         self.log: list | None = None
         self.graph_log: list[GraphInfo] | None = None
@@ -250,11 +262,12 @@ class SimDevice:
         if _func_flags(func)[0]:
             return
         sig = op_signature(args, kwargs)
-        mk = (func, sig)
+        low = self.fp32_as_bf16 and func._overloadpacket not in FP32_AUTOCAST_OPS
+        mk = (func, sig, "fp32-as-bf16") if low else (func, sig)
         info = self._memo.get(mk)
         if info is None:
             _, view, allocates, dynamic = _func_flags(func)
-            info = _OpInfo(cost=op_cost(self.spec, func, args, kwargs, out), view=view,
+            info = _OpInfo(cost=op_cost(self.spec, func, args, kwargs, out, low), view=view,
                            allocates=allocates, dynamic=dynamic,
                            fallback=not view and self.fallback.falls_back(func, _dtypes(args, kwargs, out)))
             if not dynamic:
@@ -279,20 +292,21 @@ class SimDevice:
                     rg = rg or a.requires_grad
                     ref = resident.get(id(a.untyped_storage()))
                     if ref is not None:
-                        reads.append((ref.serial, a.nbytes))
+                        reads.append((ref.serial, charged_nbytes(a, low) if low else a.nbytes))
                 elif isinstance(a, (list, tuple)):
                     for x in a:
                         if isinstance(x, _Tensor):
                             rg = rg or x.requires_grad
                             ref = resident.get(id(x.untyped_storage()))
                             if ref is not None:
-                                reads.append((ref.serial, x.nbytes))
+                                reads.append((ref.serial, charged_nbytes(x, low) if low else x.nbytes))
             rg = rg and torch.is_grad_enabled()
             writes = []
             for o in _out_tensors(out):
                 st = o.untyped_storage()
                 ref = self._register(st) if info.allocates else resident.get(id(st))
-                writes.append((-1 if ref is None else ref.serial, o.nbytes, info.allocates, rg))
+                writes.append((-1 if ref is None else ref.serial, charged_nbytes(o, low) if low else o.nbytes,
+                               info.allocates, rg))
             if self._capture is not None:
                 self._capture.append((func, args, kwargs, out, info.allocates))
             self.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes)))
@@ -368,6 +382,8 @@ class SimDevice:
             return None
         if self.log is not None:
             self.log.append(("launch", reason))
+        if self._fp32_as_bf16_until_mark_step and reason == "mark_step":
+            self._fp32_as_bf16_until_mark_step = self.fp32_as_bf16 = False
         key = tuple(self._pending_keys)
         spec_name = self.spec.name
         digest: list[bytes] = []
@@ -453,6 +469,21 @@ class SimDevice:
         with self.lock:
             self.launch("synchronize")
             self._wait_host(max(self.compute.free_ns, self.collective.free_ns))
+
+    def set_fp32_as_bf16(self, entering: bool) -> None:
+        """An emulated bf16 autocast region starts (True) or ends (False).
+
+        From the start, fp32 ops are charged as bf16; at the end, charging in bf16 goes on
+        through backward (whose ops run in the forward's dtypes) until the next
+        ``mark_step`` launch. See NOTE [fp32 on the host, bf16 on the device] in :mod:`hpu_runtime.amp`.
+        """
+        with self.lock:
+            if self.log is not None:
+                self.log.append(("fp32_as_bf16", entering))
+            if entering:
+                self.fp32_as_bf16, self._fp32_as_bf16_until_mark_step = True, False
+            elif self.fp32_as_bf16:
+                self._fp32_as_bf16_until_mark_step = True
 
     def mark(self, payload: object) -> None:
         """Put ``payload`` in the event log (a tracer's marker; no simulated cost)."""

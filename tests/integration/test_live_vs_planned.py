@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 CASES = [
     ("resnet50", 4, 0.05, []),
-    ("bert-large", 2, 0.01, ["--gradient-as-bucket-view"]),
+    ("bert-large", 2, 0.01, ["--gradient-as-bucket-view", "--autocast"]),
 ]
 
 
