@@ -250,7 +250,7 @@ class SimDevice:
     def charge_h2d(self, nbytes: int) -> None:
         """Host time of one host->device copy of ``nbytes`` over PCIe (simulated ns)."""
         with self.lock:
-            ns = pcie_ns(self.spec, nbytes)
+            ns = self.spec.h2d_copy_ns + pcie_ns(self.spec, nbytes)
             self._host_event("H2D copy", ns, {"bytes": nbytes})
             self.host_ns += ns
             if self.log is not None:
@@ -460,7 +460,7 @@ class SimDevice:
             self.launch("host_read")
             self._wait_host(max(self.compute.free_ns, self._ready_after.get(serial, 0)))
             if nbytes:
-                ns = pcie_ns(self.spec, nbytes)
+                ns = self.spec.host_read_ns + pcie_ns(self.spec, nbytes)
                 self._host_event("D2H copy", ns, {"bytes": nbytes})
                 self.host_ns += ns
 

@@ -57,6 +57,8 @@ def test_host_read_waits_for_device():
 def test_step_breakdown_overlap_and_exposed_comm():
     """A collective overlapping a later graph is partly hidden; the rest is exposed."""
     d = _dev()
+    d.spec = dataclasses.replace(d.spec, host_op_ns=6_000, graph_launch_ns=20_000)  # host well ahead
+    d._op_host_ns = d.spec.host_op_ns
     d.begin_step()
     d.record_op(_op(10_000))
     ready = d.collective_ready_ns()  # launches graph 1
