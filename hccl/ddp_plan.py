@@ -19,7 +19,8 @@ inserts what the reducer does in a live run, through the same device code:
 * when a bucket is complete and every earlier bucket has been launched, its allreduce is
   issued: in default lazy mode that launches the accumulated graph (a graph cut, as
   ``ProcessGroupHCCL::collective()`` runs a step marker first), then the allreduce runs on
-  the collective stream, timed by :func:`hccl.timing.collective_times` (the planner);
+  the collective stream, timed by :func:`hccl.timing.collective_times` (the planner); with
+  lazy collectives it joins the graph and runs when the graph does;
 * at the end of backward, without ``gradient_as_bucket_view``, each gradient is copied back
   from its bucket (``copy_``), reading the allreduce's output; with it, the optimizer reads
   the bucket views directly. Either way no device work that reads a bucket starts before
@@ -171,8 +172,9 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
         static_graph: DDP's ``static_graph``; after the first iteration it buckets and
             reduces exactly as without it (kept for the record).
         comm_hook: one of :data:`COMM_HOOKS`.
-        lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` (default: the trace's setting);
-            not modelled yet: True raises NotImplementedError.
+        lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` (default: the trace's setting):
+            in lazy mode each allreduce joins the graph instead of cutting it, and runs when
+            the graph does (NOTE [lazy collectives] in :mod:`hpu_runtime.device`).
 
     Returns:
         The :class:`PlannedStep` (simulated ns per card).
@@ -180,15 +182,13 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
     Raises:
         ValueError: ``world_size < 1``, a topology that cannot hold ``world_size`` ranks,
             an unknown comm hook, or a bad cap.
-        NotImplementedError: lazy collectives.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if comm_hook not in COMM_HOOKS:
         raise ValueError(f"unknown comm hook {comm_hook!r}; known: {', '.join(COMM_HOOKS)}")
     del static_graph  # same buckets and reductions as without it once the graph is known
-    if (trace.lazy_collectives if lazy_collectives is None else lazy_collectives):
-        raise NotImplementedError("planning with PT_HPU_ENABLE_LAZY_COLLECTIVES=true is not modelled yet")
+    lazy_coll = (trace.lazy_collectives if lazy_collectives is None else lazy_collectives) and trace.mode == "lazy"
     topo = _topology(topology, world_size)
     buckets = ddp_buckets(trace, bucket_cap_mb, first_bucket_mb=first_bucket_mb)
     params = trace.params
@@ -214,12 +214,24 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
         pre, post, nbytes, elt = hook_ops[b]
         for op in pre:
             dev.append_op(op)
-        ready = dev.collective_ready_ns()
-        start, end, algo = collective_times("allreduce", nbytes, [ready] * world_size, rank=0,
-                                            dtype_bytes=elt, topology=topo)
-        dev.record_collective(f"allreduce bucket {b}", start, end, serials=(bserial[b],))
-        rec.append((ready, start, end))
-        algorithms.append(algo)
+
+        def timing(ready: int) -> tuple[int, int, str]:
+            return collective_times("allreduce", nbytes, [ready] * world_size, rank=0, dtype_bytes=elt,
+                                    topology=topo)
+
+        if lazy_coll:  # joins the graph; timed when the graph runs (as ProcessGroupHCCL does)
+            def on_timed(start: int, end: int, algo: str) -> None:
+                rec[b] = (start, start, end)
+                algorithms.append(algo)
+
+            rec.append(None)
+            dev.add_graph_collective(f"allreduce bucket {b}", timing, serials=(bserial[b],), on_timed=on_timed)
+        else:
+            ready = dev.collective_ready_ns()
+            start, end, algo = timing(ready)
+            dev.record_collective(f"allreduce bucket {b}", start, end, serials=(bserial[b],))
+            rec.append((ready, start, end))
+            algorithms.append(algo)
         for op in post:
             dev.append_op(op)
 

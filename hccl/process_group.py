@@ -81,6 +81,21 @@ def _transport() -> str:
     return value
 
 
+def lazy_collectives_enabled() -> bool:
+    """``PT_HPU_ENABLE_LAZY_COLLECTIVES`` (default false, as Intel's bridge): in lazy mode an
+    allreduce joins the accumulated graph instead of launching it.
+
+    Raises:
+        ValueError: a value other than true/false/1/0.
+    """
+    raw = os.environ.get("PT_HPU_ENABLE_LAZY_COLLECTIVES", "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return get_device().lazy  # eager mode has no graph to join
+    raise ValueError(f"PT_HPU_ENABLE_LAZY_COLLECTIVES={raw!r} must be true or false")
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A flat contiguous view of ``t`` (or a contiguous copy, written back by the caller)."""
     return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
@@ -127,6 +142,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self.history: list[CollectiveRecord] = []
         self._history_limit = 100_000
         self._device = get_device()  # the simulated card of this process
+        self._lazy_collectives = lazy_collectives_enabled()
         self._coll = self._rendezvous(store, group_id)
         sizes = {len(h) for h in self.layout.hosts}
         if len(self.layout.hosts) > 1 and len(sizes) == 1:
@@ -216,11 +232,34 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             self._drain_sends()
         seq = self._seq
         what = f"{kind} #{seq}"
+        if self._lazy_collectives and kind == "allreduce":
+            return self._run_lazy(what, kind, seq, nbytes, outputs, body, timing)
         ready = self._device.collective_ready_ns()
         ready_all = self._guarded(what, lambda: body(ready, what))
         self._seq = seq + 1
         start, end, algorithm = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
         return self._record(what, kind, seq, nbytes, start, end, algorithm, outputs)
+
+    def _run_lazy(self, what, kind, seq, nbytes, outputs, body, timing) -> HcclWork:
+        """``PT_HPU_ENABLE_LAZY_COLLECTIVES``: move the bytes now, time the allreduce inside the
+        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.device)."""
+        self._guarded(what, lambda: body(0, what))
+        self._seq = seq + 1
+        n, rank = self._world_size, self._rank
+        dev = self._device
+        work = HcclWork(outputs, CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=0, end_ns=0,
+                                                  algorithm="lazy (not launched yet)"), dev, lazy=True)
+
+        def on_timed(start: int, end: int, algorithm: str) -> None:
+            rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm=algorithm)
+            work.record = rec
+            if len(self.history) < self._history_limit:
+                self.history.append(rec)
+
+        dev.add_graph_collective(
+            what, lambda ready: collective_times(kind, nbytes, [ready] * n, rank=rank, **timing),
+            serials=[dev.make_resident(t) for t in outputs], on_timed=on_timed)
+        return work
 
     def _guarded(self, what: str, fn):
         """Run ``fn`` (the emulator's own tensor ops, unseen by the bridge); on any failure mark

@@ -46,8 +46,9 @@ class CollectiveRecord:
 class HcclWork(dist.Work):
     """A finished collective (see module docstring)."""
 
-    def __init__(self, outputs: list[torch.Tensor], record: CollectiveRecord, device) -> None:
+    def __init__(self, outputs: list[torch.Tensor], record: CollectiveRecord, device, lazy: bool = False) -> None:
         super().__init__()
+        self._lazy = lazy  # a lazy collective: waiting on it launches the graph holding it
         self._outputs = outputs
         self.record = record
         self._device = device
@@ -65,6 +66,8 @@ class HcclWork(dist.Work):
         """Make the simulated compute stream wait for this collective's end; returns True."""
         self._finish_pending()
         if self._device is not None:
+            if self._lazy:
+                self._device.launch("collective wait")
             self._device.stream_wait(self.record.end_ns)
         return True
 

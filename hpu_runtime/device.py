@@ -19,6 +19,15 @@ script gives the same timeline on any machine. Three cursors advance:
 A *step* (``begin_step``/``end_step``) reports its length and how much of it the compute and
 collective streams were busy; communication not hidden under compute is "exposed".
 
+NOTE [lazy collectives]
+With ``PT_HPU_ENABLE_LAZY_COLLECTIVES=true`` (Intel's bridge then loads its lazy-collectives
+process group) an allreduce does not launch the accumulated graph: it joins it
+(:meth:`SimDevice.add_graph_collective`), and the graph is launched when the work is waited
+on or at the next launch point. Inside the launched graph the collective becomes ready when
+the ops issued before it are done; ops of the graph that use its output wait for its end.
+Its duration comes from the network model with every rank ready at the same time (true of
+data-parallel ranks, which run the same graph); the real bytes move when it is called.
+
 NOTE [device residency and HBM]
 Tensors are CPU tensors; the device tracks which *storages* are on the simulated HBM: the
 outputs of ops the bridge charges, tensors moved with ``.to("hpu")`` and factories with
@@ -37,6 +46,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -70,6 +80,17 @@ class GraphInfo:
     start_ns: int
     device_ns: int
     op_times_ns: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class _GraphCollective:
+    """A lazy collective inside the pending graph, after its first ``position`` ops."""
+
+    position: int
+    label: str
+    timing: Callable[[int], tuple[int, int, str]]
+    serials: tuple[int, ...]
+    on_timed: Callable | None
 
 
 class _StorageRef(weakref.ref):
@@ -172,6 +193,7 @@ class SimDevice:
         self._pending_keys: list = []
         self._pending_ops: list[OpRecord] = []
         self._pending_dep_ns = 0  # the pending graph reads a collective output ready then
+        self._pending_colls: list[_GraphCollective] = []  # lazy collectives in the pending graph
         self._pending_host_start = 0
         self._resident: dict[int, _StorageRef] = {}
         self._next_serial = 0
@@ -379,6 +401,9 @@ class SimDevice:
         n = len(self.pending)
         if n == 0:
             self._pending_keys.clear()
+            if self._pending_colls:  # a graph of lazy collectives only
+                self.host_ns += launch_host_ns
+                return self._run_with_collectives(max(self.host_ns, self._pending_dep_ns), [], reason)
             return None
         if self.log is not None:
             self.log.append(("launch", reason))
@@ -413,7 +438,13 @@ class SimDevice:
             self._host_event(f"build graph[{n} ops]", self.host_ns - self._pending_host_start, {},
                              start=self._pending_host_start)
         self.host_ns += launch_host_ns
-        span = self.compute.run(max(self.host_ns, self._pending_dep_ns), recipe.device_ns, f"{name} ({reason})")
+        ready = max(self.host_ns, self._pending_dep_ns)
+        if self._pending_colls:
+            if times is None:
+                times = graph_op_times(self.spec, self._pending_ops)
+            span = self._run_with_collectives(ready, times, f"{name} ({reason})")
+        else:
+            span = self.compute.run(ready, recipe.device_ns, f"{name} ({reason})")
         if self.graph_log is not None:
             if times is None:
                 times = graph_op_times(self.spec, self._pending_ops)
@@ -428,6 +459,61 @@ class SimDevice:
             start = span[0]
             self._ready_after = {s: e for s, e in self._ready_after.items() if e > start}
         return span
+
+    def _run_with_collectives(self, ready: int, times: list[int], label: str) -> tuple[int, int]:
+        """Run the pending graph with lazy collectives inside it (NOTE [lazy collectives]).
+
+        Each collective becomes ready when the ops issued before it in the graph are done and
+        runs on the collective stream; an op of the graph that reads or writes its output
+        waits for its end (the compute stream idles meanwhile). Returns the graph's span.
+        """
+        colls, self._pending_colls = self._pending_colls, []
+        start = max(ready, self.compute.free_ns)
+        t = seg = start
+        done: dict[int, int] = {}
+        ops = self._pending_ops
+        ci = 0
+        for k in range(len(ops) + 1):
+            while ci < len(colls) and colls[ci].position <= k:
+                c = colls[ci]
+                ci += 1
+                cstart, cend, algo = c.timing(max(t, self.collective.free_ns))
+                self.record_collective(c.label, cstart, cend, serials=c.serials)
+                for serial in c.serials:
+                    done[serial] = cend
+                if c.on_timed is not None:
+                    c.on_timed(cstart, cend, algo)
+            if k == len(ops):
+                break
+            op = ops[k]
+            if done:
+                dep = max([0] + [done.get(s, 0) for s, _ in op.reads] + [done.get(w[0], 0) for w in op.writes])
+                if dep > t:
+                    if t > seg:
+                        self.compute.run(seg, t - seg, label)
+                    seg = t = dep
+            t += times[k]
+        if t > seg:
+            self.compute.run(seg, t - seg, label)
+        self.compute.free_ns = max(self.compute.free_ns, t)
+        return start, t
+
+    def add_graph_collective(self, label: str, timing: Callable[[int], tuple[int, int, str]],
+                             serials: tuple | list = (), on_timed: Callable | None = None) -> None:
+        """A lazy collective (``PT_HPU_ENABLE_LAZY_COLLECTIVES=true``): it joins the pending
+        graph instead of launching it; see NOTE [lazy collectives].
+
+        Args:
+            label: its name on the collective stream.
+            timing: ``timing(ready_ns) -> (start_ns, end_ns, algorithm)`` from the network model.
+            serials: storages it writes (later work reading them waits for its end).
+            on_timed: called with ``(start_ns, end_ns, algorithm)`` once the graph has run.
+        """
+        with self.lock:
+            if not self.pending:
+                self._pending_host_start = self.host_ns
+            self._pending_colls.append(_GraphCollective(len(self._pending_ops), label, timing,
+                                                        tuple(serials), on_timed))
 
     def launch(self, reason: str = "mark_step") -> tuple[int, int] | None:
         """Launch the pending graph on the compute stream; returns its (start, end) or None.

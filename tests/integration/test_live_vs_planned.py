@@ -15,15 +15,17 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CASES = [
-    ("resnet50", 4, 0.05, []),
-    ("bert-large", 2, 0.01, ["--gradient-as-bucket-view", "--autocast"]),
+CASES = [  # model, batch, bucket_cap_mb, flags, PT_HPU_ENABLE_LAZY_COLLECTIVES
+    ("resnet50", 4, 0.05, [], False),
+    ("bert-large", 2, 0.01, ["--gradient-as-bucket-view", "--autocast"], False),
+    ("gpt2", 2, 0.01, [], True),
 ]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("model, batch, cap, flags", CASES, ids=[c[0] for c in CASES])
-def test_live_steady_step_equals_planned(model, batch, cap, flags, tmp_path):
+@pytest.mark.parametrize("model, batch, cap, flags, lazy_coll", CASES,
+                         ids=[c[0] + ("-lazy-collectives" if c[4] else "") for c in CASES])
+def test_live_steady_step_equals_planned(model, batch, cap, flags, lazy_coll, tmp_path):
     from hccl.ddp_plan import plan_ddp_step
     from hpu_runtime.device_spec import get_device_spec
     from hpu_runtime.tracing import trace_step
@@ -34,14 +36,14 @@ def test_live_steady_step_equals_planned(model, batch, cap, flags, tmp_path):
            "-m", "models.train", "--model", model, "--flavour", "debug", "--batch-size", str(batch),
            "--bucket-cap-mb", str(cap), "--epochs", "1", "--max-steps", "6", "--eval-samples", "4",
            "--summary", str(summary), *flags]
-    env = dict(os.environ, HCCL_TOPOLOGY="hls2")
+    env = dict(os.environ, HCCL_TOPOLOGY="hls2", PT_HPU_ENABLE_LAZY_COLLECTIVES=str(lazy_coll).lower())
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = json.loads(summary.read_text())["epochs"][0]["sim_steps"]
     assert steps[-1] == steps[-2], "the live run has not reached its steady state"
 
     trace = trace_step(resolve_factory(f"{model}:debug"), batch, spec=get_device_spec("gaudi2"),
-                       autocast="--autocast" in flags)
+                       autocast="--autocast" in flags, lazy_collectives=lazy_coll)
     planned = plan_ddp_step(trace, world_size=2, topology="hls2", bucket_cap_mb=cap,
                             gradient_as_bucket_view="--gradient-as-bucket-view" in flags)
     live = steps[-1]
@@ -49,3 +51,5 @@ def test_live_steady_step_equals_planned(model, batch, cap, flags, tmp_path):
     assert (t.step_ns, t.compute_ns, t.comm_ns, t.exposed_comm_ns, t.host_ns) == (
         live["step_ns"], live["compute_ns"], live["comm_ns"], live["exposed_comm_ns"], live["host_ns"])
     assert len(planned.buckets) > 1
+    # default lazy mode: every bucket's allreduce cuts the backward graph; lazy collectives do not
+    assert (planned.graph_launches > len(planned.buckets)) != lazy_coll

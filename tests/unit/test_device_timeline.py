@@ -90,3 +90,24 @@ def test_work_wait_blocks_compute_stream():
 def test_unknown_device_spec_rejected(bad):
     with pytest.raises(ValueError, match=bad):
         get_device_spec(bad)
+
+
+def test_lazy_collective_runs_inside_the_graph():
+    """A lazy collective starts when the ops before it in the graph are done; an op of the
+    same graph that reads its output waits for its end; nothing launches at the call."""
+    from hpu_runtime.lazy_graph import OpRecord
+
+    d = _dev()
+    d.begin_step()
+    out = 7  # storage serial the collective writes
+    d.append_op(OpRecord(("a",), _op(10_000)))
+    d.add_graph_collective("allreduce", lambda ready: (ready, ready + 50_000, "direct"), serials=(out,))
+    d.append_op(OpRecord(("b",), _op(5_000)))                       # independent: overlaps
+    d.append_op(OpRecord(("c",), _op(20_000), reads=((out, 4),)))   # reads the result: waits
+    assert d.graphs_launched == 0 and d.collective.free_ns == 0
+    start, end = d.launch()
+    assert d.collective.intervals == [(start + 10_000, start + 60_000, "allreduce")]
+    assert end == start + 60_000 + 20_000
+    t = d.end_step()
+    assert t.compute_ns == 10_000 + 5_000 + 20_000
+    assert t.exposed_comm_ns == 50_000 - 5_000
