@@ -79,7 +79,7 @@ def _timeline(rank: int, world: int) -> list:
     dev.begin_step()
     steps = []
     for _ in range(3):
-        loss = ddp(torch.randn(256, 64, generator=g)).square().mean()
+        loss = ddp(torch.randn(4096, 64, generator=g)).square().mean()
         loss.backward()
         hpu.mark_step()
         opt.step()
