@@ -23,6 +23,15 @@ NOTE [slices]
     cut into slices; each slice runs the whole algorithm and slices are software
     pipelined (phase ``p`` of slice ``s`` is issued in wave ``s + p``, newest slice
     first), so scale-up and scale-out ports work on different slices at once.
+
+    What the 16 MB default stands for: the pipelining the collective library itself does
+    inside one collective, not Intel's PyTorch bridge. The bridge slices a collective into
+    separate HCCL calls on first-generation Gaudi only: 128 MB for allreduce,
+    reduce_scatter and broadcast, 16 MB for reduce and allgather, or
+    ``PT_HCCL_SLICE_SIZE_MB`` when the user sets it or lazy collectives are on; on Gaudi 2
+    and later it does not slice at all (HabanaAI/gaudi-pytorch-bridge, v1.19,
+    ``habana_helpers::getHCCLSliceSize``). That bridge-level slicing is not modelled
+    separately: setting ``PT_HCCL_SLICE_SIZE_MB`` here changes the pipelining slice.
 """
 
 from __future__ import annotations
