@@ -35,7 +35,7 @@ from .device_spec import DeviceSpec
 from .lazy_graph import OpRecord
 
 __all__ = ["ParamInfo", "StepTrace", "StepSummary", "training_step", "trace_step", "replay", "run_replays", "summarize",
-           "ddp_parameters", "MODES"]
+           "ddp_parameters", "portable", "MODES"]
 
 MODES = ("lazy", "eager", "compile")
 """Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
@@ -122,6 +122,25 @@ class StepTrace:
     frozen: list[str] = field(default_factory=list)
     peak_hbm_bytes: int = 0
     wall_s: float = 0.0
+
+
+def portable(trace: StepTrace) -> StepTrace:
+    """A copy of ``trace`` that pickles (to ship to other processes, e.g. Ray tasks).
+
+    Graph-key entries hold torch op objects, which do not pickle; they only identify
+    recipes, so each distinct entry becomes a distinct int. Timing is unchanged.
+    """
+    ids: dict = {}
+    events = []
+    for ev in trace.events:
+        if ev[0] == "op":
+            op = ev[1]
+            events.append(("op", OpRecord(ids.setdefault(op.key, len(ids)), op.cost, op.reads, op.writes)))
+        elif ev[0] == "view":
+            events.append(("view", ids.setdefault(ev[1], len(ids))))
+        else:
+            events.append(ev)
+    return dataclasses.replace(trace, events=events)
 
 
 def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -1,4 +1,10 @@
-"""Study CLIs over traced steps: ``python -m launchers.study trace ...``.
+"""Study CLIs over traced steps: ``python -m launchers.study trace|bucket ...``.
+
+``bucket`` is the bucket-size study (:mod:`launchers.bucket_study`)::
+
+    python -m launchers.study bucket --model resnet50 --batch-size 256 \\
+        --world-sizes 8,64,512 --bucket-cap-mb 1,2,5,10,25,50,100 --topology hls2 --out study/
+
 
 ``trace`` traces ONE training step (forward, backward, optimizer) of a model at full size
 without data (:func:`hpu_runtime.tracing.trace_step`: FakeTensorMode under the same bridge
@@ -30,7 +36,7 @@ import json
 import os
 import sys
 
-__all__ = ["main", "build_parser", "trace_json"]
+__all__ = ["main", "build_parser", "trace_json", "bucket_main"]
 
 
 def _positive_int(text: str) -> int:
@@ -90,7 +96,95 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--world-size", type=_positive_int, default=8, help="ranks for the planned DDP step")
     t.add_argument("--topology", default="hls2", help="hls1, hls2, hls3 or a topology file")
     t.add_argument("--json", default=None, metavar="PATH", help="write the JSON here")
+    _add_bucket_parser(sub)
     return p
+
+
+def _list(kind, name: str):
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{name}: empty list")
+        return tuple(kind(t) for t in items)
+    return parse
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _first_mb(text: str) -> float | None:
+    return None if text.strip().lower() in ("default", "none") else _positive_float(text)
+
+
+def _add_bucket_parser(sub) -> None:
+    from hpu_runtime.device_spec import DEVICE_SPECS
+
+    b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
+    b.add_argument("--model", required=True,
+                   help="registered name (name:flavour for a flavour) or package.module:factory")
+    b.add_argument("--batch-size", type=_positive_int, required=True, help="per-card batch")
+    b.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (text models)")
+    b.add_argument("--world-sizes", type=_list(_positive_int, "--world-sizes"), default=(8,))
+    b.add_argument("--bucket-cap-mb", type=_list(_positive_float, "--bucket-cap-mb"),
+                   default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
+    b.add_argument("--topology", type=_list(str, "--topology"), default=("hls2",),
+                   help="hls1, hls2, hls3 or topology files, comma-separated")
+    b.add_argument("--first-bucket-mb", type=_list(_first_mb, "--first-bucket-mb"), default=(None,),
+                   help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB ('default' = 1 MB); torch 2.13 uses it"
+                        " only with DDP's default cap")
+    b.add_argument("--comm-hook", type=_list(str, "--comm-hook"), default=("none",), help="none, fp16, bf16")
+    b.add_argument("--lazy-collectives", type=_list(_bool, "--lazy-collectives"), nargs="?",
+                   const=(True,), default=(False,), help="PT_HPU_ENABLE_LAZY_COLLECTIVES: false,true")
+    b.add_argument("--gradient-as-bucket-view", type=_list(_bool, "--gradient-as-bucket-view"), nargs="?",
+                   const=(True,), default=(False,))
+    b.add_argument("--static-graph", type=_list(_bool, "--static-graph"), nargs="?", const=(True,), default=(False,))
+    b.add_argument("--mode", type=_list(str, "--mode"), default=None, help="lazy, eager, compile (default:"
+                   " PT_HPU_LAZY_MODE)")
+    b.add_argument("--device-spec", type=_list(str, "--device-spec"), default=("gaudi2",),
+                   help=f"{', '.join(sorted(DEVICE_SPECS))}")
+    b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
+    b.add_argument("--live", action="store_true",
+                   help="also run the points whose world size fits this machine as real DDP jobs")
+    b.add_argument("--live-max-ranks", type=_positive_int, default=None,
+                   help="largest world size run live (default: this machine's cores)")
+    b.add_argument("--launcher", default="torchrun", choices=["torchrun", "ray"], help="for --live")
+    b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
+    b.add_argument("--no-progress", action="store_true")
+
+
+def bucket_main(args: argparse.Namespace) -> dict:
+    """Run the ``bucket`` command; returns ``{"rows", "recommendation", "paths"}``.
+
+    Raises:
+        ValueError: bad input, before any work starts.
+    """
+    from . import bucket_study as bs
+
+    cfg = bs.StudyConfig(
+        model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, world_sizes=args.world_sizes,
+        bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology, first_bucket_mb=args.first_bucket_mb,
+        comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
+        gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
+        modes=args.mode or (_env_mode(),), device_specs=args.device_spec, precision=args.precision)
+    bs.validate(cfg)
+    rows = bs.run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
+                        progress=not args.no_progress)
+    if args.live:
+        limit = args.live_max_ranks or (os.cpu_count() or 1)
+        for row in rows:
+            if row["world_size"] <= limit and row["mode"] != "compile":
+                row["live_step_ns"] = bs.live_step_ns(cfg, row, launcher=args.launcher)
+    recs = bs.recommend(rows)
+    paths = bs.write_outputs(args.out, cfg, rows, recs)
+    return {"rows": rows, "recommendation": recs, "paths": paths}
 
 
 def trace_json(args: argparse.Namespace) -> dict:
@@ -163,9 +257,31 @@ def _print_summary(out: dict) -> None:
     print(f"  traced in {out['wall_trace_s']:.1f} s wall-clock")
 
 
+def _print_bucket(result: dict) -> None:
+    rows = result["rows"]
+    from tabulate import tabulate
+
+    live = any("live_step_ns" in r for r in rows)
+    table = [[r["world_size"], r["setting"] if r["setting"] != "sweep" else "", f"{r['bucket_cap_mb']:g}",
+              r["num_buckets"], r["graph_launches"], f"{r['step_ns'] / 1e6:.3f}", f"{r['exposed_comm_ns'] / 1e6:.3f}",
+              f"{r['samples_per_s_per_card']:,.0f}"] + ([f"{r['live_step_ns'] / 1e6:.3f}" if "live_step_ns" in r
+                                                         else ""] if live else [])
+             for r in rows]
+    headers = ["cards", "setting", "cap MB", "buckets", "launches", "step ms", "exposed ms", "samples/s/card"]
+    print(tabulate(table, headers=headers + (["live step ms"] if live else []), tablefmt="github"))
+    print()
+    for r in result["recommendation"]:
+        print(f"{r['world_size']} cards ({r['mode']}, {r['topology']}): best bucket_cap_mb={r['best_bucket_cap_mb']:g},"
+              f" {r['gain_over_default_pct']:+.2f}% of step time vs DDP's default. {r['why']}")
+    print("\nwritten: " + ", ".join(str(p) for p in result["paths"].values()))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "bucket":
+            _print_bucket(bucket_main(args))
+            return 0
         out = trace_json(args)
     except (ValueError, NotImplementedError) as exc:
         print(f"launchers.study {args.command}: error: {exc}", file=sys.stderr)

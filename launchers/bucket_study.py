@@ -1,0 +1,436 @@
+"""The bucket-size study: which ``bucket_cap_mb`` at which scale, for one model.
+
+One traced step per (model, batch, mode, device) (:func:`hpu_runtime.tracing.trace_step`,
+no data), then every study point (world size x topology x bucket cap x the other DDP and
+Gaudi knobs) through :func:`hccl.ddp_plan.plan_ddp_step` (the planner), locally with a
+progress bar or as Ray tasks. ``--live`` also runs the points that fit this machine as
+real DDP jobs (``models.train`` under torchrun or Ray) and puts their steady-state
+simulated step beside the planned one.
+
+The table also holds the settings users meet in the wild (``SETTINGS_IN_THE_WILD``).
+Outputs (``write_outputs``): ``study.csv``, ``study.json`` (``rows`` and
+``recommendation``), ``study.png`` and ``recommendation.md``.
+
+Times are simulated ns per card; ``wall_*_s`` fields are wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
+           "write_outputs", "validate"]
+
+_MB = 1024 * 1024
+DEFAULT_CAP_MB = 25.0
+
+SETTINGS_IN_THE_WILD = {
+    # label: (bucket_cap_mb or None for DDP's default, first_bucket_mb, models it applies to)
+    "DDP default (25 MB, 1 MB first bucket)": (None, None, None),
+    "Gaudi docs: ResNet-50 100 MB": (100.0, None, ("resnet50",)),
+    "Gaudi docs: ResNeXt-101 200 MB": (200.0, None, ("resnext101",)),
+    "Habana scripts: 256 MB, first bucket 230 MB": (256.0, 230.0, None),
+}
+"""Settings from the field: DDP's own default; the Gaudi documentation's general model
+optimizations guide ("In ResNet50, bucket size of 100MB is optimal whereas ResNext101
+requires bucket size of 200MB"); HabanaAI/Model-References torchvision classification
+``train.py`` (``bucket_cap_mb=256`` and ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 230 MB).
+"One bucket for all gradients" is added per model from its gradient bytes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudyConfig:
+    """What to sweep. Every list is an axis; the study is their product.
+
+    Raises:
+        ValueError: from :func:`validate`, naming the bad value.
+    """
+
+    model: str
+    """Registered name (``name:flavour`` for a flavour) or ``package.module:factory``."""
+    batch_size: int
+    """Per-card batch."""
+    seq_len: int | None = None
+    """Tokens per sample (text models)."""
+    world_sizes: tuple[int, ...] = (8,)
+    """Data-parallel ranks, one card each."""
+    bucket_caps_mb: tuple[float, ...] = (1, 2, 5, 10, 25, 50, 100)
+    """``bucket_cap_mb`` values, MiB."""
+    topologies: tuple[str, ...] = ("hls2",)
+    """Built-in topology names or topology files."""
+    first_bucket_mb: tuple[float | None, ...] = (None,)
+    """``dist._DEFAULT_FIRST_BUCKET_BYTES`` in MiB (None: torch's 1 MiB)."""
+    comm_hooks: tuple[str, ...] = ("none",)
+    """``none``, ``fp16``, ``bf16``."""
+    lazy_collectives: tuple[bool, ...] = (False,)
+    """``PT_HPU_ENABLE_LAZY_COLLECTIVES``."""
+    gradient_as_bucket_view: tuple[bool, ...] = (False,)
+    static_graph: tuple[bool, ...] = (False,)
+    modes: tuple[str, ...] = ("lazy",)
+    """``lazy``, ``eager``, ``compile``."""
+    device_specs: tuple[str, ...] = ("gaudi2",)
+    precision: str = "bf16"
+    """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One study point (a row of the table before it is planned)."""
+
+    setting: str
+    world_size: int
+    topology: str
+    bucket_cap_mb: float | None
+    first_bucket_mb: float | None
+    comm_hook: str
+    lazy_collectives: bool
+    gradient_as_bucket_view: bool
+    static_graph: bool
+    mode: str
+    device_spec: str
+
+
+def validate(cfg: StudyConfig) -> None:
+    """Check everything before any work starts.
+
+    Raises:
+        ValueError: unknown model, empty or non-positive caps or world sizes, an unknown
+            topology or one that cannot place a world size, unknown modes, hooks or devices.
+    """
+    from hccl.ddp_plan import COMM_HOOKS
+    from hccl.topology import load_topology
+    from hpu_runtime.device_spec import get_device_spec
+    from hpu_runtime.tracing import MODES
+    from models.zoo import resolve_factory
+
+    resolve_factory(cfg.model, **({"seq_len": cfg.seq_len} if cfg.seq_len else {}))
+    if not cfg.bucket_caps_mb:
+        raise ValueError("no bucket caps given (--bucket-cap-mb)")
+    if not cfg.world_sizes:
+        raise ValueError("no world sizes given (--world-sizes)")
+    for c in cfg.bucket_caps_mb:
+        if not c > 0:
+            raise ValueError(f"bucket cap {c!r} MB must be > 0")
+    for c in cfg.first_bucket_mb:
+        if c is not None and not c > 0:
+            raise ValueError(f"first bucket {c!r} MB must be > 0")
+    for n in cfg.world_sizes:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"world size {n!r} must be a positive integer")
+    if cfg.batch_size < 1:
+        raise ValueError(f"batch size {cfg.batch_size} must be >= 1")
+    for name in cfg.topologies:
+        for n in cfg.world_sizes:
+            try:
+                load_topology(name, world_size=n)
+            except ValueError as exc:
+                raise ValueError(f"topology {name!r} cannot hold world size {n}: {exc}") from None
+    for m in cfg.modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r}; known: {', '.join(MODES)}")
+    for h in cfg.comm_hooks:
+        if h not in COMM_HOOKS:
+            raise ValueError(f"unknown comm hook {h!r}; known: {', '.join(COMM_HOOKS)}")
+    for d in cfg.device_specs:
+        get_device_spec(d)
+    if cfg.precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
+
+
+def _model_name(spec: str) -> str:
+    return spec.partition(":")[0]
+
+
+def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
+    """The sweep's points plus the settings in the wild (``grad_mb``: the model's gradient MiB)."""
+    caps: list[tuple[str, float | None, float | None]] = [("sweep", c, f) for c in cfg.bucket_caps_mb
+                                                           for f in cfg.first_bucket_mb]
+    model = _model_name(cfg.model)
+    for label, (cap, first, models) in SETTINGS_IN_THE_WILD.items():
+        if models is None or model in models:
+            caps.append((label, cap, first))
+    caps.append(("one bucket for all gradients", float(int(grad_mb) + 1), None))
+    axes = itertools.product(cfg.world_sizes, cfg.topologies, cfg.comm_hooks, cfg.lazy_collectives,
+                             cfg.gradient_as_bucket_view, cfg.static_graph, cfg.modes, cfg.device_specs)
+    return [Point(label, n, topo, cap, first, hook, lazy, gabv, static, mode, dev)
+            for (n, topo, hook, lazy, gabv, static, mode, dev), (label, cap, first) in itertools.product(axes, caps)]
+
+
+def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
+    """Plan one point; the table row (see module docstring)."""
+    from hccl.ddp_plan import ddp_buckets, plan_ddp_step
+
+    plan = plan_ddp_step(trace, world_size=point.world_size, topology=point.topology,
+                         bucket_cap_mb=point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb,
+                         gradient_as_bucket_view=point.gradient_as_bucket_view, static_graph=point.static_graph,
+                         comm_hook=point.comm_hook, lazy_collectives=point.lazy_collectives)
+    t = plan.times
+    buckets = ddp_buckets(trace, point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb)
+    cap = point.bucket_cap_mb
+    return {
+        "model": model, "batch_size": batch_size, "setting": point.setting,
+        "world_size": point.world_size, "topology": point.topology, "mode": point.mode,
+        "device_spec": point.device_spec,
+        "bucket_cap_mb": DEFAULT_CAP_MB if cap is None else cap,
+        "first_bucket_mb": (point.first_bucket_mb or 1.0) if cap is None else point.first_bucket_mb,
+        "comm_hook": point.comm_hook, "lazy_collectives": point.lazy_collectives,
+        "gradient_as_bucket_view": point.gradient_as_bucket_view, "static_graph": point.static_graph,
+        "num_buckets": len(buckets), "bucket_sizes_bytes": [b.nbytes for b in buckets],
+        "step_ns": t.step_ns, "compute_ns": t.compute_ns, "comm_ns": t.comm_ns,
+        "exposed_comm_ns": t.exposed_comm_ns, "host_ns": t.host_ns, "graph_launches": plan.graph_launches,
+        "samples_per_s_per_card": batch_size / (t.step_ns * 1e-9) if t.step_ns else 0.0,
+        "algorithm": plan.algorithm,
+    }
+
+
+def _traces(cfg: StudyConfig) -> dict:
+    from hpu_runtime.device_spec import get_device_spec
+    from hpu_runtime.tracing import trace_step
+    from models.zoo import resolve_factory
+
+    factory = resolve_factory(cfg.model, **({"seq_len": cfg.seq_len} if cfg.seq_len else {}))
+    out = {}
+    for mode, dev in itertools.product(cfg.modes, cfg.device_specs):
+        out[mode, dev] = trace_step(factory, cfg.batch_size, spec=get_device_spec(dev), mode=mode,
+                                    autocast=cfg.precision == "bf16")
+    return out
+
+
+def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool = False,
+              progress: bool = True) -> list[dict]:
+    """Trace and plan every point; returns the table rows (planned only).
+
+    Args:
+        ray_address: with ``use_ray``, an existing cluster (``HOST:PORT``), or None for an
+            embedded one.
+        use_ray: spread the points over Ray tasks.
+        progress: show a progress bar (tqdm) on stderr.
+    """
+    validate(cfg)
+    traces = _traces(cfg)
+    any_trace = next(iter(traces.values()))
+    grad_mb = sum(p.nbytes for p in any_trace.params) / _MB
+    points = study_points(cfg, grad_mb)
+    model = cfg.model
+    if use_ray:
+        return _run_on_ray(traces, points, model, cfg.batch_size, ray_address, progress)
+    from tqdm import tqdm
+
+    rows = []
+    for point in tqdm(points, desc="planning", unit="point", disable=not progress, file=sys.stderr):
+        rows.append(plan_point(traces[point.mode, point.device_spec], point, model, cfg.batch_size))
+    return rows
+
+
+def _run_on_ray(traces: dict, points: list[Point], model: str, batch_size: int, address: str | None,
+                progress: bool) -> list[dict]:
+    import ray
+    from tqdm import tqdm
+
+    from hpu_runtime.tracing import portable
+
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=1)(_plan_remote)
+        refs = {key: ray.put(portable(tr)) for key, tr in traces.items()}
+        pending = [remote.remote(refs[p.mode, p.device_spec], p, model, batch_size) for p in points]
+        order = {ref: i for i, ref in enumerate(pending)}
+        rows: list = [None] * len(pending)
+        with tqdm(total=len(pending), desc="planning on Ray", unit="point", disable=not progress,
+                  file=sys.stderr) as bar:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=600)
+                if not done:
+                    raise TimeoutError("Ray study tasks made no progress for 600 s")
+                for ref in done:
+                    rows[order[ref]] = ray.get(ref)
+                    bar.update(1)
+        return rows
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _plan_remote(trace, point: Point, model: str, batch_size: int) -> dict:
+    return plan_point(trace, point, model, batch_size)
+
+
+def _config_key(row: dict) -> tuple:
+    return (row["world_size"], row["topology"], row["mode"], row["device_spec"], row["comm_hook"],
+            row["lazy_collectives"], row["gradient_as_bucket_view"], row["static_graph"])
+
+
+def recommend(rows: list[dict]) -> list[dict]:
+    """Per world size (and per combination of the other axes): the best swept ``bucket_cap_mb``.
+
+    The best cap has the shortest planned step (ties: the smaller cap, which needs less
+    bucket memory); the gain is over DDP's default (25 MB) in % of its step time. The
+    ``why`` sentence reads the mechanisms off the two rows.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(_config_key(r), []).append(r)
+    out = []
+    for key, rs in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
+        sweep = [r for r in rs if r["setting"] == "sweep"] or rs
+        best = min(sweep, key=lambda r: (r["step_ns"], r["bucket_cap_mb"]))
+        default = next((r for r in rs if r["setting"].startswith("DDP default")), None)
+        base = default or best
+        gain = (base["step_ns"] - best["step_ns"]) / base["step_ns"] * 100 if base["step_ns"] else 0.0
+        out.append({
+            "world_size": key[0], "topology": key[1], "mode": key[2], "device_spec": key[3],
+            "comm_hook": key[4], "lazy_collectives": key[5], "gradient_as_bucket_view": key[6],
+            "static_graph": key[7], "best_bucket_cap_mb": best["bucket_cap_mb"],
+            "best_step_ns": best["step_ns"], "default_step_ns": base["step_ns"],
+            "gain_over_default_pct": round(gain, 3), "why": _why(best, base, sweep),
+        })
+    return out
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.3f} ms"
+
+
+def _why(best: dict, default: dict, sweep: list[dict]) -> str:
+    smallest = min(sweep, key=lambda r: r["bucket_cap_mb"])
+    largest = max(sweep, key=lambda r: r["bucket_cap_mb"])
+    parts = [f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
+             f"{best['graph_launches']} graph launches per step against {default['num_buckets']} and "
+             f"{default['graph_launches']} at DDP's default"]
+    if best["mode"] == "lazy" and not best["lazy_collectives"]:
+        parts.append("in lazy mode every bucket's allreduce cuts and launches the accumulated backward graph,"
+                     f" so host time goes from {_ms(default['host_ns'])} to {_ms(best['host_ns'])}")
+    parts.append(f"{smallest['bucket_cap_mb']:g} MB buckets pay per-collective latency and launches"
+                 f" ({smallest['num_buckets']} allreduces, step {_ms(smallest['step_ns'])}), while one bucket"
+                 f" of {largest['bucket_cap_mb']:g} MB leaves {_ms(largest['exposed_comm_ns'])} of"
+                 f" communication exposed after backward")
+    parts.append(f"exposed communication at the best cap: {_ms(best['exposed_comm_ns'])}")
+    return "; ".join(parts) + "."
+
+
+def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", timeout_s: float = 900) -> int:
+    """Run ``row``'s point as a real DDP job on this machine; its steady-state simulated step.
+
+    Raises:
+        ValueError: a user factory (live runs need a registered model) or a world size
+            above this machine's cores.
+        RuntimeError: the job failed (its stderr tail in the message).
+    """
+    name, _, flavour = cfg.model.partition(":")
+    from models.registry import model_names
+
+    if name not in model_names():
+        raise ValueError(f"--live needs a registered model, not {cfg.model!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = os.path.join(tmp, "summary.json")
+        train = ["-m", "models.train", "--model", name, "--batch-size", str(cfg.batch_size),
+                 "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", "6",
+                 "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology", row["topology"],
+                 "--summary", summary]
+        if flavour:
+            train += ["--flavour", flavour]
+        if cfg.seq_len:
+            train += ["--seq-len", str(cfg.seq_len)]
+        if cfg.precision == "bf16":
+            train.append("--autocast")
+        if row["gradient_as_bucket_view"]:
+            train.append("--gradient-as-bucket-view")
+        if row["static_graph"]:
+            train.append("--static-graph")
+        n = str(row["world_size"])
+        if launcher == "ray":
+            cmd = [sys.executable, "-m", "launchers.ray", "--num-workers", n, *train]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *train]
+        env = dict(os.environ, PT_HPU_LAZY_MODE="0" if row["mode"] == "eager" else "1",
+                   PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
+                              cwd=str(Path(__file__).resolve().parents[1]))
+        if proc.returncode != 0:
+            raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} failed:\n"
+                               f"{proc.stderr[-2000:]}")
+        with open(summary) as f:
+            return json.load(f)["epochs"][0]["sim_steps"][-1]["step_ns"]
+
+
+FIELDS = ["model", "batch_size", "setting", "world_size", "topology", "mode", "device_spec", "bucket_cap_mb",
+          "first_bucket_mb", "comm_hook", "lazy_collectives", "gradient_as_bucket_view", "static_graph",
+          "num_buckets", "bucket_sizes_bytes", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
+          "host_ns", "graph_launches", "samples_per_s_per_card", "algorithm", "live_step_ns"]
+
+
+def write_outputs(out_dir: str | Path, cfg: StudyConfig, rows: list[dict], recs: list[dict]) -> dict[str, Path]:
+    """``study.csv``, ``study.json``, ``study.png``, ``recommendation.md`` in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {k: out / n for k, n in (("csv", "study.csv"), ("json", "study.json"), ("png", "study.png"),
+                                     ("md", "recommendation.md"))}
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "bucket_sizes_bytes": " ".join(map(str, r["bucket_sizes_bytes"]))})
+    with open(paths["json"], "w") as f:
+        json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "recommendation": recs,
+                   "units": {"*_ns": "simulated Gaudi ns per card", "*_bytes": "bytes",
+                             "bucket_cap_mb": "MiB", "samples_per_s_per_card": "simulated"}}, f, indent=1)
+    _plot(paths["png"], cfg, rows)
+    paths["md"].write_text(recommendation_text(cfg, recs))
+    return paths
+
+
+def recommendation_text(cfg: StudyConfig, recs: list[dict]) -> str:
+    lines = [f"# Bucket-size recommendation: {cfg.model}, batch {cfg.batch_size} per card", ""]
+    for r in recs:
+        knobs = (f"{r['mode']} mode, {r['device_spec']}, {r['topology']}, comm hook {r['comm_hook']},"
+                 f" lazy collectives {r['lazy_collectives']}, gradient_as_bucket_view {r['gradient_as_bucket_view']}")
+        lines.append(f"- **{r['world_size']} cards** ({knobs}): best `bucket_cap_mb={r['best_bucket_cap_mb']:g}`,"
+                     f" step {_ms(r['best_step_ns'])}, {r['gain_over_default_pct']:+.2f}% of step time against"
+                     f" DDP's default ({_ms(r['default_step_ns'])}). Why: {r['why']}")
+    lines += ["", "Simulated Gaudi time (planner), per card; see study.csv for every point."]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["setting"] == "sweep":
+            series.setdefault(_config_key(r), []).append(r)
+    for key, rs in sorted(series.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
+        rs = sorted(rs, key=lambda r: r["bucket_cap_mb"])
+        caps = [r["bucket_cap_mb"] for r in rs]
+        label = f"{key[0]} cards" + ("" if len(series) <= len(cfg.world_sizes) else f" {key[1:]}")
+        ax1.plot(caps, [r["step_ns"] / 1e6 for r in rs], marker="o", label=label)
+        ax2.plot(caps, [r["exposed_comm_ns"] / 1e6 for r in rs], marker="o", label=label)
+    for ax, title in ((ax1, "simulated step time (ms)"), (ax2, "exposed communication (ms)")):
+        ax.set_xscale("log")
+        ax.axvline(DEFAULT_CAP_MB, color="grey", linestyle="--", linewidth=1)
+        ax.text(DEFAULT_CAP_MB, ax.get_ylim()[1], " DDP default 25 MB", va="top", fontsize=8, color="grey")
+        ax.set_xlabel("bucket_cap_mb (MiB, log scale)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"{cfg.model}, batch {cfg.batch_size}/card: bucket-size study (simulated Gaudi)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,130 @@
+"""The bucket-size study CLI (launchers.study bucket): files, recommendation, live, Ray, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from launchers import study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path, *extra, model="resnet50:debug", batch="4", caps="0.01,0.05,1", ws="2,8"):
+    out = tmp_path / "study"
+    rc = study.main(["bucket", "--model", model, "--batch-size", batch, "--world-sizes", ws,
+                     "--bucket-cap-mb", caps, "--topology", "hls2", "--out", str(out), "--no-progress", *extra])
+    return rc, out
+
+
+@pytest.mark.timeout(120)
+def test_bucket_study_writes_files_and_a_consistent_recommendation(tmp_path, capsys):
+    from hccl.ddp_plan import ddp_buckets
+    from hpu_runtime.device_spec import get_device_spec
+    from hpu_runtime.tracing import trace_step
+    from models.zoo import resolve_factory
+
+    rc, out = _run(tmp_path)
+    assert rc == 0, capsys.readouterr().err
+    for name in ("study.csv", "study.json", "study.png", "recommendation.md"):
+        assert (out / name).stat().st_size > 0
+    data = json.loads((out / "study.json").read_text())
+    rows = data["rows"]
+    keys = {"model", "batch_size", "world_size", "topology", "mode", "bucket_cap_mb", "first_bucket_mb",
+            "comm_hook", "lazy_collectives", "gradient_as_bucket_view", "static_graph", "num_buckets",
+            "bucket_sizes_bytes", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "graph_launches",
+            "samples_per_s_per_card"}
+    assert all(keys <= set(r) for r in rows)
+    settings = {r["setting"] for r in rows}
+    assert {"sweep", "DDP default (25 MB, 1 MB first bucket)", "Gaudi docs: ResNet-50 100 MB",
+            "Habana scripts: 256 MB, first bucket 230 MB", "one bucket for all gradients"} <= settings
+    assert len(list(csv.DictReader(open(out / "study.csv")))) == len(rows)
+    # bucket sizes are DDP's own assignment (checked against DDP itself in tests/unit/test_tracing.py)
+    trace = trace_step(resolve_factory("resnet50:debug"), 4, spec=get_device_spec("gaudi2"), autocast=True)
+    for r in rows:
+        if r["setting"] == "sweep":
+            assert r["bucket_sizes_bytes"] == [b.nbytes for b in ddp_buckets(trace, r["bucket_cap_mb"])]
+    # the recommendation is the table's best swept cap per world size, its gain against the default row
+    recs = {r["world_size"]: r for r in data["recommendation"]}
+    assert set(recs) == {2, 8}
+    for n, rec in recs.items():
+        sweep = [r for r in rows if r["world_size"] == n and r["setting"] == "sweep"]
+        best = min(sweep, key=lambda r: (r["step_ns"], r["bucket_cap_mb"]))
+        default = next(r for r in rows if r["world_size"] == n and r["setting"].startswith("DDP default"))
+        assert rec["best_bucket_cap_mb"] == best["bucket_cap_mb"]
+        assert rec["gain_over_default_pct"] == pytest.approx(
+            (default["step_ns"] - best["step_ns"]) / default["step_ns"] * 100, abs=1e-3)
+        assert f"{n} cards" in (out / "recommendation.md").read_text()
+    # more buckets, more allreduces: each bucket is one collective and, in lazy mode, one graph cut
+    small = min((r for r in rows if r["setting"] == "sweep"), key=lambda r: r["bucket_cap_mb"])
+    big = max((r for r in rows if r["setting"] == "sweep"), key=lambda r: r["bucket_cap_mb"])
+    assert small["num_buckets"] > big["num_buckets"] and small["graph_launches"] > big["graph_launches"]
+    assert "best bucket_cap_mb=" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(300)
+def test_bucket_study_live_points_equal_planned(tmp_path, capsys):
+    """--live runs the 2-rank points as torchrun jobs; their steady step equals the planned one."""
+    rc, out = _run(tmp_path, "--live", "--live-max-ranks", "2", model="mlp:debug", batch="16", caps="0.001", ws="2")
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "study.json").read_text())["rows"]
+    live = [r for r in rows if "live_step_ns" in r]
+    assert len(live) == len(rows) >= 3
+    assert all(r["live_step_ns"] == r["step_ns"] for r in live)
+
+
+@pytest.mark.timeout(240)
+def test_bucket_study_on_an_embedded_ray_cluster(tmp_path, capsys):
+    """--ray spreads the points as Ray tasks; the rows equal the local ones."""
+    pytest.importorskip("ray")
+    rc, out = _run(tmp_path, "--ray", caps="0.05", ws="8")
+    assert rc == 0, capsys.readouterr().err
+    ray_rows = json.loads((out / "study.json").read_text())["rows"]
+    rc, out2 = _run(tmp_path / "local", caps="0.05", ws="8")
+    assert rc == 0
+    local_rows = json.loads((out2 / "study.json").read_text())["rows"]
+    assert ray_rows == local_rows
+
+
+def _one_box_topology(tmp_path) -> str:
+    text = (ROOT / "hccl" / "topologies" / "hls2.toml").read_text()
+    path = tmp_path / "one_box.toml"
+    path.write_text(text.replace('name = "hls2"', 'name = "one-box"\nnum_boxes = 1', 1))
+    return str(path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no-such-model"], "registered: .*resnet50"),
+    (["--bucket-cap-mb", "0"], "must be > 0"),
+    (["--bucket-cap-mb", ","], "empty list"),
+    (["--world-sizes", "0"], "must be >= 1"),
+    (["--topology", "no-such-topology"], "no-such-topology"),
+    (["--mode", "turbo"], "unknown mode"),
+    (["--comm-hook", "int4"], "unknown comm hook"),
+])
+def test_bucket_study_bad_input_fails_before_work(args, message, tmp_path, capsys):
+    base = {"--model": "resnet50:debug", "--batch-size": "4", "--world-sizes": "8", "--bucket-cap-mb": "25",
+            "--topology": "hls2", "--out": str(tmp_path / "never")}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    argv = ["bucket", "--no-progress"] + [x for kv in base.items() for x in kv]
+    import re
+
+    try:
+        rc = study.main(argv)
+    except SystemExit as exc:  # argparse rejects malformed lists itself
+        rc = exc.code
+    assert rc == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "never").exists()
+
+
+def test_bucket_study_world_size_the_topology_cannot_place(tmp_path, capsys):
+    topo = _one_box_topology(tmp_path)
+    rc = study.main(["bucket", "--model", "resnet50:debug", "--batch-size", "4", "--world-sizes", "16",
+                     "--topology", topo, "--out", str(tmp_path / "never"), "--no-progress"])
+    assert rc == 2
+    assert "cannot hold world size 16" in capsys.readouterr().err
