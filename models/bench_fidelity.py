@@ -135,6 +135,8 @@ def seed_host_ms(device: str = "gaudi", batch: int = 200, steps: int = 4) -> dic
         for x, y in data[3:]:
             step(x, y)
             hosts.append(dev.end_step().host_ns)
+        if len(set(hosts[-2:])) != 1:
+            raise RuntimeError(f"{variant}: no steady state in {steps} steps: host ns {hosts}")
         out[variant] = hosts[-1] / 1e6
     hpu.reset_device()
     return out
