@@ -80,6 +80,8 @@ class StudyConfig:
     device_specs: tuple[str, ...] = ("gaudi2",)
     precision: str = "bf16"
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
+    in_the_wild: bool = True
+    """Also place :data:`SETTINGS_IN_THE_WILD` and one bucket for all gradients."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +157,11 @@ def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
     caps: list[tuple[str, float | None, float | None]] = [("sweep", c, f) for c in cfg.bucket_caps_mb
                                                            for f in cfg.first_bucket_mb]
     model = _model_name(cfg.model)
-    for label, (cap, first, models) in SETTINGS_IN_THE_WILD.items():
-        if models is None or model in models:
-            caps.append((label, cap, first))
-    caps.append(("one bucket for all gradients", float(int(grad_mb) + 1), None))
+    if cfg.in_the_wild:
+        for label, (cap, first, models) in SETTINGS_IN_THE_WILD.items():
+            if models is None or model in models:
+                caps.append((label, cap, first))
+        caps.append(("one bucket for all gradients", float(int(grad_mb) + 1), None))
     axes = itertools.product(cfg.world_sizes, cfg.topologies, cfg.comm_hooks, cfg.lazy_collectives,
                              cfg.gradient_as_bucket_view, cfg.static_graph, cfg.modes, cfg.device_specs)
     return [Point(label, n, topo, cap, first, hook, lazy, gabv, static, mode, dev)

@@ -157,6 +157,8 @@ def _add_bucket_parser(sub) -> None:
     b.add_argument("--launcher", default="torchrun", choices=["torchrun", "ray"], help="for --live")
     b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
+    b.add_argument("--sweep-only", action="store_true",
+                   help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
     b.add_argument("--no-progress", action="store_true")
 
 
@@ -173,7 +175,8 @@ def bucket_main(args: argparse.Namespace) -> dict:
         bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology, first_bucket_mb=args.first_bucket_mb,
         comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
-        modes=args.mode or (_env_mode(),), device_specs=args.device_spec, precision=args.precision)
+        modes=args.mode or (_env_mode(),), device_specs=args.device_spec, precision=args.precision,
+        in_the_wild=not args.sweep_only)
     bs.validate(cfg)
     rows = bs.run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress)

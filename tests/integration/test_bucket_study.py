@@ -68,11 +68,12 @@ def test_bucket_study_writes_files_and_a_consistent_recommendation(tmp_path, cap
 @pytest.mark.timeout(300)
 def test_bucket_study_live_points_equal_planned(tmp_path, capsys):
     """--live runs the 2-rank points as torchrun jobs; their steady step equals the planned one."""
-    rc, out = _run(tmp_path, "--live", "--live-max-ranks", "2", model="mlp:debug", batch="16", caps="0.001", ws="2")
+    rc, out = _run(tmp_path, "--live", "--live-max-ranks", "2", "--sweep-only", model="mlp:debug", batch="16",
+                   caps="0.001", ws="2,8")
     assert rc == 0, capsys.readouterr().err
     rows = json.loads((out / "study.json").read_text())["rows"]
     live = [r for r in rows if "live_step_ns" in r]
-    assert len(live) == len(rows) >= 3
+    assert [r["world_size"] for r in live] == [2] and len(rows) == 2  # 8 ranks do not fit --live-max-ranks
     assert all(r["live_step_ns"] == r["step_ns"] for r in live)
 
 
