@@ -193,12 +193,6 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
     buckets = ddp_buckets(trace, bucket_cap_mb, first_bucket_mb=first_bucket_mb)
     params = trace.params
     bucket_of = {i: b for b, bk in enumerate(buckets) for i in bk.params}
-    offset = {}
-    for bk in buckets:
-        off = 0
-        for i in bk.params:
-            offset[i] = off
-            off += params[i].numel
     bserial = [_SERIAL_BASE + b for b in range(len(buckets))]
     grad_to_bucket = {p.grad_serial: bserial[bucket_of[i]] for i, p in enumerate(params)
                       if p.grad_serial >= 0 and i in bucket_of}
@@ -207,7 +201,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
                for i, p in enumerate(params)]
     copy_out = [_copy_back(spec, p, bserial[bucket_of[i]]) for i, p in enumerate(params)]
     hook_ops = [_hook_ops(spec, bk, bserial[b], comm_hook, params) for b, bk in enumerate(buckets)]
-    records: list[list[int]] = []
+    records: list[list] = []  # per replayed step: (ready, start, end) per bucket
     algorithms: list[str] = []
 
     def allreduce(dev: SimDevice, b: int, rec: list) -> None:

@@ -61,6 +61,8 @@ class StudyConfig:
     """Per-card batch."""
     seq_len: int | None = None
     """Tokens per sample (text models)."""
+    image_size: int | None = None
+    """Pixels per side (image models)."""
     world_sizes: tuple[int, ...] = (8,)
     """Data-parallel ranks, one card each."""
     bucket_caps_mb: tuple[float, ...] = (1, 2, 5, 10, 25, 50, 100)
@@ -114,7 +116,7 @@ def validate(cfg: StudyConfig) -> None:
     from hpu_runtime.tracing import MODES
     from models.zoo import resolve_factory
 
-    resolve_factory(cfg.model, **({"seq_len": cfg.seq_len} if cfg.seq_len else {}))
+    resolve_factory(cfg.model, **_model_kwargs(cfg))
     if not cfg.bucket_caps_mb:
         raise ValueError("no bucket caps given (--bucket-cap-mb)")
     if not cfg.world_sizes:
@@ -146,6 +148,10 @@ def validate(cfg: StudyConfig) -> None:
         get_device_spec(d)
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
+
+
+def _model_kwargs(cfg: StudyConfig) -> dict:
+    return {k: v for k, v in (("seq_len", cfg.seq_len), ("image_size", cfg.image_size)) if v is not None}
 
 
 def _model_name(spec: str) -> str:
@@ -200,7 +206,7 @@ def _traces(cfg: StudyConfig) -> dict:
     from hpu_runtime.tracing import trace_step
     from models.zoo import resolve_factory
 
-    factory = resolve_factory(cfg.model, **({"seq_len": cfg.seq_len} if cfg.seq_len else {}))
+    factory = resolve_factory(cfg.model, **_model_kwargs(cfg))
     out = {}
     for mode, dev in itertools.product(cfg.modes, cfg.device_specs):
         out[mode, dev] = trace_step(factory, cfg.batch_size, spec=get_device_spec(dev), mode=mode,
@@ -348,6 +354,8 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             train += ["--flavour", flavour]
         if cfg.seq_len:
             train += ["--seq-len", str(cfg.seq_len)]
+        if cfg.image_size:
+            train += ["--image-size", str(cfg.image_size)]
         if cfg.precision == "bf16":
             train.append("--autocast")
         if row["gradient_as_bucket_view"]:

@@ -130,6 +130,7 @@ def _add_bucket_parser(sub) -> None:
                    help="registered name (name:flavour for a flavour) or package.module:factory")
     b.add_argument("--batch-size", type=_positive_int, required=True, help="per-card batch")
     b.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (text models)")
+    b.add_argument("--image-size", type=_positive_int, default=None, help="pixels per side (image models)")
     b.add_argument("--world-sizes", type=_list(_positive_int, "--world-sizes"), default=(8,))
     b.add_argument("--bucket-cap-mb", type=_list(_positive_float, "--bucket-cap-mb"),
                    default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
@@ -171,7 +172,8 @@ def bucket_main(args: argparse.Namespace) -> dict:
     from . import bucket_study as bs
 
     cfg = bs.StudyConfig(
-        model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, world_sizes=args.world_sizes,
+        model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
+        world_sizes=args.world_sizes,
         bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology, first_bucket_mb=args.first_bucket_mb,
         comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
