@@ -160,3 +160,19 @@ def test_planned_step_bounds():
         plan_ddp_step(trace, world_size=0)
     with pytest.raises(ValueError, match="comm hook"):
         plan_ddp_step(trace, world_size=2, comm_hook="int8")
+
+
+def test_compile_mode_traces_regions_without_per_op_host_cost():
+    """mode="compile": forward and backward are one recipe each, with no per-op host cost."""
+    factory = resolve_factory("mlp:debug")
+    lazy = summarize(trace_step(factory, 8, spec=GAUDI2, mode="lazy"))
+    comp = summarize(trace_step(factory, 8, spec=GAUDI2, mode="compile"))
+    reasons = [g[0] for g in comp.graphs]
+    assert reasons[:2] == ["torch.compile forward", "torch.compile backward"]
+    assert comp.times.host_ns < lazy.times.host_ns
+    assert comp.forward_ns + comp.backward_ns == lazy.forward_ns + lazy.backward_ns
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(ValueError, match="unknown mode"):
+        trace_step(resolve_factory("mlp:debug"), 2, spec=GAUDI2, mode="graph")

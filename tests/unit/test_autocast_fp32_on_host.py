@@ -1,0 +1,55 @@
+"""PT_HPU_AUTOCAST_FP32_ON_HOST: autocast regions compute in fp32 and are charged as bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hpu_runtime as hpu
+from hpu_runtime.cost_model import op_cost
+
+
+def _mm_costs(monkeypatch, flag: str):
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_ON_HOST", flag)
+    dev = hpu.reset_device("gaudi2")
+    lin = torch.nn.Linear(256, 256).to("hpu")
+    x = torch.randn(128, 256, device="hpu", requires_grad=True)
+    hpu.mark_step()
+    with torch.autocast("hpu", dtype=torch.bfloat16):
+        y = lin(x)
+    fwd = [c for c in dev.pending if c.engine == "MME"]
+    y.float().sum().backward()
+    bwd = [c for c in dev.pending if c.engine == "MME"][len(fwd):]
+    hpu.mark_step()
+    after = lin.weight * 2  # after the mark_step: fp32 again
+    tail = list(dev.pending)
+    hpu.mark_step()
+    return y, fwd, bwd, tail, after
+
+
+def test_region_runs_fp32_on_host_and_is_charged_bf16(monkeypatch):
+    y, fwd, bwd, tail, _ = _mm_costs(monkeypatch, "1")
+    assert y.dtype == torch.float32  # no real cast on the host
+    assert fwd and all(c.low_precision for c in fwd)
+    assert bwd and all(c.low_precision for c in bwd)  # backward of the region: bf16 too
+    assert tail and not any(c.low_precision for c in tail)
+    a = torch.empty(128, 256)
+    w = torch.empty(256, 256)
+    with hpu.bridge_disabled():
+        ref = op_cost(hpu.get_device().spec, torch.ops.aten.addmm.default,
+                      (torch.empty(256, dtype=torch.bfloat16), a.bfloat16(), w.t().bfloat16()), {},
+                      torch.empty(128, 256, dtype=torch.bfloat16))
+    assert fwd[0].flops == ref.flops and fwd[0].bytes_in == ref.bytes_in and fwd[0].device_ns == ref.device_ns
+    hpu.reset_device("gaudi2")
+
+
+def test_faithful_autocast_when_off(monkeypatch):
+    y, fwd, _, _, _ = _mm_costs(monkeypatch, "0")
+    assert y.dtype == torch.bfloat16 and fwd[0].low_precision
+    hpu.reset_device("gaudi2")
+
+
+def test_bad_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_ON_HOST", "maybe")
+    with pytest.raises(ValueError, match="PT_HPU_AUTOCAST_FP32_ON_HOST"):
+        torch.autocast("hpu", dtype=torch.bfloat16)
