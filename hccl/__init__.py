@@ -43,5 +43,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hccl' has no attribute {name!r}")
 
 
-apply_mpi_env()  # Open MPI / PMI variables -> RANK, WORLD_SIZE, LOCAL_RANK (as on Gaudi)
+try:
+    apply_mpi_env()  # Open MPI / PMI variables -> RANK, WORLD_SIZE, LOCAL_RANK (as on Gaudi)
+except ValueError as _exc:  # torch imports us at `import torch`: an environment we cannot read
+    import warnings           # as a launch (WORLD_SIZE without RANK, ...) must never break it
+
+    warnings.warn(f"hccl: rank variables left as they are: {_exc}", stacklevel=2)
 register_backend()

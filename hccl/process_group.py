@@ -265,7 +265,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         """Run ``fn`` (the emulator's own tensor ops, unseen by the bridge); on any failure mark
         the group unusable and tell the peers at once (abort flag; TCP connections dropped)."""
         try:
-            with bridge_disabled():
+            with bridge_disabled(), torch.no_grad():  # as gloo: collectives are not autograd ops
                 return fn()
         except BaseException as exc:
             self._error = f"{what}: {exc}"
