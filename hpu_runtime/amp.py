@@ -18,8 +18,10 @@ it up to the next ``mark_step``, is charged at the bf16 rates with 2 bytes per e
 except the ops autocast keeps in fp32 (softmax, losses, norms, reductions:
 ``hpu_runtime.device.FP32_AUTOCAST_OPS``). The numerics trade-off: results are fp32 results,
 more accurate than the bf16 run they stand for (no bf16 rounding, no overflow behaviour of
-bf16), so losses and gradients differ from a faithful bf16 run in the low bits; the casts
-autocast would insert (weights to bf16 each forward, gradients back to fp32) are not charged.
+bf16), so losses and gradients differ from a faithful bf16 run in the low bits. The casts
+a faithful region makes of each fp32 weight a matmul uses (to bf16 in forward, its gradient
+back to fp32 in backward) are charged once per region at the weight's first use; the casts
+of activations are not (an fp32 activation is charged as bf16 without its cast).
 Use it for timing studies and long runs of big models; keep it off to test bf16 numerics.
 """
 

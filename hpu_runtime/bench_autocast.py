@@ -48,6 +48,8 @@ def _run(label: str, layer, x, repeats: int) -> tuple[float, int, torch.Tensor]:
             out = res[0] if isinstance(res, tuple) else res
         out.float().sum().backward()
         hpu.mark_step()
+        for p in layer.parameters():  # as a training step: gradients do not accumulate
+            p.grad = None
         step = dev.end_step()
         if i:
             walls.append(time.perf_counter() - t0)

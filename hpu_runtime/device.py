@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from . import metrics
-from .cost_model import OpCost, charged_nbytes, compile_ns, host_op_time_ns, op_cost, pcie_ns
+from .cost_model import OpCost, charged_nbytes, compile_ns, host_op_time_ns, op_cost, op_time_ns, pcie_ns
 from .device_spec import DeviceSpec, get_device_spec
 from .fallback import FallbackPolicy
 from .graph_key import graph_digest, op_signature, output_signature, recipe_name
@@ -208,6 +208,7 @@ class SimDevice:
         self.compilations = 0
         self.fp32_as_bf16 = False  # see NOTE [fp32 on the host, bf16 on the device] in amp
         self._fp32_as_bf16_until_mark_step = False
+        self._emulated_casts: set[int] = set()  # weights whose casts this region has charged
         self.trace: list | None = None
         self.log: list | None = None
         self.graph_log: list[GraphInfo] | None = None
@@ -307,6 +308,8 @@ class SimDevice:
             if (not info.allocates and args and isinstance(args[0], _Tensor)
                     and id(args[0].untyped_storage()) not in resident):
                 return  # in place on a host tensor (parameter init, a CPU step counter): host work
+            if low and info.cost.engine == "MME":
+                self._charge_weight_casts(args)
             reads = []
             rg = False  # autograd will record this op: its outputs are activations it may keep
             for a in (*args, *kwargs.values()):
@@ -556,6 +559,24 @@ class SimDevice:
             self.launch("synchronize")
             self._wait_host(max(self.compute.free_ns, self.collective.free_ns))
 
+    def _charge_weight_casts(self, args: tuple) -> None:
+        """Emulated autocast: the casts a faithful region makes of each fp32 weight a matmul
+        uses, once per region (autocast caches them): fp32 -> bf16 in forward and the
+        gradient bf16 -> fp32 in backward, both charged here, at the first use."""
+        for a in args:
+            if (isinstance(a, _Tensor) and a.is_leaf and a.requires_grad and a.dtype == torch.float32):
+                serial = self._register(a.untyped_storage()).serial
+                if serial in self._emulated_casts:
+                    continue
+                self._emulated_casts.add(serial)
+                n = a.numel()
+                for name, nin, nout in (("cast fp32->bf16", 4 * n, 2 * n), ("grad cast bf16->fp32", 2 * n, 4 * n)):
+                    ns = op_time_ns(self.spec, "TPC", n, nin + nout, True)
+                    cost = OpCost(name=f"emulated autocast {name}", engine="TPC", flops=n, bytes_in=nin,
+                                  bytes_out=nout, low_precision=True, device_ns=ns,
+                                  compute_ns=op_time_ns(self.spec, "TPC", n, 0, True))
+                    self.append_op(OpRecord(("emulated cast", name, n), cost))
+
     def set_fp32_as_bf16(self, entering: bool) -> None:
         """An emulated bf16 autocast region starts (True) or ends (False).
 
@@ -568,6 +589,7 @@ class SimDevice:
                 self.log.append(("fp32_as_bf16", entering))
             if entering:
                 self.fp32_as_bf16, self._fp32_as_bf16_until_mark_step = True, False
+                self._emulated_casts = set()
             elif self.fp32_as_bf16:
                 self._fp32_as_bf16_until_mark_step = True
 

@@ -18,18 +18,21 @@ def _mm_costs(monkeypatch, flag: str):
     with torch.autocast("hpu", dtype=torch.bfloat16):
         y = lin(x)
     fwd = [c for c in dev.pending if c.engine == "MME"]
+    casts = [c.name for c in dev.pending if c.name.startswith("emulated autocast")]
     y.float().sum().backward()
     bwd = [c for c in dev.pending if c.engine == "MME"][len(fwd):]
     hpu.mark_step()
     after = lin.weight * 2  # after the mark_step: fp32 again
     tail = list(dev.pending)
     hpu.mark_step()
-    return y, fwd, bwd, tail, after
+    return y, fwd, bwd, tail, casts
 
 
 def test_region_runs_fp32_on_host_and_is_charged_bf16(monkeypatch):
-    y, fwd, bwd, tail, _ = _mm_costs(monkeypatch, "1")
+    y, fwd, bwd, tail, casts = _mm_costs(monkeypatch, "1")
     assert y.dtype == torch.float32  # no real cast on the host
+    # the faithful region's casts of the weight and the bias (to bf16, gradients back to fp32)
+    assert sorted(casts) == sorted(["emulated autocast cast fp32->bf16", "emulated autocast grad cast bf16->fp32"] * 2)
     assert fwd and all(c.low_precision for c in fwd)
     assert bwd and all(c.low_precision for c in bwd)  # backward of the region: bf16 too
     assert tail and not any(c.low_precision for c in tail)
@@ -44,8 +47,8 @@ def test_region_runs_fp32_on_host_and_is_charged_bf16(monkeypatch):
 
 
 def test_faithful_autocast_when_off(monkeypatch):
-    y, fwd, _, _, _ = _mm_costs(monkeypatch, "0")
-    assert y.dtype == torch.bfloat16 and fwd[0].low_precision
+    y, fwd, _, _, casts = _mm_costs(monkeypatch, "0")
+    assert y.dtype == torch.bfloat16 and fwd[0].low_precision and not casts
     hpu.reset_device("gaudi2")
 
 
