@@ -70,6 +70,15 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model flags every study command shares."""
+    p.add_argument("--model", required=True,
+                   help="registered name (name:flavour for a flavour) or package.module:factory")
+    p.add_argument("--batch-size", type=_positive_int, required=True, help="per-card batch")
+    p.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (text models)")
+    p.add_argument("--image-size", type=_positive_int, default=None, help="pixels per side (image models)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hpu_runtime.device_spec import DEVICE_SPECS
     from hpu_runtime.tracing import MODES
@@ -77,11 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m launchers.study", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("trace", help="trace one training step without data; print a summary, write JSON")
-    t.add_argument("--model", required=True,
-                   help="registered name (name:flavour for a flavour) or package.module:factory")
-    t.add_argument("--batch-size", type=_positive_int, required=True, help="per-card batch")
-    t.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (text models)")
-    t.add_argument("--image-size", type=_positive_int, default=None, help="pixels per side (image models)")
+    _add_model_args(t)
     t.add_argument("--device-spec", default="gaudi2", choices=sorted(DEVICE_SPECS))
     t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager)")
     t.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
@@ -126,11 +131,7 @@ def _add_bucket_parser(sub) -> None:
     from hpu_runtime.device_spec import DEVICE_SPECS
 
     b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
-    b.add_argument("--model", required=True,
-                   help="registered name (name:flavour for a flavour) or package.module:factory")
-    b.add_argument("--batch-size", type=_positive_int, required=True, help="per-card batch")
-    b.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (text models)")
-    b.add_argument("--image-size", type=_positive_int, default=None, help="pixels per side (image models)")
+    _add_model_args(b)
     b.add_argument("--world-sizes", type=_list(_positive_int, "--world-sizes"), default=(8,))
     b.add_argument("--bucket-cap-mb", type=_list(_positive_float, "--bucket-cap-mb"),
                    default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
