@@ -30,7 +30,7 @@ from hpu_runtime.device import get_device
 from . import p2p, timing
 from . import shm_engine as eng
 from .multihost import HostLayout, MultiHost
-from .reduce_ops import check_dtype, reduce_op_code
+from .reduce_ops import check_dtype, check_reduction, reduce_op_code
 from .timing import collective_times, p2p_times
 from .transport.shm import ShmArena, ShmSegment
 from .transport.tcp import TcpMesh
@@ -310,7 +310,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
-        dcode = check_dtype(t, "allreduce tensor")
+        dcode = check_reduction(op, t, "allreduce tensor")
         flat = _flat(t)
         nbytes = t.numel() * t.element_size()
 
@@ -329,7 +329,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
             raise TypeError(f"hccl: allreduce_coalesced needs tensors of one dtype, got {sorted(map(str, dtypes))}")
-        dcode = check_dtype(tensors[0], "allreduce tensor")
+        dcode = check_reduction(op, tensors[0], "allreduce tensor")
         with torch._C._DisableTorchDispatch():
             flat = torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else _flat(tensors[0])
 
@@ -351,7 +351,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         self._check_root(root)
         t = tensors[0]
-        dcode = check_dtype(t, "reduce tensor")
+        dcode = check_reduction(op, t, "reduce tensor")
         flat = _flat(t)
 
         def body(ready, what):
@@ -446,7 +446,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if len(output_tensors) != len(input_tensors):
             raise ValueError("hccl: reduce_scatter needs one input list per output tensor")
         for out, ins in zip(output_tensors, input_tensors):
-            check_dtype(out, "reduce_scatter output")
+            check_reduction(op, out, "reduce_scatter output")
             if len(ins) != self._world_size:
                 raise ValueError(
                     f"hccl: reduce_scatter input list has {len(ins)} tensors, expected world size {self._world_size}"
@@ -473,7 +473,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         """``reduce_scatter_tensor``: ``input`` holds world_size chunks of ``output``'s size."""
         op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        dcode = check_dtype(output, "reduce_scatter output")
+        dcode = check_reduction(op, output, "reduce_scatter output")
         m = output.numel()
         if input.numel() != m * self._world_size or input.dtype != output.dtype:
             raise ValueError(

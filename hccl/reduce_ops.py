@@ -87,6 +87,19 @@ def check_dtype(tensor: torch.Tensor, what: str = "tensor") -> int:
     return code
 
 
+def check_reduction(code: int, tensor: torch.Tensor, what: str = "tensor") -> int:
+    """:func:`check_dtype` for a reduction with op ``code``; also refuses AVG of bool tensors
+    (an average of truth values has no bool result), before anything is sent.
+
+    Raises:
+        TypeError: as :func:`check_dtype`, or AVG of a bool tensor.
+    """
+    dcode = check_dtype(tensor, what)
+    if code == 2 and tensor.dtype == torch.bool:
+        raise TypeError(f"hccl: AVG of a bool {what} is not supported; use SUM, MIN, MAX or PRODUCT")
+    return dcode
+
+
 def combine(code: int, acc: torch.Tensor, other: torch.Tensor) -> None:
     """In place: ``acc = acc (op) other`` for reduce-op ``code`` (AVG sums; see finish)."""
     if code in (1, 2):

@@ -23,6 +23,10 @@ def _bad_arguments(rank: int, world: int) -> dict:
     except TypeError as exc:
         out["dtype"] = str(exc)
     try:
+        dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG)
+    except TypeError as exc:
+        out["bool_avg"] = str(exc)
+    try:
         dist.broadcast(torch.ones(2), src=world + 3)
     except (ValueError, RuntimeError) as exc:
         out["root"] = str(exc)
@@ -51,6 +55,7 @@ def test_bad_arguments_and_size_mismatch():
     res = run_ranks(_bad_arguments, 3, pg_timeout=60)
     for rank, r in enumerate(res):
         assert "BAND" in r["op"]
+        assert "AVG of a bool" in r["bool_avg"]  # refused before the exchange: the group goes on
         assert "float64" in r["dtype"]
         assert "root" in r["root"] or "rank" in r["root"]
         assert r["after"] == [3.0, 3.0, 3.0]
