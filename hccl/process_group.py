@@ -681,6 +681,60 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError("hccl: recv from any source is not supported (HCCL has none either)")
 
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """``dist.gather``: root's ``output_tensors[0][r]`` receives rank r's ``input_tensors[0]``.
+
+        Moved (and timed) as an allgather whose non-root outputs are dropped: HCCL has no
+        gather of its own, and the allgather's time bounds it from above.
+        """
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root)
+        if len(input_tensors) != 1:
+            raise ValueError("hccl: gather takes exactly one input tensor")
+        inp = input_tensors[0]
+        check_dtype(inp, "gather input")
+        if self._rank == root:
+            if len(output_tensors) != 1:
+                raise ValueError("hccl: gather on the root needs one output list")
+            outs = output_tensors[0]
+        else:
+            if output_tensors and any(output_tensors):
+                raise ValueError(f"hccl: gather outputs are given on rank {self._rank}, which is not the root {root}")
+            with bridge_disabled():
+                outs = [torch.empty_like(inp) for _ in range(self._world_size)]
+        return self.allgather([outs], [inp])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """``dist.scatter``: rank r's ``output_tensors[0]`` receives root's ``input_tensors[0][r]``.
+
+        Moved (and timed) as one broadcast of root's whole list, each rank keeping its chunk:
+        HCCL has no scatter of its own.
+        """
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root)
+        if len(output_tensors) != 1:
+            raise ValueError("hccl: scatter takes exactly one output tensor")
+        out = output_tensors[0]
+        check_dtype(out, "scatter output")
+        n, m = self._world_size, out.numel()
+        if self._rank == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != n:
+                raise ValueError(f"hccl: scatter on the root needs one list of {n} tensors")
+            for t in input_tensors[0]:
+                if t.numel() != m or t.dtype != out.dtype:
+                    raise ValueError(f"hccl: scatter input ({t.numel()} x {t.dtype}) does not match the output"
+                                     f" ({m} x {out.dtype})")
+            with bridge_disabled():
+                buf = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+        else:
+            with bridge_disabled():
+                buf = torch.empty(n * m, dtype=out.dtype)
+        work = self.broadcast([buf], _broadcast_opts(root))
+        with bridge_disabled(), torch.no_grad():
+            out.copy_(buf[self._rank * m:(self._rank + 1) * m].view(out.shape))
+        work._outputs[:] = [out]
+        return work
+
     def barrier(self, opts=None):
         """Wait for every rank (simulated: a small synchronisation on the collective stream)."""
 
@@ -710,6 +764,12 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             self.shutdown()
         except Exception:
             pass
+
+
+def _broadcast_opts(root: int) -> dist.BroadcastOptions:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    return opts
 
 
 def _even_splits(rows: int, n: int, name: str) -> list[int]:
