@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
-           "write_outputs", "validate"]
+           "write_outputs", "validate", "gain_text"]
 
 _MB = 1024 * 1024
 DEFAULT_CAP_MB = 25.0
@@ -287,8 +287,9 @@ def recommend(rows: list[dict]) -> list[dict]:
     """Per world size (and per combination of the other axes): the best swept ``bucket_cap_mb``.
 
     The best cap has the shortest planned step (ties: the smaller cap, which needs less
-    bucket memory); the gain is over DDP's default (25 MB) in % of its step time. The
-    ``why`` sentence reads the mechanisms off the two rows.
+    bucket memory); the gain is over DDP's default (the default-setting row, else a swept
+    25 MB) in % of its step time, None when neither is in the table. The ``why`` sentence
+    reads the mechanisms off the rows.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -297,15 +298,17 @@ def recommend(rows: list[dict]) -> list[dict]:
     for key, rs in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1:]))):
         sweep = [r for r in rs if r["setting"] == "sweep"] or rs
         best = min(sweep, key=lambda r: (r["step_ns"], r["bucket_cap_mb"]))
-        default = next((r for r in rs if r["setting"].startswith("DDP default")), None)
+        default = next((r for r in rs if r["setting"].startswith("DDP default")), None) or next(
+            (r for r in sweep if r["bucket_cap_mb"] == DEFAULT_CAP_MB), None)
         base = default or best
-        gain = (base["step_ns"] - best["step_ns"]) / base["step_ns"] * 100 if base["step_ns"] else 0.0
+        gain = (base["step_ns"] - best["step_ns"]) / base["step_ns"] * 100 if default and base["step_ns"] else None
         out.append({
             "world_size": key[0], "topology": key[1], "mode": key[2], "device_spec": key[3],
             "comm_hook": key[4], "lazy_collectives": key[5], "gradient_as_bucket_view": key[6],
             "static_graph": key[7], "best_bucket_cap_mb": best["bucket_cap_mb"],
             "best_step_ns": best["step_ns"], "default_step_ns": base["step_ns"],
-            "gain_over_default_pct": round(gain, 3), "why": _why(best, base, sweep),
+            "gain_over_default_pct": None if gain is None else round(gain, 3),
+            "why": _why(best, default, sweep),
         })
     return out
 
@@ -314,13 +317,14 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
-def _why(best: dict, default: dict, sweep: list[dict]) -> str:
+def _why(best: dict, default: dict | None, sweep: list[dict]) -> str:
     smallest = min(sweep, key=lambda r: r["bucket_cap_mb"])
     largest = max(sweep, key=lambda r: r["bucket_cap_mb"])
     parts = [f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
-             f"{best['graph_launches']} graph launches per step against {default['num_buckets']} and "
-             f"{default['graph_launches']} at DDP's default"]
-    if best["mode"] == "lazy" and not best["lazy_collectives"]:
+             f"{best['graph_launches']} graph launches per step"]
+    if default is not None:
+        parts[0] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
+    if default is not None and best["mode"] == "lazy" and not best["lazy_collectives"]:
         parts.append("in lazy mode every bucket's allreduce cuts and launches the accumulated backward graph,"
                      f" so host time goes from {_ms(default['host_ns'])} to {_ms(best['host_ns'])}")
     parts.append(f"{smallest['bucket_cap_mb']:g} MB buckets pay per-collective latency and launches"
@@ -410,10 +414,16 @@ def recommendation_text(cfg: StudyConfig, recs: list[dict]) -> str:
         knobs = (f"{r['mode']} mode, {r['device_spec']}, {r['topology']}, comm hook {r['comm_hook']},"
                  f" lazy collectives {r['lazy_collectives']}, gradient_as_bucket_view {r['gradient_as_bucket_view']}")
         lines.append(f"- **{r['world_size']} cards** ({knobs}): best `bucket_cap_mb={r['best_bucket_cap_mb']:g}`,"
-                     f" step {_ms(r['best_step_ns'])}, {r['gain_over_default_pct']:+.2f}% of step time against"
-                     f" DDP's default ({_ms(r['default_step_ns'])}). Why: {r['why']}")
+                     f" step {_ms(r['best_step_ns'])}, {gain_text(r)}. Why: {r['why']}")
     lines += ["", "Simulated Gaudi time (planner), per card; see study.csv for every point."]
     return "\n".join(lines) + "\n"
+
+
+def gain_text(rec: dict) -> str:
+    """The recommendation's gain over DDP's default, in words."""
+    if rec["gain_over_default_pct"] is None:
+        return "DDP's default (25 MB) is not in this table"
+    return f"{rec['gain_over_default_pct']:+.2f}% of step time against DDP's default ({_ms(rec['default_step_ns'])})"
 
 
 def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:

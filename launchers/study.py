@@ -267,6 +267,8 @@ def _print_bucket(result: dict) -> None:
     rows = result["rows"]
     from tabulate import tabulate
 
+    from . import bucket_study as bs
+
     live = any("live_step_ns" in r for r in rows)
     table = [[r["world_size"], r["setting"] if r["setting"] != "sweep" else "", f"{r['bucket_cap_mb']:g}",
               r["num_buckets"], r["graph_launches"], f"{r['step_ns'] / 1e6:.3f}", f"{r['exposed_comm_ns'] / 1e6:.3f}",
@@ -278,7 +280,7 @@ def _print_bucket(result: dict) -> None:
     print()
     for r in result["recommendation"]:
         print(f"{r['world_size']} cards ({r['mode']}, {r['topology']}): best bucket_cap_mb={r['best_bucket_cap_mb']:g},"
-              f" {r['gain_over_default_pct']:+.2f}% of step time vs DDP's default. {r['why']}")
+              f" {bs.gain_text(r)}. {r['why']}")
     print("\nwritten: " + ", ".join(str(p) for p in result["paths"].values()))
 
 
