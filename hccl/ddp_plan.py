@@ -45,7 +45,7 @@ from hpu_runtime.cost_model import op_cost
 from hpu_runtime.device import SimDevice
 from hpu_runtime.lazy_graph import OpRecord
 from hpu_runtime.timeline import StepTimes
-from hpu_runtime.tracing import StepTrace, replay, run_replays
+from hpu_runtime.tracing import StepTrace, replay, replay_device, run_replays
 
 from .timing import collective_times
 from .topology import Topology, load_topology
@@ -140,8 +140,7 @@ def ddp_buckets(trace: StepTrace, bucket_cap_mb: float | None = DEFAULT_BUCKET_C
     order = grad_ready_order(trace)
     if not order:
         return []
-    dtypes = {p.dtype: getattr(torch, p.dtype.removeprefix("torch.")) for p in trace.params}
-    tensors = [torch.empty(trace.params[i].numel, dtype=dtypes[trace.params[i].dtype], device="meta")
+    tensors = [torch.empty(trace.params[i].numel, dtype=trace.params[i].torch_dtype, device="meta")
                for i in order]
     indices, _limits = dist._compute_bucket_assignment_by_size(tensors, [first, cap], [False] * len(order), order)
     return [Bucket(params=tuple(b), nbytes=sum(trace.params[i].nbytes for i in b)) for b in indices]
@@ -258,11 +257,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
 
         replay(trace, dev, on_grad_ready=on_grad_ready, on_backward_end=on_backward_end, rewrite=rewrite)
 
-    def make_device() -> SimDevice:
-        quiet = dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0)
-        return SimDevice(quiet, lazy=(trace.mode == "lazy"))
-
-    dev, history, graphs = run_replays(make_device, step)
+    dev, history, graphs = run_replays(lambda: replay_device(spec, trace.mode), step)
     times = history[-1]
     step_start = dev.now_ns() - times.step_ns
     last = records[-1]
@@ -283,7 +278,7 @@ def _remap(op: OpRecord, mapping: dict[int, int]) -> OpRecord:
 
 
 def _meta(p, numel: int | None = None, dtype=None) -> torch.Tensor:
-    dt = dtype or getattr(torch, p.dtype.removeprefix("torch."))
+    dt = dtype or p.torch_dtype
     return torch.empty(p.numel if numel is None else numel, dtype=dt, device="meta")
 
 
@@ -314,7 +309,7 @@ def _copy_back(spec, p, bucket_serial: int) -> OpRecord:
 
 def _hook_ops(spec, bk: Bucket, serial: int, comm_hook: str, params) -> tuple[list, list, int, int]:
     """(ops before the allreduce, ops after it, allreduce bytes, bytes per element)."""
-    dtype = getattr(torch, params[bk.params[0]].dtype.removeprefix("torch.")) if bk.params else torch.float32
+    dtype = params[bk.params[0]].torch_dtype if bk.params else torch.float32
     numel = sum(params[i].numel for i in bk.params)
     elt = dtype.itemsize
     if comm_hook == "none":

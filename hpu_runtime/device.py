@@ -93,6 +93,16 @@ class _GraphCollective:
     on_timed: Callable | None
 
 
+def _latest_end(op: OpRecord, ends: dict[int, int]) -> int:
+    """The latest end (ns) in ``ends`` of a storage ``op`` reads or writes; 0 if none."""
+    latest = 0
+    for serial, _ in op.reads:
+        latest = max(latest, ends.get(serial, 0))
+    for w in op.writes:
+        latest = max(latest, ends.get(w[0], 0))
+    return latest
+
+
 class _StorageRef(weakref.ref):
     """Weak reference to a resident storage: its id, size (HBM bytes) and serial."""
 
@@ -361,15 +371,7 @@ class SimDevice:
         """
         with self.lock:
             if self._ready_after:
-                after = self._ready_after
-                for serial, _ in op.reads:
-                    dep = after.get(serial)
-                    if dep is not None and dep > self._pending_dep_ns:
-                        self._pending_dep_ns = dep
-                for w in op.writes:
-                    dep = after.get(w[0])
-                    if dep is not None and dep > self._pending_dep_ns:
-                        self._pending_dep_ns = dep
+                self._pending_dep_ns = max(self._pending_dep_ns, _latest_end(op, self._ready_after))
             if self.log is not None:
                 self.log.append(("op", op))
             self.ops_recorded += 1
@@ -490,7 +492,7 @@ class SimDevice:
                 break
             op = ops[k]
             if done:
-                dep = max([0] + [done.get(s, 0) for s, _ in op.reads] + [done.get(w[0], 0) for w in op.writes])
+                dep = _latest_end(op, done)
                 if dep > t:
                     if t > seg:
                         self.compute.run(seg, t - seg, label)

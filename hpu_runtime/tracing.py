@@ -35,7 +35,7 @@ from .device_spec import DeviceSpec
 from .lazy_graph import OpRecord
 
 __all__ = ["ParamInfo", "StepTrace", "StepSummary", "training_step", "trace_step", "replay", "run_replays", "summarize",
-           "ddp_parameters", "portable", "MODES"]
+           "ddp_parameters", "portable", "replay_device", "MODES"]
 
 MODES = ("lazy", "eager", "compile")
 """Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
@@ -43,12 +43,8 @@ MODES = ("lazy", "eager", "compile")
 optimizer eager)."""
 
 
-def _mark(payload) -> None:
-    device_mod.get_device().mark(payload)
-
-
-def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer,
-                  mark_step: Callable[[], None] | None = None, autocast: bool = False) -> torch.Tensor:
+def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer, *,
+                  autocast: bool = False, compiled: bool = False) -> torch.Tensor:
     """One training step on the simulated Gaudi; returns the loss (detached, on the device).
 
     Args:
@@ -56,19 +52,26 @@ def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, opti
         inputs: host tensors; each is copied to the device (``.to("hpu")``, charged as PCIe).
         loss_fn: ``loss_fn(model(*inputs)) -> scalar loss``.
         optimizer: any ``torch.optim`` optimizer over the model's parameters.
-        mark_step: the launch function (default :func:`hpu_runtime.mark_step`).
         autocast: forward and loss under ``torch.autocast("hpu", dtype=torch.bfloat16)``,
             as Habana's ``--autocast`` recipes run (see :mod:`hpu_runtime.amp`).
+        compiled: forward+loss and backward each run as one compiled region (the
+            ``"compile"`` mode of :data:`MODES`).
     """
-    if mark_step is None:
-        from .hpu import mark_step
+    from .hpu import mark_step
+
+    device = device_mod.get_device()
+
+    def region(label: str):
+        return device.compiled_region(label) if compiled else contextlib.nullcontext()
+
     dev = [t.to("hpu") for t in inputs]
-    with torch.autocast("hpu", dtype=torch.bfloat16, enabled=autocast):
+    with region("torch.compile forward"), torch.autocast("hpu", dtype=torch.bfloat16, enabled=autocast):
         loss = loss_fn(model(*dev))
-    _mark(("phase", "forward_end"))
+    device.mark(("phase", "forward_end"))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    _mark(("phase", "backward_end"))
+    with region("torch.compile backward"):
+        loss.backward()
+    device.mark(("phase", "backward_end"))
     mark_step()
     optimizer.step()
     mark_step()
@@ -92,6 +95,11 @@ class ParamInfo:
     dtype: str
     nbytes: int
     grad_serial: int
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """``dtype`` as a ``torch.dtype``."""
+        return getattr(torch, self.dtype.removeprefix("torch."))
 
 
 @dataclass(slots=True)
@@ -236,8 +244,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
     wall0 = time.perf_counter()
-    quiet = dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0)
-    dev = SimDevice(quiet, lazy=(mode == "lazy"))
+    dev = replay_device(spec, mode)
     with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
         made = factory(batch_size)
         if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
@@ -264,7 +271,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                 dev.mark(("grad_ready", i))
 
             handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
-            run = _step_runner(mode, model, inputs, loss_fn, opt, dev, autocast)
+            run = _step_runner(mode, model, inputs, loss_fn, opt, autocast)
             with _fake_tensors_look_real():
                 run()  # warm-up: optimizer state
                 dev.begin_step()
@@ -284,7 +291,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                      wall_s=time.perf_counter() - wall0)
 
 
-def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice, autocast: bool) -> Callable[[], None]:
+def _step_runner(mode: str, model, inputs, loss_fn, opt, autocast: bool) -> Callable[[], None]:
     def fresh_inputs() -> tuple:  # a new host batch every step, as a data loader gives
         bridge.deactivate()  # the bridge only: the fake mode below it stays on
         try:
@@ -292,24 +299,14 @@ def _step_runner(mode: str, model, inputs, loss_fn, opt, dev: SimDevice, autocas
         finally:
             bridge.activate()
 
-    if mode != "compile":
-        return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast)
+    return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast,
+                                 compiled=mode == "compile")
 
-    def run():  # training_step with forward+loss and backward each one compiled region
-        dev_inputs = [t.to("hpu") for t in fresh_inputs()]
-        with dev.compiled_region("torch.compile forward"), torch.autocast("hpu", dtype=torch.bfloat16,
-                                                                          enabled=autocast):
-            loss = loss_fn(model(*dev_inputs))
-        dev.mark(("phase", "forward_end"))
-        opt.zero_grad(set_to_none=True)
-        with dev.compiled_region("torch.compile backward"):
-            loss.backward()
-        dev.mark(("phase", "backward_end"))
-        dev.launch("mark_step")
-        opt.step()
-        dev.launch("mark_step")
 
-    return run
+def replay_device(spec: DeviceSpec, mode: str) -> SimDevice:
+    """A fresh device for a steady-state step: ``spec`` with free compiles (every graph of a
+    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile."""
+    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=(mode == "lazy"))
 
 
 def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], None] | None = None,
@@ -420,11 +417,7 @@ def summarize(trace: StepTrace) -> StepSummary:
 
         replay(trace, dev, on_grad_ready=on_grad_ready, rewrite=rewrite)
 
-    def make_device() -> SimDevice:
-        return SimDevice(dataclasses.replace(trace.spec, compile_base_ns=0, compile_per_op_ns=0),
-                         lazy=(trace.mode == "lazy"))
-
-    dev, history, graphs = run_replays(make_device, step)
+    dev, history, graphs = run_replays(lambda: replay_device(trace.spec, trace.mode), step)
     times = history[-1]
     start = dev.now_ns() - times.step_ns
     per_phase = {"forward": 0, "backward": 0, "optimizer": 0}
