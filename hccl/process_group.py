@@ -217,9 +217,12 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if self._error is not None:
             raise HcclError(f"hccl: process group is unusable after an earlier error: {self._error}")
 
-    def _check_root(self, root: int) -> None:
+    def _root(self, opts) -> int:
+        """The root rank of ``opts`` (0 without options), checked against the world size."""
+        root = opts.rootRank if opts is not None else 0
         if not 0 <= root < self._world_size:
             raise ValueError(f"hccl: root rank {root} out of range for world size {self._world_size}")
+        return root
 
     def _run(self, kind: str, nbytes: int, outputs: list[torch.Tensor], body, **timing) -> HcclWork:
         """Run ``body(ready_ns, what) -> every rank's ready ns`` with error handling and timing.
@@ -251,10 +254,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                                                   algorithm="lazy (not launched yet)"), dev, lazy=True)
 
         def on_timed(start: int, end: int, algorithm: str) -> None:
-            rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm=algorithm)
-            work.record = rec
-            if len(self.history) < self._history_limit:
-                self.history.append(rec)
+            work.record = self._remember(CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start,
+                                                          end_ns=end, algorithm=algorithm))
 
         dev.add_graph_collective(
             what, lambda ready: collective_times(kind, nbytes, [ready] * n, rank=rank, **timing),
@@ -277,10 +278,15 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs) -> HcclWork:
         """Occupy the simulated collective stream, keep the record, return the finished Work."""
         self._device.record_collective(label, start, end, outputs)
-        rec = CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end, algorithm=algorithm)
+        rec = self._remember(CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end,
+                                              algorithm=algorithm))
+        return HcclWork(outputs, rec, self._device)
+
+    def _remember(self, rec: CollectiveRecord) -> CollectiveRecord:
+        """Keep ``rec`` in :attr:`history` (up to its limit); returns it."""
         if len(self.history) < self._history_limit:
             self.history.append(rec)
-        return HcclWork(outputs, rec, self._device)
+        return rec
 
     # ---- identity ---------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -348,8 +354,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         """Reduce ``tensors[0]`` of every rank into root's ``tensors[0]``."""
         op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        root = opts.rootRank if opts is not None else 0
-        self._check_root(root)
+        root = self._root(opts)
         t = tensors[0]
         dcode = check_reduction(op, t, "reduce tensor")
         flat = _flat(t)
@@ -364,8 +369,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         """Every rank's ``tensors[i]`` becomes root's (``opts.rootRank``)."""
-        root = opts.rootRank if opts is not None else 0
-        self._check_root(root)
+        root = self._root(opts)
         for t in tensors:
             check_dtype(t, "broadcast tensor")
 
@@ -687,8 +691,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         Moved (and timed) as an allgather whose non-root outputs are dropped: HCCL has no
         gather of its own, and the allgather's time bounds it from above.
         """
-        root = opts.rootRank if opts is not None else 0
-        self._check_root(root)
+        root = self._root(opts)
         if len(input_tensors) != 1:
             raise ValueError("hccl: gather takes exactly one input tensor")
         inp = input_tensors[0]
@@ -710,8 +713,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         Moved (and timed) as one broadcast of root's whole list, each rank keeping its chunk:
         HCCL has no scatter of its own.
         """
-        root = opts.rootRank if opts is not None else 0
-        self._check_root(root)
+        root = self._root(opts)
         if len(output_tensors) != 1:
             raise ValueError("hccl: scatter takes exactly one output tensor")
         out = output_tensors[0]
