@@ -168,7 +168,8 @@ def bucket_main(args: argparse.Namespace) -> dict:
     """Run the ``bucket`` command; returns ``{"rows", "recommendation", "paths"}``.
 
     Raises:
-        ValueError: bad input, before any work starts.
+        ValueError: bad input, before any work starts (:func:`bucket_study.run_study`
+            validates first).
     """
     from . import bucket_study as bs
 
@@ -180,7 +181,6 @@ def bucket_main(args: argparse.Namespace) -> dict:
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
         modes=args.mode or (_env_mode(),), device_specs=args.device_spec, precision=args.precision,
         in_the_wild=not args.sweep_only)
-    bs.validate(cfg)
     rows = bs.run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress)
     if args.live:
