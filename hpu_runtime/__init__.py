@@ -11,7 +11,7 @@ the ``torch.hpu`` API (also ``hpu_runtime.hpu`` and ``torch.hpu`` itself), and
 
 from __future__ import annotations
 
-from . import metrics
+from . import import_hooks, metrics
 from .bridge import activate, bridge_disabled, deactivate, is_active
 from .device import SimDevice, StepTimes, get_device, reset_device
 from .device_spec import DeviceSpec, get_device_spec
@@ -73,4 +73,6 @@ __all__ = [
     "metric_localcontext",
 ]
 
+import_hooks.install()  # `import habana_frameworks` finds hpu_runtime.habana_frameworks
+import_hooks.warn_if_shadowed()
 activate()

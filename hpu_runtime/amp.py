@@ -63,6 +63,8 @@ def install() -> None:
             device_type = "cpu"
             if dtype is None:
                 dtype = torch.bfloat16
+            if dtype == torch.float32:  # an fp32 "autocast" region (Lightning's precision "32")
+                enabled = False         # is plain fp32, as on Gaudi; CPU autocast would warn
             if enabled and dtype in (torch.bfloat16, torch.float16) and _fp32_on_host():
                 self._hpu_emulated, enabled = True, False
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)

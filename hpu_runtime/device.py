@@ -224,6 +224,7 @@ class SimDevice:
         self.graph_log: list[GraphInfo] | None = None
         self._step_start_ns = 0
         self._step_host_start = 0
+        self._in_kernel = 0  # > 0 inside fused_kernel(): the host ops are not charged one by one
         self.lock = threading.RLock()
 
     # ---- residency and HBM -----------------------------------------------------------------
@@ -292,7 +293,7 @@ class SimDevice:
     # ---- ops and graphs -----------------------------------------------------------------
     def record(self, func, args: tuple, kwargs: dict, out: object) -> None:
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the bridge's hot path)."""
-        if _func_flags(func)[0]:
+        if _func_flags(func)[0] or self._in_kernel:
             return
         sig = op_signature(args, kwargs)
         low = self.fp32_as_bf16 and func._overloadpacket not in FP32_AUTOCAST_OPS
@@ -345,6 +346,50 @@ class SimDevice:
             if self._capture is not None:
                 self._capture.append((func, args, kwargs, out, info.allocates))
             self.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes)))
+
+    @contextmanager
+    def fused_kernel(self, name: str, reads, writes, flops: int):
+        """Run the body's tensor ops uncharged and charge them as one fused TPC kernel.
+
+        This is how the ``hpex`` fused optimizers are modelled: the body computes the real
+        numerics with torch ops on the host (``torch.optim`` math), and the device sees one op
+        (one host-side op cost, one graph-key entry) that reads ``reads`` and writes
+        ``writes`` once each, with ``flops`` vector-engine FLOPs (roofline, TPC peak).
+
+        Args:
+            name: kernel name in the graph key and trace, e.g. ``"hpex.FusedSGD"``.
+            reads: tensors the kernel reads, e.g. params, grads, optimizer state (a callable
+                returning them is called after the body, so state created there counts).
+            writes: tensors it writes (same rules); new ones become device-resident.
+            flops: vector FLOPs of the whole kernel.
+
+        Nothing is charged when no read tensor is device-resident (a host-side optimizer).
+        """
+        with self.lock:
+            self._in_kernel += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._in_kernel -= 1
+        reads = list(reads() if callable(reads) else reads)
+        writes = list(writes() if callable(writes) else writes)
+        with self.lock:
+            resident = self._resident
+            if not any(id(t.untyped_storage()) in resident for t in reads):
+                return
+            rd = tuple((self.serial_of(t), t.nbytes) for t in reads if id(t.untyped_storage()) in resident)
+            wr = []
+            for t in writes:
+                new = id(t.untyped_storage()) not in resident
+                wr.append((self._register(t.untyped_storage()).serial, t.nbytes, new, False))
+            low = reads[0].dtype in (torch.bfloat16, torch.float16)
+            b_in, b_out = sum(n for _, n in rd), sum(w[1] for w in wr)
+            cost = OpCost(name=name, engine="TPC", flops=flops, bytes_in=b_in, bytes_out=b_out, low_precision=low,
+                          device_ns=op_time_ns(self.spec, "TPC", flops, b_in + b_out, low), compute_ns=0)
+            cost.compute_ns = op_time_ns(self.spec, "TPC", flops, 0, low)
+            key = (name, tuple((tuple(t.shape), str(t.dtype)) for t in reads))
+            self.append_op(OpRecord(key, cost, rd, tuple(wr)))
 
     def append_view(self, key: object) -> None:
         """A view op: free, but part of the pending graph's key (lazy mode and regions)."""

@@ -222,7 +222,9 @@ class ModuleCacher:
     Use as on Gaudi: ``ModuleCacher(max_graphs=10)(model=model, inplace=True)``. Non-tensor
     and keyword arguments are allowed; they are part of the cache key (with tensor shapes,
     dtypes, ``requires_grad``, grad mode and ``model.training``). A new key captures new
-    graphs; beyond ``max_graphs`` the least recently used entry is evicted.
+    graphs; beyond ``max_graphs`` the least recently used entry is evicted. The wrapped model
+    also gets Gaudi's ``set_iteration_count(n)``, ``capture_start()`` and ``capture_end()``,
+    accepted and recorded only (capture is per signature here, never manual).
     """
 
     def __init__(self, max_graphs: int = 10) -> None:
@@ -269,6 +271,11 @@ class ModuleCacher:
 
         model.forward = forward
         model._hpu_module_cacher = self
+        # Gaudi's cacher adds these for gradient accumulation and manual capture; here every
+        # call replays or captures by its input signature, so they only record the request.
+        model.set_iteration_count = lambda count: setattr(model, "_hpu_iteration_count", int(count))
+        model.capture_start = lambda: None
+        model.capture_end = lambda: None
         return model
 
 

@@ -50,7 +50,7 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["import_torchvision", "nms_reference"]
+__all__ = ["import_torchvision", "nms_reference", "define_missing_schemas", "after_import"]
 
 _LIB: torch.library.Library | None = None
 _LOCK = threading.Lock()
@@ -106,7 +106,14 @@ def _op_exists(name: str) -> bool:
     return True
 
 
-def _define_missing_schemas() -> None:
+def define_missing_schemas() -> None:
+    """Define ``torchvision::nms``/``qnms`` with CPU kernels, each only if it does not exist.
+
+    Called by :func:`import_torchvision` on a failed import and, through the start-up import
+    hook (:mod:`hpu_runtime.import_hooks`), just before ``torchvision._meta_registrations``
+    runs, i.e. after torchvision tried to load its own ops: with a working torchvision both
+    schemas exist and nothing is defined.
+    """
     global _LIB
     missing = [name for name in _SCHEMAS if not _op_exists(name)]
     if not missing:
@@ -123,6 +130,13 @@ def _nms_without_ops_check(boxes: torch.Tensor, scores: torch.Tensor, iou_thresh
     if boxes.is_quantized:
         return torch.ops.torchvision.qnms(boxes.int_repr(), scores.int_repr(), iou_threshold)
     return torch.ops.torchvision.nms(boxes, scores, iou_threshold)
+
+
+def after_import(tv: ModuleType) -> None:
+    """Make ``torchvision.ops.nms`` usable when torchvision's compiled ops did not load."""
+    if not tv.extension._has_ops():
+        tv.ops.nms = _nms_without_ops_check
+        tv.ops.boxes.nms = _nms_without_ops_check
 
 
 def _forget_partial_import() -> None:
@@ -149,13 +163,11 @@ def import_torchvision() -> ModuleType:
             _forget_partial_import()
             if all(_op_exists(name) for name in _SCHEMAS):
                 raise ImportError(f"import torchvision failed for another reason: {first}") from first
-            _define_missing_schemas()
+            define_missing_schemas()
             try:
                 tv = importlib.import_module("torchvision")
             except Exception as second:
                 _forget_partial_import()
                 raise ImportError(f"import torchvision failed even with nms/qnms defined: {second}") from second
-        if not tv.extension._has_ops():
-            tv.ops.nms = _nms_without_ops_check
-            tv.ops.boxes.nms = _nms_without_ops_check
+        after_import(tv)
         return tv

@@ -11,6 +11,11 @@
   token_type_ids, attention_mask, mlm_labels, nsp_labels)``; see
   :func:`models.text.mlm_examples`.
 
+:func:`write_mnist` writes the digits as an MNIST-format file set (IDX files, 28 x 28 bytes,
+as ``torchvision.datasets.MNIST`` reads them from ``<root>/MNIST/raw``), so an MNIST training
+script that calls ``datasets.MNIST(root, download=True)`` runs unmodified and offline:
+torchvision finds the files and downloads nothing. ``python -m models.data mnist ROOT``.
+
 Splits are deterministic in ``seed``: digits stratified by label; text examples are
 disjoint windows of the corpus, shuffled by a seeded permutation before the split.
 """
@@ -24,7 +29,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from . import text
 
-__all__ = ["load_dataset", "dataset_names", "DigitsImages"]
+__all__ = ["load_dataset", "dataset_names", "DigitsImages", "write_mnist", "MNIST_FILES"]
 
 
 def _digits_arrays(test_fraction: float, seed: int):
@@ -137,3 +142,61 @@ def load_dataset(
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     return _DATASETS[name](test_fraction, seed, image_size=image_size, seq_len=seq_len, vocab_size=vocab_size)
+
+
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+"""The four raw files ``torchvision.datasets.MNIST`` looks for (its resource names minus ``.gz``)."""
+
+
+def _idx_bytes(array: np.ndarray) -> bytes:
+    """One array as an IDX file: magic ``0x0000 08 <ndim>`` (unsigned bytes), big-endian dims, data."""
+    head = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    return head + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+def _mnist_images(x: np.ndarray) -> np.ndarray:
+    """``(N, 64)`` digits in [0, 1] -> ``(N, 28, 28)`` uint8: resized to 20 x 20 and centred in
+    a 4-pixel border, as MNIST's digits are (LeCun et al., "Gradient-based learning applied to
+    document recognition", Proc. IEEE 1998)."""
+    t = torch.from_numpy(x).view(-1, 1, 8, 8)
+    t = F.interpolate(t, size=(20, 20), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    t = F.pad(t, (4, 4, 4, 4))
+    return (t[:, 0] * 255.0).round().to(torch.uint8).numpy()
+
+
+def write_mnist(root: str, *, test_fraction: float = 0.2, seed: int = 0) -> str:
+    """Write the digits set as MNIST raw files under ``<root>/MNIST/raw``; return that folder.
+
+    Train and test are the stratified ``digits`` split (1,437 and 360 images at the default
+    ``test_fraction``). Images are uint8 28 x 28, labels uint8 0-9. Existing files are
+    overwritten (atomically, file by file).
+    """
+    import os
+
+    x_tr, x_te, y_tr, y_te = _digits_arrays(test_fraction, seed)
+    raw = os.path.join(root, "MNIST", "raw")
+    os.makedirs(raw, exist_ok=True)
+    arrays = (_mnist_images(x_tr), y_tr.astype(np.uint8), _mnist_images(x_te), y_te.astype(np.uint8))
+    for name, array in zip(MNIST_FILES, arrays):
+        path = os.path.join(raw, name)
+        with open(path + ".tmp", "wb") as f:
+            f.write(_idx_bytes(array))
+        os.replace(path + ".tmp", path)
+    return raw
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m models.data mnist ROOT``: write the MNIST-format digits set."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m models.data", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("mnist", help="write the digits as MNIST raw files under ROOT/MNIST/raw")
+    m.add_argument("root")
+    m.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(write_mnist(args.root, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()

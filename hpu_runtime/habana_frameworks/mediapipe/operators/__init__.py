@@ -1,0 +1,1 @@
+"""``mediapipe.operators``: placeholders."""

@@ -1,0 +1,1 @@
+"""``mediapipe.operators.cpu_nodes``: placeholders."""

@@ -1,0 +1,1 @@
+"""``mediapipe.plugins``: placeholders."""

@@ -1,0 +1,1 @@
+"""``habana_frameworks.torch.distributed``: see :mod:`.hccl`."""

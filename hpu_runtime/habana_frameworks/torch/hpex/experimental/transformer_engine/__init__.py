@@ -1,0 +1,32 @@
+"""``habana_frameworks.torch.hpex.experimental.transformer_engine`` (``te``): fp8 training, not emulated.
+
+What is here, so scripts and lightning-habana import and run: ``te.Linear`` (a
+``torch.nn.Linear`` that takes Intel's ``params_dtype`` keyword), ``te.fp8_autocast`` (a
+context manager that changes nothing), ``te.recipe`` (``Format``, ``DelayedScaling``) and
+``te.fp8.is_fp8_available()``, which answers ``(False, reason)``: code that asks first runs
+in bf16/fp32, computed and charged as such. fp8 numerics and the fp8 MME rate are not modelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import fp8, recipe  # noqa: F401
+
+__all__ = ["Linear", "fp8_autocast", "recipe", "fp8"]
+
+
+class Linear(torch.nn.Linear):
+    """``te.Linear(in_features, out_features, bias=True, params_dtype=None, device=None)``: a plain linear layer."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, params_dtype=None, device=None,
+                 **_kwargs) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=params_dtype)
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = False, fp8_recipe=None, **_kwargs):
+    """Accepted; the region runs in the precision it would without it (fp8 is not emulated)."""
+    yield
