@@ -795,8 +795,9 @@ def _env_int(name: str, default: int) -> int:
 
 def _env_config() -> tuple[bool, int, DeviceSpec]:
     lazy = _env_int("PT_HPU_LAZY_MODE", 1)
-    if lazy not in (0, 1):
-        raise ValueError(f"PT_HPU_LAZY_MODE={lazy} must be 0 or 1")
+    if lazy not in (0, 1, 2):
+        raise ValueError(f"PT_HPU_LAZY_MODE={lazy} must be 0 or 1 (2: eager, as SynapseAI 1.x scripts set it)")
+    lazy = 1 if lazy == 1 else 0
     max_ops = _env_int("PT_HPU_MAX_COMPOUND_OP_SIZE", 0)
     if max_ops < 0:
         raise ValueError(f"PT_HPU_MAX_COMPOUND_OP_SIZE={max_ops} must be >= 0")

@@ -206,12 +206,25 @@ def _traced_device(dev: SimDevice):
             bridge.activate()
 
 
+OPTIMIZERS = ("sgd", "adamw", "fused-sgd", "fused-adamw", "fused-lamb")
+"""Optimizers a traced step can use: torch's SGD (momentum) and AdamW, and Gaudi's fused
+``hpex`` ones (:mod:`hpu_runtime.hpex`), which run as one kernel per parameter group."""
+
+
 def _optimizer(name: str, params, lr: float, momentum: float):
+    from . import hpex
+
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
-    raise ValueError(f"unknown optimizer {name!r}; known: sgd, adamw")
+    if name == "fused-sgd":
+        return hpex.FusedSGD(params, lr=lr, momentum=momentum)
+    if name == "fused-adamw":
+        return hpex.FusedAdamW(params, lr=lr)
+    if name == "fused-lamb":
+        return hpex.FusedLamb(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
 
 
 def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: DeviceSpec,
@@ -226,7 +239,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         spec: the simulated device.
         mode: ``"lazy"``, ``"eager"`` or ``"compile"`` (see :data:`MODES`).
         lazy_collectives: recorded in the trace for the planner.
-        optimizer: ``"sgd"`` (momentum, as ``models.train``) or ``"adamw"``.
+        optimizer: one of :data:`OPTIMIZERS` (``"sgd"``: momentum, as ``models.train``).
         autocast: bf16 autocast of forward and loss (as :func:`training_step`).
 
     Returns:

@@ -81,7 +81,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from hpu_runtime.device_spec import DEVICE_SPECS
-    from hpu_runtime.tracing import MODES
+    from hpu_runtime.tracing import MODES, OPTIMIZERS
 
     p = argparse.ArgumentParser(prog="python -m launchers.study", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(t)
     t.add_argument("--device-spec", default="gaudi2", choices=sorted(DEVICE_SPECS))
     t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager)")
-    t.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    t.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS),
+                   help="torch's sgd/adamw, or Gaudi's fused hpex optimizers (one kernel per group)")
     t.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
                    help="bf16 (default): forward and loss under bf16 autocast, as Habana's --autocast"
                         " recipes train these models; fp32: no autocast")
