@@ -310,8 +310,13 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         return f"ProcessGroupHCCL(rank={self._rank}, world_size={self._world_size})"
 
     # ---- collectives ------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        """In place on each tensor of ``tensors``: reduce across ranks (SUM/AVG/MIN/MAX/PRODUCT)."""
+    def allreduce(self, tensors, opts=None, op=None, timeout=None):  # noqa: ARG002 - timeout: as the group's
+        """In place on each tensor of ``tensors``: reduce across ranks (SUM/AVG/MIN/MAX/PRODUCT).
+
+        Also takes pybind's convenience forms ``allreduce(tensor_or_list, op)``: DDP's join
+        hook calls ``process_group.allreduce(tensor)`` directly.
+        """
+        tensors, opts = _allreduce_args(tensors, opts if op is None else op)
         op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
@@ -766,6 +771,17 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             self.shutdown()
         except Exception:
             pass
+
+
+def _allreduce_args(tensors, opts):
+    """``(tensor list, AllreduceOptions or None)`` from any of ProcessGroup.allreduce's overloads:
+    a tensor or a list, with options or a bare ``ReduceOp``."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    if opts is not None and not isinstance(opts, dist.AllreduceOptions):
+        op, opts = opts, dist.AllreduceOptions()
+        opts.reduceOp = op
+    return tensors, opts
 
 
 def _broadcast_opts(root: int) -> dist.BroadcastOptions:
