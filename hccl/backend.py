@@ -13,12 +13,16 @@ def create_process_group(dist_backend_opts, backend_options=None):
     """Creator called by ``init_process_group``/``new_group`` (extended API)."""
     from .process_group import ProcessGroupHCCL
 
+    # a subgroup (new_group, new_subgroups) gets its members' global ranks; the default group none
+    global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", None) or [])
     pg = ProcessGroupHCCL(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         dist_backend_opts.timeout,
         str(dist_backend_opts.group_id),
+        global_ranks=global_ranks,
+        job_world_size=dist.get_world_size() if global_ranks else dist_backend_opts.group_size,
     )
     # torch returns a ProcessGroup subclass as is, before it would name it: name it here so
     # that destroy_process_group(subgroup) can unregister it

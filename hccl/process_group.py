@@ -116,6 +116,10 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         world_size: ranks in the group.
         timeout: limit for any single wait on peers.
         group_id: a name unique to the group (keys in the store, segment names).
+        global_ranks: a subgroup's members' ranks in the job (torch's
+            ``global_ranks_in_group``); None or empty for the default group. Its
+            collectives are timed on those ranks' cards (NOTE [subgroup placement]).
+        job_world_size: ranks in the job (needed with ``global_ranks``).
 
     Raises:
         ValueError: a bad ``HCCL_TRANSPORT``, ``HCCL_TOPOLOGY``, ``HCCL_ALGO`` or
@@ -130,6 +134,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         world_size: int,
         timeout: timedelta = timedelta(minutes=5),
         group_id: str = "",
+        global_ranks=None,
+        job_world_size: int | None = None,
     ) -> None:
         super().__init__(rank, world_size)
         self._rank = rank
@@ -144,11 +150,17 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self._device = get_device()  # the simulated card of this process
         self._lazy_collectives = lazy_collectives_enabled()
         self._coll = self._rendezvous(store, group_id)
+        subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
+        self._placement = None
         sizes = {len(h) for h in self.layout.hosts}
-        if len(self.layout.hosts) > 1 and len(sizes) == 1:
-            timing.set_ranks_per_host(world_size, sizes.pop())
+        if not subgroup and len(self.layout.hosts) > 1 and len(sizes) == 1:
+            timing.set_ranks_per_host(world_size, sizes.pop())  # the job's hosts: a subgroup's are not
         try:  # a bad HCCL_TOPOLOGY / HCCL_ALGO / PT_HCCL_SLICE_SIZE_MB fails here, not mid-training
-            self.topology = timing.get_topology(world_size)
+            if subgroup:
+                self._placement = timing.group_placement(global_ranks, job_world_size or max(global_ranks) + 1)
+                self.topology = self._placement.topology
+            else:
+                self.topology = timing.get_topology(world_size)
         except BaseException:
             self.shutdown()
             raise
@@ -240,7 +252,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         ready = self._device.collective_ready_ns()
         ready_all = self._guarded(what, lambda: body(ready, what))
         self._seq = seq + 1
-        start, end, algorithm = collective_times(kind, nbytes, ready_all, rank=self._rank, **timing)
+        start, end, algorithm = collective_times(kind, nbytes, ready_all, rank=self._rank, placement=self._placement, **timing)
         return self._record(what, kind, seq, nbytes, start, end, algorithm, outputs)
 
     def _run_lazy(self, what, kind, seq, nbytes, outputs, body, timing) -> HcclWork:
@@ -258,7 +270,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                                                           end_ns=end, algorithm=algorithm))
 
         dev.add_graph_collective(
-            what, lambda ready: collective_times(kind, nbytes, [ready] * n, rank=rank, **timing),
+            what, lambda ready: collective_times(kind, nbytes, [ready] * n, rank=rank, placement=self._placement, **timing),
             serials=[dev.make_resident(t) for t in outputs], on_timed=on_timed)
         return work
 
@@ -310,8 +322,13 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         return f"ProcessGroupHCCL(rank={self._rank}, world_size={self._world_size})"
 
     # ---- collectives ------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        """In place on each tensor of ``tensors``: reduce across ranks (SUM/AVG/MIN/MAX/PRODUCT)."""
+    def allreduce(self, tensors, opts=None, op=None, timeout=None):  # noqa: ARG002 - timeout: as the group's
+        """In place on each tensor of ``tensors``: reduce across ranks (SUM/AVG/MIN/MAX/PRODUCT).
+
+        Also takes pybind's convenience forms ``allreduce(tensor_or_list, op)``: DDP's join
+        hook calls ``process_group.allreduce(tensor)`` directly.
+        """
+        tensors, opts = _allreduce_args(tensors, opts if op is None else op)
         op = reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
@@ -647,7 +664,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if not op.done:
             self._sends.append(op)
         nbytes = t.numel() * t.element_size()
-        start, end, _ = p2p_times(nbytes, src=self._rank, dst=dst, src_ready_ns=ready, dst_ready_ns=0, world_size=self._world_size)
+        start, end, _ = p2p_times(nbytes, src=self._rank, dst=dst, src_ready_ns=ready, dst_ready_ns=0, world_size=self._world_size, placement=self._placement)
         work = self._record(what, "send", -1, nbytes, start, end, "p2p", tensors)
         work._pending = op
         work._drain = self._wait_send
@@ -665,7 +682,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
         sent_ns = self._guarded(what, body)
         nbytes = t.numel() * t.element_size()
-        _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=sent_ns, dst_ready_ns=ready, world_size=self._world_size)
+        _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=sent_ns, dst_ready_ns=ready, world_size=self._world_size, placement=self._placement)
         return self._record(what, "recv", -1, nbytes, max(ready, sent_ns), end, "p2p", tensors)
 
     def _progress_sends(self) -> None:
@@ -766,6 +783,17 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             self.shutdown()
         except Exception:
             pass
+
+
+def _allreduce_args(tensors, opts):
+    """``(tensor list, AllreduceOptions or None)`` from any of ProcessGroup.allreduce's overloads:
+    a tensor or a list, with options or a bare ``ReduceOp``."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    if opts is not None and not isinstance(opts, dist.AllreduceOptions):
+        op, opts = opts, dist.AllreduceOptions()
+        opts.reduceOp = op
+    return tensors, opts
 
 
 def _broadcast_opts(root: int) -> dist.BroadcastOptions:

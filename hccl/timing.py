@@ -12,6 +12,10 @@ Configuration, read once per process (the first collective or :func:`get_topolog
 - ``HCCL_ALGO``: force an algorithm (``direct``, ``hierarchical``, ``ring``, ``recursive``);
 - ``PT_HCCL_SLICE_SIZE_MB``: pipelining slice size (default 16).
 
+A subgroup (``new_group``, ``new_subgroups``) is timed on its members' cards, not on cards
+0 .. n-1: its process group passes a :class:`~hccl.placement.GroupPlacement` (NOTE
+[subgroup placement]); the default group passes none and is timed as before.
+
 NOTE [process group kinds]
     The process group names collectives as torch.distributed does; the planner uses
     hccl_demo's test names. Sizes follow the planner's convention, which is what the
@@ -30,12 +34,13 @@ from typing import NamedTuple
 
 from hccl import algorithms
 from hccl.link_model import message_ns
+from hccl.placement import GroupPlacement, place_group
 from hccl.planner import simulate
 from hccl.schedule import slice_elements
 from hccl.topology import Topology, load_topology
 
-__all__ = ["KIND_TO_COLLECTIVE", "CollectiveTiming", "collective_times", "get_topology", "p2p_times",
-           "reset"]
+__all__ = ["KIND_TO_COLLECTIVE", "CollectiveTiming", "collective_times", "get_topology", "group_placement",
+           "p2p_times", "reset"]
 
 KIND_TO_COLLECTIVE = {
     "allreduce": "all_reduce",
@@ -120,6 +125,18 @@ def get_topology(world_size: int) -> Topology:
     return topo
 
 
+def group_placement(global_ranks: Sequence[int], job_world_size: int) -> GroupPlacement:
+    """A subgroup's members on the job's cards (NOTE [subgroup placement] in :mod:`hccl.placement`).
+
+    The job's system is :func:`get_topology` of ``job_world_size``: ``HCCL_TOPOLOGY`` with
+    hosts mapped to boxes as the default "hccl" group found them in this process.
+
+    Raises:
+        ValueError: as :func:`get_topology`, or ranks repeated or outside the job.
+    """
+    return place_group(get_topology(job_world_size), global_ranks)
+
+
 def reset() -> None:
     """Forget the loaded topologies (tests that change ``HCCL_TOPOLOGY`` in one process)."""
     with _lock:
@@ -144,6 +161,7 @@ def collective_times(
     dtype_bytes: int = 4,
     splits: Sequence[Sequence[int]] | None = None,
     topology: Topology | None = None,
+    placement: GroupPlacement | None = None,
 ) -> CollectiveTiming:
     """Start, end (simulated ns) and algorithm on ``rank`` of a collective whose ranks are ready at ``ready_ns``.
 
@@ -158,6 +176,8 @@ def collective_times(
         splits: alltoall element counts, ``splits[i][j]`` from rank i to rank j (None: even).
         topology: the topology to time on (default: :func:`get_topology` of the world size,
             i.e. ``HCCL_TOPOLOGY`` with hosts mapped to boxes).
+        placement: a subgroup's placement (:func:`group_placement`): time on its topology,
+            with ``ready_ns``, ``rank``, ``root`` and ``splits`` still in group ranks.
 
     Returns:
         ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready
@@ -168,6 +188,16 @@ def collective_times(
         ValueError: unknown kind, bad ``HCCL_TOPOLOGY`` / ``HCCL_ALGO`` /
             ``PT_HCCL_SLICE_SIZE_MB``, a world size the topology cannot hold, bad root or splits.
     """
+    if placement is not None:
+        order = placement.order
+        if splits is not None and not placement.identity:
+            moved = [[0] * len(splits) for _ in splits]
+            for i, row in enumerate(splits):
+                for j, c in enumerate(row):
+                    moved[order[i]][order[j]] = c
+            splits = moved
+        return collective_times(kind, nbytes, placement.to_topology(ready_ns), rank=order[rank], root=order[root],
+                                dtype_bytes=dtype_bytes, splits=splits, topology=placement.topology)
     n = len(ready_ns)
     # memo: the answer only depends on ready times relative to the earliest (the planner is
     # shift-invariant) and on the configuration; a DDP step repeats the same calls
@@ -225,15 +255,19 @@ def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, t
 
 
 def p2p_times(nbytes: int, *, src: int, dst: int, src_ready_ns: int, dst_ready_ns: int,
-              world_size: int) -> CollectiveTiming:
+              world_size: int, placement: GroupPlacement | None = None) -> CollectiveTiming:
     """Simulated interval of one point-to-point message ``src -> dst`` (send/recv).
 
     The message leaves when the sender is ready and lands ``message_ns`` later (serialization
     at the link's goodput plus path latency, :func:`hccl.link_model.message_ns`); the receive
     ends at the later of its arrival and the receiver's ready time. Returns
     ``(src_ready_ns, end_ns, "p2p")``; ``end_ns`` is the same for sender and receiver.
+    ``src`` and ``dst`` are group ranks, placed by ``placement`` when given.
     """
-    topo = get_topology(world_size)
+    if placement is not None:
+        topo, src, dst = placement.topology, placement.order[src], placement.order[dst]
+    else:
+        topo = get_topology(world_size)
     if src == dst:
         return CollectiveTiming(src_ready_ns, max(src_ready_ns, dst_ready_ns), "p2p")
     arrive = src_ready_ns + message_ns(topo, src, dst, nbytes)

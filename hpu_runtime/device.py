@@ -133,9 +133,11 @@ FP32_AUTOCAST_OPS = frozenset({
 reductions, which Gaudi's and PyTorch's autocast keep in fp32 (their fp32 op lists)."""
 
 
-_NOT_DEVICE_WORK = frozenset({"profiler", "prim"})
+_NOT_DEVICE_WORK = frozenset({"profiler", "prim", "c10d"})
 """Op namespaces that are bookkeeping, not device work (``record_function`` markers, the
-``prim.device`` queries autograd makes on fake tensors)."""
+``prim.device`` queries autograd makes on fake tensors), and ``c10d``: the collectives of a
+C++ backend (a "gloo" group beside "hccl") reach the dispatcher as ``c10d`` ops, which are
+no compute-stream work; "hccl" records its own collectives on the collective stream."""
 
 
 def _func_flags(func) -> tuple[bool, bool, bool, bool]:
