@@ -9,7 +9,8 @@ posts what fits and the rest is pushed whenever this rank waits (in a receive, i
 ``Work.wait()``, or before its next collective), so ``isend``/``irecv`` pairs in any order
 make progress, as with MPI or NCCL. Every wait has the group's timeout. The header carries
 the sender's simulated send time, the tag, dtype and size; a receive whose tensor does not
-match raises an error naming both sizes.
+match raises an error naming both sizes. A receive from any source (:func:`recv_any`) waits
+for the first outbox holding a message with its tag, then receives that message as above.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from .reduce_ops import CODE_DTYPES
 from .transport.shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
 
-__all__ = ["SendOp", "recv", "P2PMismatchError"]
+__all__ = ["SendOp", "recv", "recv_any", "P2PMismatchError"]
 
 _HDR_BYTES = 64
 _CHUNK = P2P_SLOT_BYTES - _HDR_BYTES
@@ -119,3 +120,43 @@ def recv(
         off = h_off + h_chunk
         if off >= total:
             return sim_send_ns
+
+
+def recv_any(
+    arena: ShmArena,
+    flat: torch.Tensor,
+    tag: int,
+    dtype_code: int,
+    what: str,
+    progress: Callable[[], None] | None = None,
+) -> tuple[int, int]:
+    """Receive into ``flat`` the first message with ``tag`` from any local peer (MPI_ANY_SOURCE).
+
+    Messages with another tag stay queued for a later receive. Peers are scanned in order
+    from the next local rank up (as with MPI_ANY_SOURCE, no fairness is promised).
+
+    Returns:
+        (local index of the sender, the sender's simulated send time in ns).
+
+    Raises:
+        P2PMismatchError: the chosen message's size or dtype differs from this receive's.
+        HcclTimeoutError: no peer sent a message with ``tag`` within the group's timeout.
+    """
+    me, n = arena.me, arena.world_size
+    order = [(arena.rank + k) % n for k in range(1, n)]
+    found: list[int] = []
+
+    def waiting() -> bool:
+        if progress is not None:
+            progress()
+        for src in order:
+            seg = arena.segments[src]
+            if int(seg.ctrl[P2P_SENT_W + arena.rank]) > int(me.ctrl[P2P_TAKEN_W + src]):
+                if int(seg.p2p_slot[arena.rank][:_HDR_BYTES].view(torch.int64)[0]) == tag:
+                    found.append(src)
+                    return True
+        return False
+
+    arena.wait_any(waiting, f"{what} (tag {tag})")
+    src = found[0]
+    return src, recv(arena, src, flat, tag, dtype_code, what, progress)

@@ -438,6 +438,17 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``dist.all_gather_coalesced``: ``output_lists[r][i]`` receives rank r's ``input_list[i]``
+        (moved as :meth:`allgather` of several inputs: one collective, one Work)."""
+        n = self._world_size
+        if len(output_lists) != n or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(
+                f"hccl: all_gather_coalesced needs {n} output lists (one per rank) of {len(input_list)} tensors"
+                f" each, got {[len(outs) for outs in output_lists]}"
+            )
+        return self.allgather([[output_lists[r][i] for r in range(n)] for i in range(len(input_list))], input_list, opts)
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         work = None
         for o, i in zip(outputs, inputs):
@@ -629,13 +640,18 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             )
         return local.index(peer)
 
-    def _p2p_prologue(self, tensors, peer: int, kind: str):
-        """Checks shared by send and recv; returns (tensor, dtype code, local peer, flat view, ready ns)."""
+    def _p2p_prologue(self, tensors, peer: int | None, kind: str):
+        """Checks shared by send and recv; returns (tensor, dtype code, local peer, flat view, ready ns).
+
+        ``peer`` None (a receive from any source) skips the peer checks; local peer is then None.
+        """
         if self._error is not None:
             self._check_usable()
+        if len(tensors) != 1:
+            raise ValueError(f"hccl: {kind} takes exactly one tensor, got {len(tensors)}")
         t = tensors[0]
         dcode = check_dtype(t, f"{kind} tensor")
-        local_peer = self._local_peer(peer, kind)
+        local_peer = None if peer is None else self._local_peer(peer, kind)
         return t, dcode, local_peer, _flat(t), self._device.collective_ready_ns()
 
     def send(self, tensors, dst, tag=0):
@@ -661,12 +677,37 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         def body():
             sent_ns = p2p.recv(self._coll.arena, peer, flat, tag, dcode, what, self._progress_sends)
             _writeback(t, flat)
-            return sent_ns
+            return peer, sent_ns
 
-        sent_ns = self._guarded(what, body)
+        return self._finish_recv(what, t, ready, body)
+
+    def recv_anysource(self, tensors, tag=0):
+        """Receive into ``tensors[0]`` the first message with ``tag`` from any rank of this host
+        (``dist.recv(t)`` without ``src``); the Work's ``_source_rank()`` names the sender."""
+        if len(self.layout.hosts) > 1:
+            raise NotImplementedError(
+                "hccl: recv from any source works between ranks of one host; this group spans"
+                f" {len(self.layout.hosts)} hosts"
+            )
+        t, dcode, _, flat, ready = self._p2p_prologue(tensors, None, "recv")
+        what = "recv from any source"
+
+        def body():
+            peer, sent_ns = p2p.recv_any(self._coll.arena, flat, tag, dcode, what, self._progress_sends)
+            _writeback(t, flat)
+            return peer, sent_ns
+
+        return self._finish_recv(what, t, ready, body)
+
+    def _finish_recv(self, what: str, t: torch.Tensor, ready: int, body) -> HcclWork:
+        """Run a receive ``body() -> (local peer, sender's send ns)``, time and record it."""
+        peer, sent_ns = self._guarded(what, body)
+        src = self.layout.local_ranks[peer]
         nbytes = t.numel() * t.element_size()
         _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=sent_ns, dst_ready_ns=ready, world_size=self._world_size)
-        return self._record(what, "recv", -1, nbytes, max(ready, sent_ns), end, "p2p", tensors)
+        work = self._record(what, "recv", -1, nbytes, max(ready, sent_ns), end, "p2p", [t])
+        work._source = src
+        return work
 
     def _progress_sends(self) -> None:
         if self._sends:
@@ -681,9 +722,6 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         """Finish queued sends before a collective (keeps per-peer order simple)."""
         while self._sends:
             self._wait_send(self._sends[0])
-
-    def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("hccl: recv from any source is not supported (HCCL has none either)")
 
     def gather(self, output_tensors, input_tensors, opts=None):
         """``dist.gather``: root's ``output_tensors[0][r]`` receives rank r's ``input_tensors[0]``.

@@ -39,7 +39,7 @@ from tabulate import tabulate
 
 from tests.torch_suite.subsets import DEFAULT_SUBSETS, SUBSETS, group_of, select
 
-__all__ = ["SuiteRun", "list_tests", "run_backend", "differences", "summary_table", "main"]
+__all__ = ["SuiteRun", "list_tests", "run_backend", "differences", "ungated", "summary_table", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTCOMES = ("passed", "failed", "skipped")
@@ -67,7 +67,8 @@ class SuiteRun:
         return self.results.get(name, {}).get("outcome", "not run")
 
 
-def _env(backend: str, world_size: int, temp_dir: str, per_test_timeout_s: int, start_method: str) -> dict[str, str]:
+def _env(backend: str, world_size: int, temp_dir: str, per_test_timeout_s: int, start_method: str,
+         ungate: bool = True) -> dict[str, str]:
     """The environment torch's harness reads (as torch's run_test.py sets it for its spawn tests)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     env.update(
@@ -77,6 +78,7 @@ def _env(backend: str, world_size: int, temp_dir: str, per_test_timeout_s: int, 
         INIT_METHOD="env://",  # each test still rendezvouses through its own file (TestDistBackend.init_method)
         DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(per_test_timeout_s),
         TORCH_SUITE_START_METHOD=start_method,
+        TORCH_SUITE_UNGATE="1" if ungate else "0",
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]),
     )
@@ -104,6 +106,7 @@ def run_backend(
     per_test_timeout_s: int = 120,
     total_timeout_s: float = 3600.0,
     start_method: str = "forkserver",
+    ungate: bool = True,
     log_dir: str | None = None,
 ) -> SuiteRun:
     """Run ``names`` over ``backend`` in a worker process; never runs past ``total_timeout_s``.
@@ -123,7 +126,7 @@ def run_backend(
         temp_dir = os.path.join(tmp, "temp")
         os.mkdir(temp_dir)
         os.mkdir(os.path.join(temp_dir, "barrier"))
-        env = _env(backend, world_size, temp_dir, per_test_timeout_s, start_method)
+        env = _env(backend, world_size, temp_dir, per_test_timeout_s, start_method, ungate)
         while remaining:
             left = total_timeout_s - (time.monotonic() - t0)
             if left <= 5:
@@ -157,13 +160,22 @@ def run_backend(
 
 
 def differences(reference: SuiteRun, other: SuiteRun) -> list[tuple[str, str, str, str]]:
-    """(test, reference outcome, other outcome, other's message) for tests whose outcomes differ."""
+    """(test, reference outcome, other outcome, other's message) for tests whose outcomes differ.
+
+    A test that ran ungated on ``other`` (NOTE [ungated tests] in spawn_suite) is marked ``*``.
+    """
     rows = []
     for name in sorted(set(reference.results) | set(other.results)):
         a, b = reference.outcome(name), other.outcome(name)
         if a != b:
-            rows.append((name, a, b, _first_line(other.results.get(name, {}).get("message", ""))))
+            star = "*" if other.results.get(name, {}).get("ungated") else ""
+            rows.append((name, a, b + star, _first_line(other.results.get(name, {}).get("message", ""))))
     return rows
+
+
+def ungated(run: SuiteRun) -> dict[str, str]:
+    """The tests ``run`` ran although torch gates them to other backends, with torch's reason."""
+    return {n: r["ungated"] for n, r in run.results.items() if r.get("ungated")}
 
 
 def _first_line(message: str, width: int = 110) -> str:
@@ -205,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-timeout", type=float, default=3600, help="seconds per backend before the run is cut")
     parser.add_argument("--start-method", choices=("forkserver", "spawn"), default="forkserver",
                         help="how ranks start (spawn is torch's own, about 4 s of CPU more per rank)")
+    parser.add_argument("--no-ungate", action="store_true",
+                        help="keep torch's gates that name other backends (see NOTE [ungated tests] in spawn_suite)")
     parser.add_argument("--log-dir", default=None, help="folder for the workers' output (default: a new temp folder)")
     parser.add_argument("--json", default=None, help="write every backend's results to this file")
     parser.add_argument("--list", action="store_true", help="print the chosen tests and exit")
@@ -230,13 +244,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {len(names)} tests over {backend} ({args.world_size} ranks); log: {log_dir}/{backend}.log",
               file=sys.stderr, flush=True)
         run = run_backend(backend, names, world_size=args.world_size, per_test_timeout_s=args.per_test_timeout,
-                          total_timeout_s=args.total_timeout, start_method=args.start_method, log_dir=log_dir)
+                          total_timeout_s=args.total_timeout, start_method=args.start_method,
+                          ungate=not args.no_ungate, log_dir=log_dir)
         print(f"  {backend}: {run.wall_s:.0f} s", file=sys.stderr, flush=True)
         runs.append(run)
 
     print(f"\ntorch {_torch_version()} distributed_test, world size {args.world_size}, subsets {', '.join(subsets)}"
           + (f", -k {args.pattern}" if args.pattern else ""))
     print(summary_table(runs, names, subsets))
+    for run in runs:
+        gates = ungated(run)
+        if gates:
+            counts = Counter(run.outcome(n) for n in gates)
+            print(f"\n{run.backend} ran {len(gates)} tests that torch gates to other backends (marked *; "
+                  f"--no-ungate keeps the gates): " + ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES))
     status = 0
     if len(runs) == 2:
         ref, run = runs
