@@ -78,7 +78,9 @@ class HcclWork(dist.Work):
         return self._future
 
     def is_completed(self) -> bool:
-        return self._pending is None or self._pending.done
+        if self._pending is not None and self._pending.done:
+            self._finish_pending()  # a receive that arrived meanwhile: write back, time it
+        return self._pending is None
 
     def is_success(self) -> bool:
         return True

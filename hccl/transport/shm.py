@@ -251,10 +251,12 @@ class ShmArena:
 
         self._spin(arrived, lambda: late, what)
 
-    def wait_any(self, arrived, what: str) -> None:
-        """Block until ``arrived()`` (no arguments) is true, any peer may be the one awaited;
-        dead or aborted peers and the timeout raise as in :meth:`wait_all`."""
-        self._spin(arrived, lambda: list(range(len(self.peers))), what)
+    def wait_until(self, arrived, what: str, awaited: Sequence[int] | None = None) -> None:
+        """Block until ``arrived()`` (no arguments) is true; dead or aborted peers and the
+        timeout raise as in :meth:`wait_all`, naming the ``awaited`` local indices (default:
+        every peer)."""
+        late = [self.peers.index(self.segments[i]) for i in awaited] if awaited is not None else list(range(len(self.peers)))
+        self._spin(arrived, lambda: late, what)
 
     def _spin(self, arrived, pending, what: str) -> None:
         """Poll ``arrived()`` until true: spin, then yield, then sleep (growing to 1 ms).

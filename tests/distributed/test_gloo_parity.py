@@ -152,3 +152,60 @@ def test_all_gather_coalesced_equals_gloo():
     ref = run_ranks(_all_gather_coalesced, 3, backend="gloo")
     assert [o[0] for o in ours] == [o[0] for o in ref]
     assert "3 output lists" in ours[0][1] and ours[0][2] == 3.0
+
+
+def _irecv_before_isend(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    ops = []
+    got = {}
+    for peer in range(world):
+        if peer == rank:
+            continue
+        got[peer] = torch.empty(300_000, dtype=torch.float64)  # several outbox chunks
+        ops.append(dist.P2POp(dist.irecv, got[peer], peer, tag=peer))
+        x = torch.randn(300_000, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+        ops.append(dist.P2POp(dist.isend, x, peer, tag=rank))
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {p: (v.sum().item(), v[:3].tolist()) for p, v in got.items()}, t.item()
+
+
+@pytest.mark.timeout(120)
+def test_irecv_posted_before_isend_on_every_rank_equals_gloo():
+    """Every rank posts its irecvs before its isends (torch's batch_isend_irecv on CPU): no rank
+    blocks in irecv, and the messages equal gloo's."""
+    ours = run_ranks(_irecv_before_isend, 3)
+    ref = run_ranks(_irecv_before_isend, 3, backend="gloo")
+    assert ours == ref
+
+
+def _nobody_sends(rank, world):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.recv(torch.empty(4), tag=3)
+        except RuntimeError as exc:
+            return f"{time.monotonic() - t0:.1f} {exc}"
+        return "no error"
+    time.sleep(6)
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_recv_from_any_source_that_never_comes_times_out_naming_it():
+    """A receive from any source that no rank sends to ends with the group's timeout, not a hang."""
+    res = run_ranks(_nobody_sends, 2, pg_timeout=3, expect_errors=True)
+    status, text = res[0]
+    assert status == "ok", res
+    secs, _, msg = text.partition(" ")
+    assert float(secs) < 10, text
+    assert "timed out" in msg and "recv from any source" in msg, text
