@@ -115,22 +115,39 @@ TEST_CLASS = TestDistBackendWithSpawn
 # Some tests are gated on a list of torch's in-tree backends, not on a capability: "Test
 # requires backend hccl to be one of {'gloo'}", "get_future is only supported on mpi, nccl
 # and gloo", "GLOO Batch Send Recv CPU", "Only MPI supports CPU all_to_all". Their bodies use
-# CPU tensors, so for hccl they run anyway (TORCH_SUITE_UNGATE=0 keeps torch's gates): the
-# skip flag torch's decorator set on the function is dropped from this class's copy, and the
-# reason is kept in UNGATED (the results say which tests ran ungated). Only skips raised at
-# decoration time carry such a flag; GPU counts and world sizes are checked inside the ranks
-# and still skip. A few bodies build their model only under `BACKEND == "gloo"` (their CPU
-# branch; _CPU_BRANCH): those run with the suite's BACKEND reading "gloo" inside the body,
-# over the hccl process group set up before it.
-_GATES = (
-    r"^Test requires backend \w+ to be one of ",
-    r"^get_future is only supported on ",
-    r"^GLOO Batch Send Recv CPU$",
-    r"^Only Nccl & Gloo backend support DistributedDataParallel$",
-    r"^Only MPI supports (CPU )?all_to_all",
-)
+# CPU tensors, so for hccl they run anyway (TORCH_SUITE_UNGATE=0 keeps torch's gates): this
+# class gets a copy of the test without torch's skip flag, and UNGATED keeps torch's reason
+# (the results say which tests ran ungated). torch keeps one skip reason per test, the last
+# decorator's, so a gate may hide another reason (an exact world size, say): a test is
+# ungated only if, in a second copy of torch's suite imported as for gloo (or mpi, for the
+# MPI-only gates), no decorator skips it. Skips decided inside the ranks (GPU counts, world
+# sizes) still apply. A few bodies build their model only under `BACKEND == "gloo"` (their
+# CPU branch; _CPU_BRANCH): those run with the suite's BACKEND reading "gloo" inside the
+# body, over the hccl process group set up before it.
+_GATES = {  # torch's reason -> the backend whose copy of the suite must not skip the test
+    r"^Test requires backend \w+ to be one of ": "gloo",
+    r"^get_future is only supported on ": "gloo",
+    r"^GLOO Batch Send Recv CPU$": "gloo",
+    r"^Only Nccl & Gloo backend support DistributedDataParallel$": "gloo",
+    r"^Only MPI supports (CPU )?all_to_all": "mpi",
+}
 _CPU_BRANCH = re.compile(r"^test_accumulate_gradients_no_sync")
 UNGATED: dict[str, str] = {}
+
+
+def _suite_as(backend: str):
+    """A second, private copy of torch's distributed_test module, imported with BACKEND=backend."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch.testing._internal.distributed.distributed_test")
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ["BACKEND"]
+    os.environ["BACKEND"] = backend
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.environ["BACKEND"] = saved
+    return module
 
 
 def _ungated(fn, cpu_branch: bool):
@@ -149,13 +166,23 @@ def _ungated(fn, cpu_branch: bool):
 
 
 if BACKEND == "hccl" and os.environ.get("TORCH_SUITE_UNGATE", "1") != "0":
+    _copies: dict = {}
     for _name in dir(DistributedTest._DistTestBase):
         _fn = getattr(DistributedTest._DistTestBase, _name)
         _why = getattr(_fn, "__unittest_skip_why__", "")
-        if _name.startswith("test_") and getattr(_fn, "__unittest_skip__", False) and any(re.search(g, _why) for g in _GATES):
-            _cpu = bool(_CPU_BRANCH.search(_name))
-            setattr(TestDistBackendWithSpawn, _name, _ungated(_fn, _cpu))
-            UNGATED[_name] = _why + (" (body run through its gloo/CPU branch)" if _cpu else "")
+        if not (_name.startswith("test_") and getattr(_fn, "__unittest_skip__", False)):
+            continue
+        _ref = next((b for g, b in _GATES.items() if re.search(g, _why)), None)
+        if _ref is None:
+            continue
+        if _ref not in _copies:
+            _copies[_ref] = _suite_as(_ref)
+        if getattr(getattr(_copies[_ref].DistributedTest._DistTestBase, _name), "__unittest_skip__", False):
+            continue  # skipped for the reference backend too: another reason may hide behind the gate
+        _cpu = bool(_CPU_BRANCH.search(_name))
+        setattr(TestDistBackendWithSpawn, _name, _ungated(_fn, _cpu))
+        UNGATED[_name] = _why + (" (body run through its gloo/CPU branch)" if _cpu else "")
+    del _copies
 
 
 def all_test_names() -> list[str]:
