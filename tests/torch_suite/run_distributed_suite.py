@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -178,11 +179,15 @@ def ungated(run: SuiteRun) -> dict[str, str]:
     return {n: r["ungated"] for n, r in run.results.items() if r.get("ungated")}
 
 
+_EXC_LINE = re.compile(r"^[\w.]*(Error|Exception|Failure|Timeout\w*)\b: ")
+
+
 def _first_line(message: str, width: int = 110) -> str:
-    """The most telling line of a failure: the last exception line of the first rank's error."""
+    """The most telling line of a failure or skip: the first exception line of the first rank's
+    traceback (not torch's "Process 0 exited with error code 10" header), else the last line."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    picks = [ln for ln in lines if ("Error" in ln or "Exception" in ln) and not ln.startswith(("File ", "Traceback", "raise "))]
-    text = picks[-1] if picks else (lines[-1] if lines else "")
+    picks = [ln for ln in lines if _EXC_LINE.match(ln) and "exited with error code" not in ln]
+    text = picks[0] if picks else (lines[-1] if lines else "")
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
