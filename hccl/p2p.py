@@ -9,7 +9,10 @@ posts what fits and the rest is pushed whenever this rank waits (in a receive, i
 ``Work.wait()``, or before its next collective), so ``isend``/``irecv`` pairs in any order
 make progress, as with MPI or NCCL. Every wait has the group's timeout. The header carries
 the sender's simulated send time, the tag, dtype and size; a receive whose tensor does not
-match raises an error naming both sizes.
+match raises an error naming both sizes. A receive never blocks either: :class:`RecvOp`
+takes chunks as they arrive whenever this rank waits, so ``irecv`` may come before the
+matching ``isend`` on both ranks. A receive from any source takes the first outbox whose
+waiting message carries its tag.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from .reduce_ops import CODE_DTYPES
 from .transport.shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
 
-__all__ = ["SendOp", "recv", "P2PMismatchError"]
+__all__ = ["SendOp", "RecvOp", "P2PMismatchError"]
 
 _HDR_BYTES = 64
 _CHUNK = P2P_SLOT_BYTES - _HDR_BYTES
@@ -77,45 +80,77 @@ class SendOp:
             self.arena.wait_word(self.arena.segments[self.dst], P2P_TAKEN_W + self.arena.rank, sent, self.what, progress)
 
 
-def recv(
-    arena: ShmArena,
-    src: int,
-    flat: torch.Tensor,
-    tag: int,
-    dtype_code: int,
-    what: str,
-    progress: Callable[[], None] | None = None,
-) -> int:
-    """Receive into ``flat`` from local index ``src``; returns the sender's simulated send time (ns).
+class RecvOp:
+    """One message into ``flat`` from local index ``src`` (None: the first local peer whose next
+    message carries ``tag``, as MPI_ANY_SOURCE), taken chunk by chunk as it arrives.
 
-    Raises:
-        P2PMismatchError: the message's size, dtype or tag differs from this receive's.
+    :meth:`progress` never blocks, so a receive may be posted before the matching send
+    (``irecv`` then ``isend`` on both ranks). ``flat`` holds the message once :attr:`done`;
+    :attr:`src` then names the sender and :attr:`sent_ns` its simulated send time.
     """
-    me, peer = arena.me, arena.segments[src]
-    data = _byte_view(flat)
-    total = data.numel()
-    off = 0
-    sim_send_ns = 0
-    while True:
-        taken = int(me.ctrl[P2P_TAKEN_W + src])
-        arena.wait_word(peer, P2P_SENT_W + arena.rank, taken + 1, what, progress)
-        slot = peer.p2p_slot[arena.rank]
-        h_tag, h_total, h_off, h_chunk, h_ns, h_dtype, h_numel, _ = slot[:_HDR_BYTES].view(torch.int64).tolist()
-        if off == 0:
-            sim_send_ns = h_ns
-            problems = []
-            if h_total != total or h_dtype != dtype_code:
-                dt = CODE_DTYPES.get(h_dtype)
-                sent = f"{h_numel} elements of {str(dt).removeprefix('torch.')}"
-                want = f"{flat.numel()} elements of {str(flat.dtype).removeprefix('torch.')}"
-                problems.append(f"rank {arena.group_ranks[src]} sent {sent}, the receive expects {want}")
-            if h_tag != tag:
-                problems.append(f"tag {h_tag} sent, tag {tag} expected")
-            if problems:
-                raise P2PMismatchError(f"hccl: {what}: " + "; ".join(problems))
-        if h_chunk:
-            data[h_off : h_off + h_chunk].copy_(slot[_HDR_BYTES : _HDR_BYTES + h_chunk])
-        me.ctrl[P2P_TAKEN_W + src] = taken + 1
-        off = h_off + h_chunk
-        if off >= total:
-            return sim_send_ns
+
+    def __init__(self, arena: ShmArena, src: int | None, flat: torch.Tensor, tag: int, dtype_code: int, what: str) -> None:
+        self.arena = arena
+        self.src = src
+        self.flat = flat
+        self.data = _byte_view(flat)
+        self.tag = tag
+        self.dtype_code = dtype_code
+        self.what = what
+        self.off = 0
+        self.sent_ns = 0
+        self.done = False
+
+    def _choose(self, skip: set[int]) -> bool:
+        """Any source: take the first peer (from the next local rank up, not in ``skip``) whose
+        waiting message carries this tag; messages with another tag stay for later receives."""
+        arena, me, n = self.arena, self.arena.me, self.arena.world_size
+        for k in range(1, n):
+            src = (arena.rank + k) % n
+            if src in skip:
+                continue
+            seg = arena.segments[src]
+            if int(seg.ctrl[P2P_SENT_W + arena.rank]) > int(me.ctrl[P2P_TAKEN_W + src]):
+                if int(seg.p2p_slot[arena.rank][:_HDR_BYTES].view(torch.int64)[0]) == self.tag:
+                    self.src = src
+                    return True
+        return False
+
+    def progress(self, skip: set[int] = frozenset()) -> bool:
+        """Copy out the chunks that have arrived; returns :attr:`done` (never blocks).
+
+        ``skip``: local peers an any-source receive must not match (an earlier receive waits
+        for their next message).
+
+        Raises:
+            P2PMismatchError: the message's size, dtype or tag differs from this receive's.
+        """
+        arena, me = self.arena, self.arena.me
+        total = self.data.numel()
+        while not self.done:
+            if self.src is None and not self._choose(set(skip)):
+                return False
+            src, peer = self.src, self.arena.segments[self.src]
+            taken = int(me.ctrl[P2P_TAKEN_W + src])
+            if int(peer.ctrl[P2P_SENT_W + arena.rank]) <= taken:
+                return False
+            slot = peer.p2p_slot[arena.rank]
+            h_tag, h_total, h_off, h_chunk, h_ns, h_dtype, h_numel, _ = slot[:_HDR_BYTES].view(torch.int64).tolist()
+            if self.off == 0:
+                self.sent_ns = h_ns
+                problems = []
+                if h_total != total or h_dtype != self.dtype_code:
+                    dt = CODE_DTYPES.get(h_dtype)
+                    sent = f"{h_numel} elements of {str(dt).removeprefix('torch.')}"
+                    want = f"{self.flat.numel()} elements of {str(self.flat.dtype).removeprefix('torch.')}"
+                    problems.append(f"rank {arena.group_ranks[src]} sent {sent}, the receive expects {want}")
+                if h_tag != self.tag:
+                    problems.append(f"tag {h_tag} sent, tag {self.tag} expected")
+                if problems:
+                    raise P2PMismatchError(f"hccl: {self.what}: " + "; ".join(problems))
+            if h_chunk:
+                self.data[h_off : h_off + h_chunk].copy_(slot[_HDR_BYTES : _HDR_BYTES + h_chunk])
+            me.ctrl[P2P_TAKEN_W + src] = taken + 1
+            self.off = h_off + h_chunk
+            self.done = self.off >= total
+        return True

@@ -144,6 +144,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self._seq = 0
         self._error: str | None = None
         self._sends: list = []  # p2p.SendOp still being posted
+        self._recvs: list = []  # p2p.RecvOp still being taken, in posting order
         self._group_name = group_id
         self.history: list[CollectiveRecord] = []
         self._history_limit = 100_000
@@ -243,8 +244,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         """
         if self._error is not None:
             self._check_usable()
-        if self._sends:
-            self._drain_sends()
+        if self._sends or self._recvs:
+            self._drain_p2p()
         seq = self._seq
         what = f"{kind} #{seq}"
         if self._lazy_collectives and kind == "allreduce":
@@ -455,6 +456,17 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``dist.all_gather_coalesced``: ``output_lists[r][i]`` receives rank r's ``input_list[i]``
+        (moved as :meth:`allgather` of several inputs: one collective, one Work)."""
+        n = self._world_size
+        if len(output_lists) != n or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(
+                f"hccl: all_gather_coalesced needs {n} output lists (one per rank) of {len(input_list)} tensors"
+                f" each, got {[len(outs) for outs in output_lists]}"
+            )
+        return self.allgather([[output_lists[r][i] for r in range(n)] for i in range(len(input_list))], input_list, opts)
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         work = None
         for o, i in zip(outputs, inputs):
@@ -646,13 +658,18 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             )
         return local.index(peer)
 
-    def _p2p_prologue(self, tensors, peer: int, kind: str):
-        """Checks shared by send and recv; returns (tensor, dtype code, local peer, flat view, ready ns)."""
+    def _p2p_prologue(self, tensors, peer: int | None, kind: str):
+        """Checks shared by send and recv; returns (tensor, dtype code, local peer, flat view, ready ns).
+
+        ``peer`` None (a receive from any source) skips the peer checks; local peer is then None.
+        """
         if self._error is not None:
             self._check_usable()
+        if len(tensors) != 1:
+            raise ValueError(f"hccl: {kind} takes exactly one tensor, got {len(tensors)}")
         t = tensors[0]
         dcode = check_dtype(t, f"{kind} tensor")
-        local_peer = self._local_peer(peer, kind)
+        local_peer = None if peer is None else self._local_peer(peer, kind)
         return t, dcode, local_peer, _flat(t), self._device.collective_ready_ns()
 
     def send(self, tensors, dst, tag=0):
@@ -667,40 +684,91 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         start, end, _ = p2p_times(nbytes, src=self._rank, dst=dst, src_ready_ns=ready, dst_ready_ns=0, world_size=self._world_size, placement=self._placement)
         work = self._record(what, "send", -1, nbytes, start, end, "p2p", tensors)
         work._pending = op
-        work._drain = self._wait_send
+        work._drain = self._wait_p2p
         return work
 
     def recv(self, tensors, src, tag=0):
-        """Receive into ``tensors[0]`` from rank ``src`` (blocks; queued sends progress meanwhile)."""
+        """Post a receive into ``tensors[0]`` from rank ``src``; returns at once, the bytes are in
+        by the Work's ``wait()`` (``dist.recv`` waits; see NOTE [p2p outboxes])."""
         t, dcode, peer, flat, ready = self._p2p_prologue(tensors, src, "recv")
-        what = f"recv from rank {src}"
-
-        def body():
-            sent_ns = p2p.recv(self._coll.arena, peer, flat, tag, dcode, what, self._progress_sends)
-            _writeback(t, flat)
-            return sent_ns
-
-        sent_ns = self._guarded(what, body)
-        nbytes = t.numel() * t.element_size()
-        _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=sent_ns, dst_ready_ns=ready, world_size=self._world_size, placement=self._placement)
-        return self._record(what, "recv", -1, nbytes, max(ready, sent_ns), end, "p2p", tensors)
-
-    def _progress_sends(self) -> None:
-        if self._sends:
-            self._sends = [op for op in self._sends if not op.progress()]
-
-    def _wait_send(self, op) -> None:
-        if not op.done:
-            self._guarded(op.what, lambda: op.wait(self._progress_sends))
-            self._progress_sends()
-
-    def _drain_sends(self) -> None:
-        """Finish queued sends before a collective (keeps per-peer order simple)."""
-        while self._sends:
-            self._wait_send(self._sends[0])
+        return self._post_recv(f"recv from rank {src}", t, flat, peer, tag, dcode, ready)
 
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("hccl: recv from any source is not supported (HCCL has none either)")
+        """Post a receive into ``tensors[0]`` of the first message with ``tag`` from any rank of
+        this host (``dist.recv(t)`` without ``src``); the Work's ``_source_rank()`` names the sender."""
+        if len(self.layout.hosts) > 1:
+            raise NotImplementedError(
+                "hccl: recv from any source works between ranks of one host; this group spans"
+                f" {len(self.layout.hosts)} hosts"
+            )
+        t, dcode, _, flat, ready = self._p2p_prologue(tensors, None, "recv")
+        return self._post_recv("recv from any source", t, flat, None, tag, dcode, ready)
+
+    def _post_recv(self, what: str, t: torch.Tensor, flat: torch.Tensor, peer: int | None, tag: int, dcode: int,
+                   ready: int) -> HcclWork:
+        """Queue a :class:`p2p.RecvOp`; its Work finishes it (time, record, sender) on wait."""
+        op = p2p.RecvOp(self._coll.arena, peer, flat, tag, dcode, what)
+        self._recvs.append(op)
+        self._guarded(what, self._progress_p2p)
+        nbytes = t.numel() * t.element_size()
+        work = HcclWork([t], CollectiveRecord(seq=-1, kind="recv", nbytes=nbytes, start_ns=ready, end_ns=ready,
+                                              algorithm="p2p (pending)"), self._device)
+
+        def finish(op) -> None:
+            self._wait_p2p(op)
+            _writeback(t, flat)
+            src = self.layout.local_ranks[op.src]
+            _, end, _ = p2p_times(nbytes, src=src, dst=self._rank, src_ready_ns=op.sent_ns, dst_ready_ns=ready,
+                                  world_size=self._world_size, placement=self._placement)
+            start = max(ready, op.sent_ns)
+            self._device.record_collective(what, start, end, [t])
+            work.record = self._remember(CollectiveRecord(seq=-1, kind="recv", nbytes=nbytes, start_ns=start, end_ns=end,
+                                                          algorithm="p2p"))
+            work._source = src
+
+        work._pending = op
+        work._drain = finish
+        return work
+
+    def _progress_p2p(self) -> None:
+        """Push queued sends and take arrived receives (never blocks).
+
+        A receive waits while an earlier one may match the same message: one from the same
+        peer, or one from any source that has not picked its peer yet (MPI's matching order).
+        """
+        if self._sends:
+            self._sends = [op for op in self._sends if not op.progress()]
+        if self._recvs:
+            busy: set[int] = set()  # peers whose next message an earlier receive waits for
+            open_any = False
+            for op in self._recvs:
+                if not open_any and (op.src is None or op.src not in busy):
+                    op.progress(busy)
+                if not op.done:
+                    if op.src is None:
+                        open_any = True
+                    else:
+                        busy.add(op.src)
+            self._recvs = [op for op in self._recvs if not op.done]
+
+    def _wait_p2p(self, op) -> None:
+        """Block until ``op`` (a queued send or receive) is done, progressing every other one."""
+        if op.done:
+            return
+
+        def finished() -> bool:
+            self._progress_p2p()
+            return op.done
+
+        awaited = [op.dst] if isinstance(op, p2p.SendOp) else ([op.src] if op.src is not None else None)
+        self._guarded(op.what, lambda: self._coll.arena.wait_until(finished, op.what, awaited))
+
+    def _drain_p2p(self) -> None:
+        """Finish queued receives and sends before a collective (keeps per-peer order simple)."""
+        while self._recvs:
+            self._wait_p2p(self._recvs[0])
+        while self._sends:
+            self._wait_p2p(self._sends[0])
 
     def gather(self, output_tensors, input_tensors, opts=None):
         """``dist.gather``: root's ``output_tensors[0][r]`` receives rank r's ``input_tensors[0]``.

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 __all__ = [
     "SUPPORTED_DTYPES",
+    "REDUCIBLE_DTYPES",
     "DTYPE_CODES",
     "CODE_DTYPES",
     "REDUCE_OP_CODES",
@@ -23,7 +24,9 @@ __all__ = [
     "finish",
 ]
 
-#: dtypes the emulated HCCL moves and reduces, with their wire codes (stable, 1-based).
+#: dtypes the emulated HCCL moves, with their wire codes (stable, 1-based). Gaudi itself has
+#: no float64, but the emulator runs on CPU, where gloo (the reference) moves and reduces it;
+#: gloo sends the unsigned and float8 dtypes point to point.
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float32: 1,
     torch.bfloat16: 2,
@@ -33,9 +36,21 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.uint8: 6,
     torch.int8: 7,
     torch.bool: 8,
+    torch.float64: 9,
+    torch.int16: 10,
+    torch.uint16: 11,
+    torch.uint32: 12,
+    torch.uint64: 13,
+    torch.float8_e4m3fn: 14,
+    torch.float8_e5m2: 15,
 }
 CODE_DTYPES: dict[int, torch.dtype] = {v: k for k, v in DTYPE_CODES.items()}
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
+#: dtypes a reduction accepts: those with CPU add/min/max/mul kernels (not uint16/32/64, float8).
+REDUCIBLE_DTYPES = (
+    torch.float32, torch.bfloat16, torch.float16, torch.float64,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+)
 
 _RedOp = dist.ReduceOp.RedOpType
 #: reduce ops with their wire codes.
@@ -72,7 +87,7 @@ def check_dtype(tensor: torch.Tensor, what: str = "tensor") -> int:
     """Return the wire code of ``tensor``'s dtype.
 
     Raises:
-        TypeError: if the dtype is not one HCCL emulation moves (e.g. float64, complex),
+        TypeError: if the dtype is not one HCCL emulation moves (e.g. complex, quantized),
             naming the dtype; or if the tensor is not on the CPU/"hpu".
     """
     if tensor.device.type != "cpu":
@@ -88,13 +103,20 @@ def check_dtype(tensor: torch.Tensor, what: str = "tensor") -> int:
 
 
 def check_reduction(code: int, tensor: torch.Tensor, what: str = "tensor") -> int:
-    """:func:`check_dtype` for a reduction with op ``code``; also refuses AVG of bool tensors
-    (an average of truth values has no bool result), before anything is sent.
+    """:func:`check_dtype` for a reduction with op ``code``; also refuses dtypes outside
+    :data:`REDUCIBLE_DTYPES` and AVG of bool tensors (an average of truth values has no bool
+    result), before anything is sent.
 
     Raises:
-        TypeError: as :func:`check_dtype`, or AVG of a bool tensor.
+        TypeError: as :func:`check_dtype`, a dtype that cannot be reduced, or AVG of a bool tensor.
     """
     dcode = check_dtype(tensor, what)
+    if tensor.dtype not in REDUCIBLE_DTYPES:
+        reducible = ", ".join(str(d).removeprefix("torch.") for d in REDUCIBLE_DTYPES)
+        raise TypeError(
+            f"hccl: {str(tensor.dtype).removeprefix('torch.')} {what} cannot be reduced (it can only be moved);"
+            f" reducible dtypes: {reducible}"
+        )
     if code == 2 and tensor.dtype == torch.bool:
         raise TypeError(f"hccl: AVG of a bool {what} is not supported; use SUM, MIN, MAX or PRODUCT")
     return dcode

@@ -56,6 +56,7 @@ class HcclWork(dist.Work):
         self._future.set_result(outputs)
         self._pending = None  # a p2p send still being posted (see hccl.p2p)
         self._drain = None
+        self._source = -1  # a receive's sender (group rank); -1 for other work
 
     def _finish_pending(self) -> None:
         if self._pending is not None and self._drain is not None:
@@ -77,7 +78,9 @@ class HcclWork(dist.Work):
         return self._future
 
     def is_completed(self) -> bool:
-        return self._pending is None or self._pending.done
+        if self._pending is not None and self._pending.done:
+            self._finish_pending()  # a receive that arrived meanwhile: write back, time it
+        return self._pending is None
 
     def is_success(self) -> bool:
         return True
@@ -89,7 +92,11 @@ class HcclWork(dist.Work):
         return self._outputs
 
     def source_rank(self) -> int:
-        return -1
+        """The group rank a receive got its message from (``dist.recv`` without ``src``
+        returns it); -1 for any other work."""
+        return self._source
+
+    _source_rank = source_rank  # the name torch.distributed calls
 
     def synchronize(self) -> None:
         self.wait()

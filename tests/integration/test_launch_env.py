@@ -169,3 +169,25 @@ def test_target_arguments_follow_torchrun() -> None:
 def test_exit_code_matches_the_interpreter(code: object, expected: int) -> None:
     """sys.exit(None|int|str) maps to the exit status Python itself would use."""
     assert exit_code(SystemExit(code)) == expected
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "x"}, {"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_RANK": "1"}],
+    ids=["world-size-no-rank", "bad-rank", "ompi-size-no-rank", "pmi-rank-no-size"],
+)
+def test_import_torch_and_hccl_never_break_on_an_odd_environment(extra) -> None:
+    """torch's own test suite sets WORLD_SIZE without RANK: `import torch` (which loads our entry
+    point) and `import hccl` still work and register "hccl", even with warnings as errors."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE") and not k.startswith(("OMPI_", "PMI_"))}
+    env |= extra | {"PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
+    code = "import torch, torch.distributed as dist; import hccl; print(dist.Backend.HCCL)"
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "hccl"
