@@ -1,5 +1,17 @@
 """Emulated HCCL: the "hccl" torch.distributed backend over real bytes, with simulated timing.
 
+Three planes, as folders:
+
+- the torch face (this folder): registration (:mod:`.backend`, :mod:`._autoload`), the
+  launcher environment (:mod:`.env`), the ProcessGroup (:mod:`.process_group`) and its
+  Work objects (:mod:`.work`);
+- the data plane, :mod:`hccl.transport`: transports and the engines that move real bytes;
+- the time plane, :mod:`hccl.sim`: topology, link model, schedules, algorithms, planner and
+  the timing seam, pure and shared by the live and planned drivers;
+
+and :mod:`hccl.tools` for benchmarks. The face imports both planes; neither plane imports
+the face or the other.
+
 Importing this package registers the backend and maps MPI launcher variables to torch's
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; defaults ``MASTER_ADDR``/``MASTER_PORT``), as
 ``habana_frameworks.torch.distributed.hccl`` does on Gaudi. The process-group classes load on first use: torch imports this package
@@ -31,7 +43,7 @@ _LAZY = {
     "HcclError": ".process_group",
     "HcclWork": ".work",
     "CollectiveRecord": ".work",
-    "CollectiveMismatchError": ".shm_engine",
+    "CollectiveMismatchError": ".transport.shm_engine",
     "HcclTimeoutError": ".transport.shm",
     "PeerFailure": ".transport.shm",
 }

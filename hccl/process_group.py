@@ -8,7 +8,7 @@ stream and returns a completed :class:`~hccl.work.HcclWork`.
 Errors: a bad argument (unsupported dtype or reduce op, wrong number of tensors, root out of
 range) raises ``ValueError``/``TypeError`` on the calling rank before anything is sent; a
 mismatch between ranks (different sizes, dtypes, ops, roots or collective order) raises
-:class:`~hccl.shm_engine.CollectiveMismatchError` on every rank; a dead or failed peer
+:class:`~hccl.transport.shm_engine.CollectiveMismatchError` on every rank; a dead or failed peer
 raises :class:`~hccl.transport.shm.PeerFailure` and a peer that never arrives raises
 :class:`~hccl.transport.shm.HcclTimeoutError` after the group's timeout. After any of
 these the group is unusable and says so.
@@ -27,11 +27,12 @@ import torch.distributed as dist
 from hpu_runtime.bridge import bridge_disabled
 from hpu_runtime.device import get_device
 
-from . import p2p, timing
-from . import shm_engine as eng
-from .multihost import HostLayout, MultiHost
-from .reduce_ops import check_dtype, check_reduction, reduce_op_code
-from .timing import collective_times, p2p_times
+from .sim import timing
+from .transport import p2p
+from .transport import shm_engine as eng
+from .transport.multihost import HostLayout, MultiHost
+from .transport.reduce_ops import check_dtype, check_reduction, reduce_op_code
+from .sim.timing import collective_times, p2p_times
 from .transport.shm import ShmArena, ShmSegment
 from .transport.tcp import TcpMesh
 from .work import CollectiveRecord, HcclWork

@@ -54,7 +54,7 @@ class HcclWork(dist.Work):
         self._device = device
         self._future: Future = Future()
         self._future.set_result(outputs)
-        self._pending = None  # a p2p send still being posted (see hccl.p2p)
+        self._pending = None  # a p2p send still being posted (see hccl.transport.p2p)
         self._drain = None
         self._source = -1  # a receive's sender (group rank); -1 for other work
 

@@ -12,7 +12,7 @@ hooks mark when each parameter's gradient is produced. One warm-up step first cr
 optimizer state, so the traced step is a steady-state step.
 
 :func:`replay` feeds a trace's events to a device again, with callbacks where gradients
-become ready and where backward ends: ``hccl.ddp_plan`` inserts DDP's reducer copies, graph
+become ready and where backward ends: ``hccl.sim.ddp_plan`` inserts DDP's reducer copies, graph
 launches and bucket allreduces there, so a planned step runs the very code a live step does.
 
 Simulated times are integer ns; ``wall_s`` fields are wall-clock seconds on this machine.

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..reduce_ops import CODE_DTYPES
+from .reduce_ops import CODE_DTYPES
 
 __all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE", "P2P_SLOT_BYTES", "P2P_SENT_W", "P2P_TAKEN_W"]
 

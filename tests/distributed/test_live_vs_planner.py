@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hccl.planner import simulate
-from hccl.topology import load_topology
+from hccl.sim.planner import simulate
+from hccl.sim.topology import load_topology
 from tests.dist_utils import run_ranks
 
 SLICE_MB = 0.25

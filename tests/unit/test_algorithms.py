@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from hccl import algorithms
-from hccl.planner import execute, simulate
-from hccl.schedule import Recv, Send, build_schedule
-from hccl.topology import load_topology
+from hccl.sim import algorithms
+from hccl.sim.planner import execute, simulate
+from hccl.sim.schedule import Recv, Send, build_schedule
+from hccl.sim.topology import load_topology
 
 ALGOS = ["direct", "hierarchical", "ring", "recursive"]
 COLLS = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all2all", "send_recv", "barrier"]

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from hccl import planner
-from hccl.link_model import goodput_gbps, serialization_ns
-from hccl.planner import simulate, simulate_sequence
-from hccl.topology import load_topology
+from hccl.sim import planner
+from hccl.sim.link_model import goodput_gbps, serialization_ns
+from hccl.sim.planner import simulate, simulate_sequence
+from hccl.sim.topology import load_topology
 
 HLS2 = load_topology("hls2")
 MB = 1 << 20

@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from hccl import timing
-from hccl.planner import simulate
-from hccl.topology import load_topology
+from hccl.sim import timing
+from hccl.sim.planner import simulate
+from hccl.sim.topology import load_topology
 
 MB = 1 << 20
 

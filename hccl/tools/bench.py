@@ -2,15 +2,15 @@
 
 Example::
 
-    python -m hccl.bench --test all_reduce --size_range 1KB 1GB --ranks 64 --topology hls2
-    python -m hccl.bench --test all_reduce --size_range 1KB 1MB --ranks 4 --live
+    python -m hccl.tools.bench --test all_reduce --size_range 1KB 1GB --ranks 64 --topology hls2
+    python -m hccl.tools.bench --test all_reduce --size_range 1KB 1MB --ranks 4 --live
 
 prints hccl_demo's summary columns per size: size (B), count (elements), type, redop
 (reducing tests only), time (ms, simulated), algo_bw and nw_bw (GB/s = 1e9 B/s).
 ``algo_bw = size / time``; ``nw_bw = algo_bw x factor`` with hccl_demo's factors.
 
 With ``--live`` the same figures come from real ranks (``torchrun`` on this host,
-:mod:`hccl._bench_worker`) running each call through the "hccl" backend on real tensors:
+:mod:`hccl.tools._bench_worker`) running each call through the "hccl" backend on real tensors:
 the simulated time is read from the process groups' history (each call starts from uniform
 ready times, so it equals the planner's), and a ``wall`` column adds the measured wall time
 per call on this machine (slowest rank, mean over ``--iters``).
@@ -29,9 +29,9 @@ import sys
 import tempfile
 from typing import Sequence
 
-from hccl import algorithms
-from hccl.planner import simulate
-from hccl.topology import load_topology
+from hccl.sim import algorithms
+from hccl.sim.planner import simulate
+from hccl.sim.topology import load_topology
 
 __all__ = ["TESTS", "MAX_LIVE_RANKS", "bus_factor", "parse_size", "run", "run_live", "main"]
 
@@ -123,7 +123,7 @@ def run_live(tests: Sequence[str], sizes: Sequence[int], *, ranks: int, topology
             tsizes = sorted({_live_size(test, s, db, ranks) for s in sizes})
             out = os.path.join(tmp, f"{test}.jsonl")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                   "-m", "hccl._bench_worker", "--tests", test, "--sizes", *map(str, tsizes),
+                   "-m", "hccl.tools._bench_worker", "--tests", test, "--sizes", *map(str, tsizes),
                    "--data_type", dtype, "--redop", redop, "--test_root", str(root), "--iters", str(iters),
                    "--out", out]
             try:
@@ -179,7 +179,7 @@ def _print(rows: list[dict], test: str, ranks: int, topology: str, out, live: bo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m hccl.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hccl.tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--test", default="all_reduce", choices=TESTS + ("all",))
     p.add_argument("--size", type=parse_size, help="one size (default 32MB if no --size_range)")
     p.add_argument("--size_range", nargs=2, type=parse_size, metavar=("MIN", "MAX"),

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hccl.schedule import Block, Phase, _even_bounds
-from hccl.topology import Topology
+from hccl.sim.schedule import Block, Phase, _even_bounds
+from hccl.sim.topology import Topology
 
 __all__ = ["Ctx", "Algorithm", "even_table", "dense_rows", "dense_grid", "MAX_BLOCK_ENTRIES"]
 

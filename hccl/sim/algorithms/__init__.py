@@ -1,6 +1,6 @@
 """Collective algorithms as schedules, registered by name.
 
-Adding an algorithm = one new module with an :class:`~hccl.algorithms._base.Algorithm`
+Adding an algorithm = one new module with an :class:`~hccl.sim.algorithms._base.Algorithm`
 subclass + one line in :data:`REGISTRY`.
 
 NOTE [selection rule]
@@ -25,13 +25,13 @@ from typing import Sequence
 
 import numpy as np
 
-from hccl.algorithms._base import Algorithm, Ctx, dense_rows, even_table, sparse_block
-from hccl.algorithms.direct import Direct
-from hccl.algorithms.hierarchical import Hierarchical
-from hccl.algorithms.recursive import Recursive
-from hccl.algorithms.ring import Ring
-from hccl.schedule import Phase, pipeline, slice_elements, split_matrix
-from hccl.topology import Topology
+from hccl.sim.algorithms._base import Algorithm, Ctx, dense_rows, even_table, sparse_block
+from hccl.sim.algorithms.direct import Direct
+from hccl.sim.algorithms.hierarchical import Hierarchical
+from hccl.sim.algorithms.recursive import Recursive
+from hccl.sim.algorithms.ring import Ring
+from hccl.sim.schedule import Phase, pipeline, slice_elements, split_matrix
+from hccl.sim.topology import Topology
 
 __all__ = ["REGISTRY", "SMALL_BYTES", "Algorithm", "register", "select", "get", "phases"]
 
@@ -161,7 +161,7 @@ def _send_recv_phase(n: int, peer: np.ndarray, s0: int, s1: int, count: int) -> 
         if self_.any():
             idx = np.nonzero(self_)[0]
             empty = np.zeros((0, 0), dtype=np.int64)
-            from hccl.schedule import Block
+            from hccl.sim.schedule import Block
             blocks.append(Block(np.zeros(0, dtype=np.int64), empty, empty, empty, empty, reduce=False,
                                 copies=(idx, np.full(idx.size, s0), np.full(idx.size, count + s0),
                                         np.full(idx.size, s1 - s0))))

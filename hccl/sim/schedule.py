@@ -1,6 +1,6 @@
 """Collective schedules: per-rank ordered steps, and the vectorized blocks they come from.
 
-An algorithm (see :mod:`hccl.algorithms`) describes a collective as a sequence of
+An algorithm (see :mod:`hccl.sim.algorithms`) describes a collective as a sequence of
 *phases*. In a phase every participating rank sends some messages and receives some;
 a rank starts a phase's sends when it has finished the previous phase of the same
 slice (all its receives in, reduced). A phase is made of :class:`Block` s: ``K``
@@ -287,9 +287,9 @@ def build_schedule(collective: str, nbytes: int, rank: int, topology, *, world_s
         collective: one of :data:`COLLECTIVES`.
         nbytes: bytes of each rank's input buffer (hccl_demo's "size", see :func:`layout`).
         rank: the rank whose steps to return.
-        topology: a :class:`~hccl.topology.Topology`.
+        topology: a :class:`~hccl.sim.topology.Topology`.
         world_size: ranks in the group (default: the topology's).
-        algorithm: registered algorithm name; default chosen by :func:`hccl.algorithms.select`.
+        algorithm: registered algorithm name; default chosen by :func:`hccl.sim.algorithms.select`.
         root: root rank of broadcast / reduce.
         dtype_bytes: bytes per element.
         splits: all2all only, (n, n) element counts rank i sends to rank j.
@@ -299,7 +299,7 @@ def build_schedule(collective: str, nbytes: int, rank: int, topology, *, world_s
         ValueError: bad arguments (see :func:`validate_call`) or an algorithm that cannot
             run this collective on this topology.
     """
-    from hccl import algorithms  # local import: algorithms import this module
+    from hccl.sim import algorithms  # local import: algorithms import this module
 
     n = world_size if world_size is not None else topology.world_size
     topo = topology.with_world_size(n)

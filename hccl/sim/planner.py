@@ -1,7 +1,7 @@
 """Planner: simulate collectives on N ranks in one process, in simulated nanoseconds.
 
-Runs the same phases (see :mod:`hccl.schedule`) the live transport executes, over the
-RoCE port model (:mod:`hccl.link_model`), vectorized over ranks with numpy; no data is
+Runs the same phases (see :mod:`hccl.sim.schedule`) the live transport executes, over the
+RoCE port model (:mod:`hccl.sim.link_model`), vectorized over ranks with numpy; no data is
 moved. :func:`execute` is the planner-with-data mode: it applies the same steps to real
 numpy buffers so schedules can be checked against numpy references.
 
@@ -30,10 +30,10 @@ from typing import Sequence
 
 import numpy as np
 
-from hccl import algorithms
-from hccl.link_model import LinkParams
-from hccl.schedule import Block, layout, validate_call
-from hccl.topology import Topology
+from hccl.sim import algorithms
+from hccl.sim.link_model import LinkParams
+from hccl.sim.schedule import Block, layout, validate_call
+from hccl.sim.topology import Topology
 
 __all__ = ["SimResult", "simulate", "simulate_sequence", "execute"]
 
@@ -489,7 +489,7 @@ def execute(collective: str, inputs: Sequence[np.ndarray], topology: Topology, *
         op: ``sum``, ``avg``, ``min``, ``max`` or ``prod`` for reducing collectives.
 
     Returns:
-        Per rank, its output (see :func:`hccl.schedule.layout`); for ``reduce`` only the
+        Per rank, its output (see :func:`hccl.sim.schedule.layout`); for ``reduce`` only the
         root's output is meaningful, for ``barrier`` empty arrays.
     """
     if op not in _OPS:

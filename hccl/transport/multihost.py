@@ -4,7 +4,7 @@ NOTE [hierarchical data path]
 Ranks are grouped by host (the lowest rank of a host is its *leader*). A collective runs in
 three stages, mirroring HCCL's scale-up/scale-out split:
 
-1. inside each host, over the shared-memory arena (``hccl.shm_engine``);
+1. inside each host, over the shared-memory arena (``hccl.transport.shm_engine``);
 2. between the leaders, over the TCP mesh: every leader sends every other leader a fixed
    header (the collective's metadata words, checked for mismatches, plus its host's
    simulated ready times) and then the payload the collective needs;
@@ -28,8 +28,8 @@ import torch
 from . import shm_engine as eng
 from .reduce_ops import combine, finish
 from .shm_engine import META_INDEX, CollectiveMismatchError, _raise_mismatch
-from .transport.shm import ShmArena
-from .transport.tcp import TcpMesh, tensor_bytes_view
+from .shm import ShmArena
+from .tcp import TcpMesh, tensor_bytes_view
 
 __all__ = ["HostLayout", "MultiHost"]
 

@@ -1,10 +1,10 @@
 """Transport benchmark: allreduce over "hccl" (shared memory, and MPI) vs "gloo", side by side.
 
-``python -m hccl.bench_transport [--ranks 2] [--iters 20]`` spawns the ranks on this host,
+``python -m hccl.tools.bench_transport [--ranks 2] [--iters 20]`` spawns the ranks on this host,
 creates both groups in every rank, and prints for each size the wall-clock latency (1 KB)
 or bus bandwidth (larger sizes) of each backend and their ratio. When mpi4py and
 ``mpiexec`` are installed (``pip install -e '.[mpi]'``) it then runs ``mpiexec -n RANKS
-python -m hccl.bench_transport --mpi-worker ...``, which measures "hccl" with
+python -m hccl.tools.bench_transport --mpi-worker ...``, which measures "hccl" with
 ``HCCL_TRANSPORT=mpi`` the same way, and adds that column; without MPI it says so and
 prints the rest. These are *wall-clock* figures of the emulator's data movement on this
 machine, not simulated Gaudi times.
@@ -110,7 +110,7 @@ def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rows.json")
-        cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hccl.bench_transport", "--mpi-worker",
+        cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hccl.tools.bench_transport", "--mpi-worker",
                os.path.join(tmp, "init"), out_file, "--iters", str(iters)]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -123,7 +123,7 @@ def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m hccl.bench_transport", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hccl.tools.bench_transport", description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--timeout", type=float, default=600.0, help="wall seconds before giving up (per run)")

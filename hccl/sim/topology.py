@@ -1,9 +1,9 @@
 """Topology model: Gaudi boxes joined by a leaf/spine RoCE v2 scale-out fabric.
 
 A topology says who is linked to whom by which ports; it does not turn bytes into time
-(that is :mod:`hccl.link_model`) and does not know about collectives.
+(that is :mod:`hccl.sim.link_model`) and does not know about collectives.
 
-Built-in systems are TOML data files in ``hccl/topologies/`` (``hls1``, ``hls2``,
+Built-in systems are TOML data files in ``hccl/sim/topologies/`` (``hls1``, ``hls2``,
 ``hls3``: boxes of 8 Gaudi, Gaudi2, Gaudi3 cards). Each number there carries its unit
 in its name and its source beside it.
 
@@ -231,7 +231,7 @@ _FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith
 
 def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
     if name_or_path in _BUILTIN:
-        text = resources.files("hccl").joinpath("topologies", f"{name_or_path}.toml").read_bytes()
+        text = resources.files("hccl.sim").joinpath("topologies", f"{name_or_path}.toml").read_bytes()
         origin = f"built-in topology {name_or_path!r}"
     else:
         path = Path(name_or_path)

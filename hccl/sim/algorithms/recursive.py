@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccl.algorithms._base import Algorithm, Ctx, dense_rows, sparse_block
-from hccl.schedule import Phase
+from hccl.sim.algorithms._base import Algorithm, Ctx, dense_rows, sparse_block
+from hccl.sim.schedule import Phase
 
 __all__ = ["Recursive"]
 

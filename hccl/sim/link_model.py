@@ -1,7 +1,7 @@
 """RoCE v2 port model: bytes to simulated nanoseconds.
 
 Pure integer arithmetic, no state: the planner keeps the per-port "free at" times and
-calls these functions. Numbers come from a :class:`~hccl.topology.Topology`.
+calls these functions. Numbers come from a :class:`~hccl.sim.topology.Topology`.
 
 NOTE [RoCE v2 goodput]
     A message of ``n`` payload bytes is cut into ``ceil(n / mtu_bytes)`` packets (at
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccl.topology import Topology
+from hccl.sim.topology import Topology
 
 __all__ = [
     "wire_bytes",

@@ -19,7 +19,7 @@ inserts what the reducer does in a live run, through the same device code:
 * when a bucket is complete and every earlier bucket has been launched, its allreduce is
   issued: in default lazy mode that launches the accumulated graph (a graph cut, as
   ``ProcessGroupHCCL::collective()`` runs a step marker first), then the allreduce runs on
-  the collective stream, timed by :func:`hccl.timing.collective_times` (the planner); with
+  the collective stream, timed by :func:`hccl.sim.timing.collective_times` (the planner); with
   lazy collectives it joins the graph and runs when the graph does;
 * at the end of backward, without ``gradient_as_bucket_view``, each gradient is copied back
   from its bucket (``copy_``), reading the allreduce's output; with it, the optimizer reads
@@ -165,7 +165,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
         trace: a traced step (:func:`hpu_runtime.tracing.trace_step`).
         world_size: data-parallel ranks (one card each).
         topology: a built-in name (``hls1``, ``hls2``, ``hls3``), a topology file, or a
-            :class:`~hccl.topology.Topology`.
+            :class:`~hccl.sim.topology.Topology`.
         bucket_cap_mb, first_bucket_mb: see :func:`ddp_buckets`.
         gradient_as_bucket_view: gradients are views of the buckets (no copy back).
         static_graph: DDP's ``static_graph``; after the first iteration it buckets and

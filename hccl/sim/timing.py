@@ -2,7 +2,7 @@
 
 The live process group calls :func:`collective_times` once per collective with every rank's
 simulated ready time (exchanged with the collective's metadata), so all ranks compute the
-same, deterministic answer. The answer comes from the planner (:func:`hccl.planner.simulate`):
+same, deterministic answer. The answer comes from the planner (:func:`hccl.sim.planner.simulate`):
 the same schedules over the same topology and RoCE link model, so a live run and a planner
 run of the same calls give identical integers (simulated time, not measured).
 
@@ -13,7 +13,7 @@ Configuration, read once per process (the first collective or :func:`get_topolog
 - ``PT_HCCL_SLICE_SIZE_MB``: pipelining slice size (default 16).
 
 A subgroup (``new_group``, ``new_subgroups``) is timed on its members' cards, not on cards
-0 .. n-1: its process group passes a :class:`~hccl.placement.GroupPlacement` (NOTE
+0 .. n-1: its process group passes a :class:`~hccl.sim.placement.GroupPlacement` (NOTE
 [subgroup placement]); the default group passes none and is timed as before.
 
 NOTE [process group kinds]
@@ -32,12 +32,12 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from hccl import algorithms
-from hccl.link_model import message_ns
-from hccl.placement import GroupPlacement, place_group
-from hccl.planner import simulate
-from hccl.schedule import slice_elements
-from hccl.topology import Topology, load_topology
+from hccl.sim import algorithms
+from hccl.sim.link_model import message_ns
+from hccl.sim.placement import GroupPlacement, place_group
+from hccl.sim.planner import simulate
+from hccl.sim.schedule import slice_elements
+from hccl.sim.topology import Topology, load_topology
 
 __all__ = ["KIND_TO_COLLECTIVE", "CollectiveTiming", "collective_times", "get_topology", "group_placement",
            "p2p_times", "reset"]
@@ -126,7 +126,7 @@ def get_topology(world_size: int) -> Topology:
 
 
 def group_placement(global_ranks: Sequence[int], job_world_size: int) -> GroupPlacement:
-    """A subgroup's members on the job's cards (NOTE [subgroup placement] in :mod:`hccl.placement`).
+    """A subgroup's members on the job's cards (NOTE [subgroup placement] in :mod:`hccl.sim.placement`).
 
     The job's system is :func:`get_topology` of ``job_world_size``: ``HCCL_TOPOLOGY`` with
     hosts mapped to boxes as the default "hccl" group found them in this process.
@@ -182,7 +182,7 @@ def collective_times(
     Returns:
         ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready
         (or this rank's end, if it finished before a rank it never waits for was ready),
-        ``end_ns`` when this rank finished, per :func:`hccl.planner.simulate`.
+        ``end_ns`` when this rank finished, per :func:`hccl.sim.planner.simulate`.
 
     Raises:
         ValueError: unknown kind, bad ``HCCL_TOPOLOGY`` / ``HCCL_ALGO`` /
@@ -259,7 +259,7 @@ def p2p_times(nbytes: int, *, src: int, dst: int, src_ready_ns: int, dst_ready_n
     """Simulated interval of one point-to-point message ``src -> dst`` (send/recv).
 
     The message leaves when the sender is ready and lands ``message_ns`` later (serialization
-    at the link's goodput plus path latency, :func:`hccl.link_model.message_ns`); the receive
+    at the link's goodput plus path latency, :func:`hccl.sim.link_model.message_ns`); the receive
     ends at the later of its arrival and the receiver's ready time. Returns
     ``(src_ready_ns, end_ns, "p2p")``; ``end_ns`` is the same for sender and receiver.
     ``src`` and ``dst`` are group ranks, placed by ``placement`` when given.

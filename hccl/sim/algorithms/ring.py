@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccl.algorithms._base import Algorithm, Ctx, dense_rows
-from hccl.schedule import Phase
+from hccl.sim.algorithms._base import Algorithm, Ctx, dense_rows
+from hccl.sim.schedule import Phase
 
 __all__ = ["Ring"]
 

@@ -1,13 +1,13 @@
 """Where a process group's ranks sit: a subgroup's members on the job's cards.
 
 Pure: no torch, no processes. The process group builds a :class:`GroupPlacement` once, at
-creation, and the timing seam (:func:`hccl.timing.collective_times`) times every collective
+creation, and the timing seam (:func:`hccl.sim.timing.collective_times`) times every collective
 of the group on ``placement.topology``.
 
 NOTE [subgroup placement]
     Global rank ``g`` of a job sits on card ``g`` of the job's system (the topology of the
     default group: ``HCCL_TOPOLOGY`` with hosts mapped to boxes; NOTE [rank placement] in
-    :mod:`hccl.topology`). torch hands a subgroup's backend its members' global ranks
+    :mod:`hccl.sim.topology`). torch hands a subgroup's backend its members' global ranks
     (``global_ranks_in_group``, ascending). A collective of the group runs over those cards
     only, so the group is timed on a topology of its own:
 
@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hccl.topology import Topology
+from hccl.sim.topology import Topology
 
 __all__ = ["GroupPlacement", "place_group"]
 

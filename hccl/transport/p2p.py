@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from .reduce_ops import CODE_DTYPES
-from .transport.shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
+from .shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
 
 __all__ = ["SendOp", "RecvOp", "P2PMismatchError"]
 

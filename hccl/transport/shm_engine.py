@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .reduce_ops import CODE_DTYPES, combine, combine_out, finish, reduce_op_name
-from .transport.shm import ITEMSIZE, META_FIELDS, SMALL_BYTES, ShmArena
+from .shm import ITEMSIZE, META_FIELDS, SMALL_BYTES, ShmArena
 
 __all__ = [
     "KIND_CODES",
@@ -385,7 +385,7 @@ def barrier(arena: ShmArena, meta: list[int], what: str) -> list[int]:
 class ShmCollectives:
     """The collectives of a group whose ranks all share one host (one :class:`ShmArena`).
 
-    Same method signatures as :class:`hccl.multihost.MultiHost`, so the process group can
+    Same method signatures as :class:`hccl.transport.multihost.MultiHost`, so the process group can
     drive either. Each returns every rank's simulated ready time.
     """
 

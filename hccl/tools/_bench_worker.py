@@ -1,4 +1,4 @@
-"""One rank of ``python -m hccl.bench --live`` (started by torchrun; not a public entry point).
+"""One rank of ``python -m hccl.tools.bench --live`` (started by torchrun; not a public entry point).
 
 Runs each (test, size) through the "hccl" backend on real tensors and reads the simulated
 interval from the process group's history. Before every call the ranks agree, through the
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import hccl  # noqa: F401 - registers the "hccl" backend
-from hccl.algorithms import _send_recv_peers
+from hccl.sim.algorithms import _send_recv_peers
 
 _DTYPES = {"float": torch.float32, "bfloat16": torch.bfloat16}
 _ITEMSIZE = {"float": 4, "bfloat16": 2}
@@ -75,14 +75,14 @@ def _prepare(test: str, x: torch.Tensor, rank: int, world: int, op, root: int, p
 
 def peer_of(rank: int, world: int) -> int:
     """hccl_demo's send_recv partner of ``rank`` (the planner's pattern)."""
-    from hccl.topology import load_topology
+    from hccl.sim.topology import load_topology
 
     L = load_topology(os.environ.get("HCCL_TOPOLOGY") or "hls2", world_size=world).cards_per_box
     return int(_send_recv_peers(world, L)[rank])
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hccl._bench_worker")
+    p = argparse.ArgumentParser(prog="python -m hccl.tools._bench_worker")
     p.add_argument("--tests", nargs="+", required=True)
     p.add_argument("--sizes", nargs="+", type=int, required=True)
     p.add_argument("--data_type", default="float", choices=sorted(_DTYPES))

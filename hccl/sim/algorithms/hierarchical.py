@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccl.algorithms._base import Algorithm, Ctx, dense_grid, dense_rows, even_table
-from hccl.schedule import Phase
+from hccl.sim.algorithms._base import Algorithm, Ctx, dense_grid, dense_rows, even_table
+from hccl.sim.schedule import Phase
 
 __all__ = ["Hierarchical"]
 
