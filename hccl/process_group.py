@@ -33,8 +33,9 @@ from .composite import CompositeMixin
 from .config import HcclConfig
 from .point_to_point import PointToPointMixin
 from .rendezvous import rendezvous
-from .sim import timing
-from .sim.timing import collective_times, p2p_times
+from .sim.placement import place_group
+from .sim.timing import AUTO, collective_times, host_topology, p2p_times
+from .sim.topology import Topology
 from .work import CollectiveRecord, HcclWork
 
 __all__ = ["ProcessGroupHCCL", "HcclError"]
@@ -58,6 +59,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             ``global_ranks_in_group``); None or empty for the default group. Its
             collectives are timed on those ranks' cards (NOTE [subgroup placement]).
         job_world_size: ranks in the job (needed with ``global_ranks``).
+        job_topology: the job's system a subgroup's members sit on (the default group's
+            :attr:`topology`); None: ``HCCL_TOPOLOGY`` for ``job_world_size`` ranks.
         config: the backend's configuration; default ``HcclConfig.from_env()``, read now
             and kept: later changes to the environment do not reach this group.
 
@@ -77,6 +80,7 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         global_ranks=None,
         job_world_size: int | None = None,
         config: HcclConfig | None = None,
+        job_topology: Topology | None = None,
     ) -> None:
         super().__init__(rank, world_size)
         self.config = HcclConfig.from_env() if config is None else config
@@ -97,25 +101,33 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config)
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
-        self._placement = None
-        sizes = {len(h) for h in self.layout.hosts}
-        if not subgroup and len(self.layout.hosts) > 1 and len(sizes) == 1:
-            timing.set_ranks_per_host(world_size, sizes.pop())  # the job's hosts: a subgroup's are not
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
             if subgroup:
-                self._placement = timing.group_placement(global_ranks, job_world_size or max(global_ranks) + 1)
-                self.topology = self._placement.topology
+                job = job_topology or self._load_topology(job_world_size or max(global_ranks) + 1, 0)
+                self._placement = place_group(job, global_ranks)
             else:
-                self.topology = timing.get_topology(world_size)
+                sizes = {len(h) for h in self.layout.hosts}  # hosts of equal size become boxes
+                per_host = sizes.pop() if len(self.layout.hosts) > 1 and len(sizes) == 1 else 0
+                self._placement = place_group(self._load_topology(world_size, per_host), range(world_size))
         except BaseException:
             self.shutdown()
             raise
+        self.topology: Topology = self._placement.topology
+        """The system this group's collectives are timed on (its members' cards)."""
 
+    def _load_topology(self, world_size: int, ranks_per_host: int) -> Topology:
+        try:
+            return host_topology(self.config.topology, world_size, ranks_per_host)
+        except ValueError as exc:
+            raise ValueError(f"hccl: HCCL_TOPOLOGY={self.config.topology!r}: {exc}") from None
+
+    # ---- the timing seam: this group's placement and frozen configuration ---------------------
     def _collective_times(self, kind, nbytes, ready_all, **kw):
-        return collective_times(kind, nbytes, ready_all, rank=self._rank, placement=self._placement, **kw)
+        return collective_times(kind, nbytes, ready_all, rank=self._rank, placement=self._placement,
+                                algorithm=self.config.algorithm or AUTO, slice_bytes=self.config.slice_bytes, **kw)
 
     def _p2p_times(self, nbytes, **kw):
-        return p2p_times(nbytes, world_size=self._world_size, placement=self._placement, **kw)
+        return p2p_times(nbytes, placement=self._placement, **kw)
 
     # ---- plumbing ---------------------------------------------------------------------
     def _meta(self, kind: str, dtype: int, numel: int, op: int = 0, root: int = 0, ready_ns: int = 0, x0: int = 0) -> list[int]:
