@@ -12,11 +12,16 @@ Three planes, as folders:
 and :mod:`hccl.tools` for benchmarks. The face imports both planes; neither plane imports
 the face or the other.
 
-Importing this package registers the backend and maps MPI launcher variables to torch's
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; defaults ``MASTER_ADDR``/``MASTER_PORT``), as
-``habana_frameworks.torch.distributed.hccl`` does on Gaudi. The process-group classes load on first use: torch imports this package
-from its backend entry point while torch itself (and maybe ``hpu_runtime``) is still
-initialising, so the package body must stay light.
+Importing this package registers the backend and does nothing else: it never changes
+``os.environ`` (torch imports it at ``import torch``, through the ``torch.backends`` entry
+point). Mapping an MPI launcher's variables to torch's (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``; defaults ``MASTER_ADDR``/``MASTER_PORT``) is explicit:
+``import habana_frameworks.torch.distributed.hccl`` does it, as on Gaudi; ``python -m
+launchers.mpi`` does it for its jobs; or call :func:`hccl.env.apply_mpi_env`.
+
+The process-group classes load on first use: torch imports this package from its backend
+entry point while torch itself (and maybe ``hpu_runtime``) is still initialising, so the
+package body must stay light.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .env import apply_mpi_env
 __all__ = [
     "BACKEND_NAME",
     "register_backend",
+    "apply_mpi_env",
     "ProcessGroupHCCL",
     "HcclWork",
     "CollectiveRecord",
@@ -55,13 +61,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hccl' has no attribute {name!r}")
 
 
-try:
-    apply_mpi_env()  # Open MPI / PMI variables -> RANK, WORLD_SIZE, LOCAL_RANK (as on Gaudi)
-except ValueError as _exc:
-    # torch imports us at `import torch`: an environment that is no launch (torch's own test
-    # suite sets WORLD_SIZE without RANK) must never break it, nor warn (`python -W error`
-    # would turn a warning into a failed `import torch`); init_process_group reports it.
-    import logging
-
-    logging.getLogger(__name__).debug("rank variables left as they are: %s", _exc)
 register_backend()
