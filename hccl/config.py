@@ -73,11 +73,11 @@ class HcclConfig:
             except ValueError as exc:
                 raise ValueError(f"HCCL_ALGO={self.algorithm!r}: {exc}") from None
         if not self.slice_size_mb > 0:
-            raise ValueError(f"PT_HCCL_SLICE_SIZE_MB={self.slice_size_mb!r} must be > 0")
+            raise ValueError(f"PT_HCCL_SLICE_SIZE_MB={self.slice_size_mb:g} must be > 0")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"HCCL_TRANSPORT={self.transport!r} is not a transport; use 'shm' (the default) or 'mpi'")
         if not 0 < self.shm_buffer_mb <= 4096:
-            raise ValueError(f"HCCL_SHM_BUFFER_MB={self.shm_buffer_mb!r} must be in (0, 4096]")
+            raise ValueError(f"HCCL_SHM_BUFFER_MB={self.shm_buffer_mb:g} must be in (0, 4096]")
         if self.comm_id is not None:
             host, sep, port = self.comm_id.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
