@@ -189,6 +189,20 @@ def test_killed_worker_fails_the_job_naming_the_rank(ray_address: str) -> None:
     _assert_no_new_shm(shm_before)
 
 
+@pytest.mark.timeout(150)
+def test_timeout_ends_the_job_naming_the_ranks(ray_address: str) -> None:
+    """A job still running at --timeout ends there (each rank's watchdog) with exit 1 and the
+    ranks named (both, or the first Ray Train saw die), not after its 300 steps of 1 s."""
+    started = time.monotonic()
+    proc = _ray("--address", ray_address, "--num-workers", "2", "--timeout", "30", TINY,
+                "--steps", "300", "--step-sleep", "1", timeout=140)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(r"job failed: ranks \[[01, ]+\] did not finish within --timeout 30 s", proc.stderr), \
+        proc.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    _assert_all_gone(list(_rank_pids(proc.stderr).values()))
+
+
 @pytest.mark.timeout(120)
 def test_too_few_hpus_is_a_launch_error(ray_address: str) -> None:
     """3 workers on a cluster with 2 "HPU": exit 2 within the placement timeout, naming the
