@@ -209,13 +209,13 @@ def bridge_on_first_import() -> Iterator[None]:
         return
     original, thread = builtins.__import__, threading.get_ident()
 
-    def hooked(name: str, globals_: dict | None = None, locals_: Any = None, fromlist: Any = (),
+    def hooked(name: str, globals: dict | None = None, locals: Any = None, fromlist: Any = (),  # noqa: A002
                level: int = 0) -> Any:
-        if threading.get_ident() == thread and _emulator_module(name, globals_, level):
+        if threading.get_ident() == thread and _emulator_module(name, globals, level):
             if builtins.__import__ is hooked:
                 builtins.__import__ = original
             activate_bridge()
-        return original(name, globals_, locals_, fromlist, level)
+        return original(name, globals, locals, fromlist, level)
 
     builtins.__import__ = hooked
     try:
@@ -234,7 +234,6 @@ class _OnTrainingThread:
     def __call__(self, *args: Any) -> None:
         activate_bridge()
         self.__wrapped__(*args)
-
 
 
 def _expire(rank: int, timeout_s: float) -> None:

@@ -117,6 +117,33 @@ def test_job_config_validates(field: str, value: float) -> None:
         RayJobConfig(**kwargs)
 
 
+def test_bridge_starts_at_the_targets_first_emulator_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``hpu_runtime`` imported elsewhere (by Ray), the training thread gets the bridge at
+    its first import of the emulator, not before (a gloo target never pays for it), once; the
+    import machinery is restored."""
+    import builtins
+    import threading
+    import types
+
+    from launchers.ray_train import bridge_on_first_import
+
+    calls: list[int] = []
+    fake = types.ModuleType("hpu_runtime")
+    fake.activate = lambda: calls.append(threading.get_ident())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hpu_runtime", fake)
+    original = builtins.__import__
+    with bridge_on_first_import():
+        import collections.abc  # noqa: F401
+        thread = threading.Thread(target=lambda: __import__("hpu_runtime"))
+        thread.start()
+        thread.join()
+        assert calls == []  # not this thread's import
+        import hpu_runtime  # noqa: F401
+        import hpu_runtime  # noqa: F401,F811
+        assert calls == [threading.get_ident()]
+    assert builtins.__import__ is original
+
+
 # --- bad input on the command line (fast: fails before a cluster exists) ---------------
 
 
