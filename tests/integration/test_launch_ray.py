@@ -221,10 +221,10 @@ def test_timeout_ends_the_job_naming_the_ranks(ray_address: str) -> None:
     """A job still running at --timeout ends there (each rank's watchdog) with exit 1 and the
     ranks named (both, or the first Ray Train saw die), not after its 300 steps of 1 s."""
     started = time.monotonic()
-    proc = _ray("--address", ray_address, "--num-workers", "2", "--timeout", "30", TINY,
+    proc = _ray("--address", ray_address, "--num-workers", "2", "--timeout", "20", TINY,
                 "--steps", "300", "--step-sleep", "1", timeout=140)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert re.search(r"job failed: ranks \[[01, ]+\] did not finish within --timeout 30 s", proc.stderr), \
+    assert re.search(r"job failed: ranks \[[01, ]+\] did not finish within --timeout 20 s", proc.stderr), \
         proc.stderr[-3000:]
     assert time.monotonic() - started < 120
     _assert_all_gone(list(_rank_pids(proc.stderr).values()))
