@@ -223,27 +223,6 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def __repr__(self) -> str:
         return f"ProcessGroupHCCL(rank={self._rank}, world_size={self._world_size})"
 
-    # ---- identity ---------------------------------------------------------------------
-    def getBackendName(self) -> str:
-        return "hccl"
-
-    @property
-    def group_name(self) -> str:
-        """The name torch registered this group under (set by the backend creator)."""
-        return self._group_name
-
-    @group_name.setter
-    def group_name(self, name: str) -> None:
-        self._group_name = name
-
-    @property
-    def last_collective(self) -> CollectiveRecord | None:
-        """The most recent collective's simulated record (None before the first)."""
-        return self.history[-1] if self.history else None
-
-    def __repr__(self) -> str:
-        return f"ProcessGroupHCCL(rank={self._rank}, world_size={self._world_size})"
-
     # ---- lifecycle --------------------------------------------------------------------
     def shutdown(self) -> None:
         """Release the shared-memory mappings and sockets (idempotent)."""
