@@ -33,7 +33,7 @@ from hccl.sim import algorithms
 from hccl.sim.planner import simulate
 from hccl.sim.topology import load_topology
 
-__all__ = ["TESTS", "MAX_LIVE_RANKS", "bus_factor", "parse_size", "run", "run_live", "main"]
+__all__ = ["TESTS", "MAX_LIVE_RANKS", "bus_factor", "parse_size", "run", "run_live", "planner_cost", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,28 @@ def _print(rows: list[dict], test: str, ranks: int, topology: str, out, live: bo
         print("".join(f"{c:<{w}}" for c in cells), file=out)
 
 
+def planner_cost(test: str, size: int, *, ranks: int, topology: str, repeats: int = 200) -> dict:
+    """Wall cost of the planner on this machine: one cold call, then a cached repeat.
+
+    The cold call simulates ``test`` of ``size`` bytes on ``ranks`` ranks from an empty cache;
+    the repeats shift every rank's ready time by the same offset (a DDP bucket's pattern on the
+    next step), which the cache answers. Returns wall seconds as ``cold_s`` and ``repeat_s``
+    (mean per call); these are machine figures, never simulated time.
+    """
+    import time
+
+    from hccl.sim import planner
+    topo = load_topology(topology)
+    planner._simulate_cached.cache_clear()
+    t0 = time.perf_counter()
+    simulate(test, size, topo, world_size=ranks)
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(1, repeats + 1):
+        simulate(test, size, topo, world_size=ranks, ready_ns=[i] * ranks)
+    return {"cold_s": cold, "repeat_s": (time.perf_counter() - t0) / repeats}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m hccl.tools.bench", description=__doc__.split("\n\n")[0])
@@ -195,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"run real ranks on this host through the 'hccl' backend (--ranks <= {MAX_LIVE_RANKS})")
     p.add_argument("--iters", type=int, default=1, help="--live: timed calls per size (after one warm-up)")
     p.add_argument("--timeout", type=float, default=600.0, help="--live: seconds allowed per test")
+    p.add_argument("--planner_cost", action="store_true",
+                   help="print the planner's wall cost per call (cold, then cached) instead of the table")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING)
@@ -202,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--iters must be >= 1")
     sizes = _sizes(*a.size_range) if a.size_range else [a.size or 32 << 20]
     tests = TESTS if a.test == "all" else (a.test,)
+    if a.planner_cost:
+        for t in tests:
+            c = planner_cost(t, sizes[0], ranks=a.ranks, topology=a.topology)
+            print(f"{t} {sizes[0]} B on {a.ranks} ranks ({a.topology}): cold {c['cold_s'] * 1e3:.3f} ms, "
+                  f"cached repeat {c['repeat_s'] * 1e6:.1f} us per call (wall, this machine)")
+        return 0
     all_rows = []
     try:
         for t in tests:

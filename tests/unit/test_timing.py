@@ -10,7 +10,6 @@ latency 50 ns, reduction 2 bytes/ns, one box per leaf (so box to box crosses the
 latency 4 x 100 + 3 x 50 = 550 ns).
 """
 
-import time
 
 import pytest
 
@@ -187,14 +186,19 @@ def test_unknown_kind(tiny):
         _times(tiny, "gather", 1024, [0, 0], 0)
 
 
-def test_fast_per_bucket():
-    """A DDP bucket's call costs well under a millisecond once its pattern is cached."""
+def test_repeated_bucket_reuses_one_cached_schedule():
+    """A DDP bucket's call at shifted ready times is one schedule simulated once, then shifted.
+
+    What makes the per-bucket call cheap is the cache; its wall cost is a benchmark figure
+    (``python -m hccl.tools.bench --planner_cost``), not a test threshold."""
+    from hccl.sim import planner
     topo = load_topology("hls2", world_size=8)
-    timing.collective_times("allreduce", 25 * MB, [0] * 8, topology=topo)
-    t0 = time.perf_counter()
-    for i in range(200):
-        timing.collective_times("allreduce", 25 * MB, [i] * 8, rank=i % 8, dtype_bytes=4, topology=topo)
-    assert (time.perf_counter() - t0) / 200 < 1e-3
+    planner._simulate_cached.cache_clear()
+    first = timing.collective_times("allreduce", 25 * MB, [0] * 8, rank=0, dtype_bytes=4, topology=topo)
+    for i in range(1, 50):
+        got = timing.collective_times("allreduce", 25 * MB, [i] * 8, rank=i % 8, dtype_bytes=4, topology=topo)
+        assert got[0] == i and got[1] - got[0] == first[1] - first[0], (i, got, first)
+    assert planner._simulate_cached.cache_info().misses == 1
 
 
 def test_planner_agrees_on_a_large_system():
