@@ -194,15 +194,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             return connect(store, rank, n, self._timeout_s)
         local = layout.local_ranks
         capacity = _buffer_bytes()
-        names = {r: f"hccl_{token[:16]}_{r}" for r in local}
-        mine = ShmSegment(names[rank], capacity, create=True, p2p_slots=len(local))
+        mine = ShmSegment(f"hccl_{token[:16]}_{rank}", capacity, create=True, p2p_slots=len(local))
         segments: list[ShmSegment] = []
         mesh = None
-        try:
-            store.set(f"hccl/seg/{rank}", names[rank])
-            store.wait([f"hccl/seg/{r}" for r in local], timedelta(seconds=self._timeout_s))
+        try:  # NOTE [anonymous segments] in transport/shm.py: nothing named survives a death
+            store.set(f"hccl/seg/{rank}", mine.path)
+            paths = {r: store.get(f"hccl/seg/{r}").decode() for r in local}
             for r in local:
-                segments.append(mine if r == rank else ShmSegment(names[r], capacity, create=False, p2p_slots=len(local)))
+                segments.append(mine if r == rank else ShmSegment(paths[r], capacity, create=False, p2p_slots=len(local)))
             arena = ShmArena(segments, layout.local_index, self._timeout_s, group_ranks=list(local))
             # everyone on this host has mapped everyone: the names are no longer needed
             eng.barrier(arena, self._meta("barrier", 0, 0), "hccl rendezvous")
