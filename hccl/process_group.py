@@ -30,7 +30,9 @@ from hpu_runtime.device import get_device
 from .sim import timing
 from .transport import p2p
 from .transport import shm_engine as eng
-from .transport.multihost import HostLayout, MultiHost
+from .plans import make_planner
+from .transport.executor import ScheduleCollectives
+from .transport.multihost import HostLayout, HostsTransport
 from .transport.reduce_ops import check_dtype, check_reduction, reduce_op_code
 from .sim.timing import collective_times, p2p_times
 from .transport.shm import ShmArena, ShmSegment
@@ -151,6 +153,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         self._history_limit = 100_000
         self._device = get_device()  # the simulated card of this process
         self._lazy_collectives = lazy_collectives_enabled()
+        #: the global rank of each group rank (errors name global ranks)
+        self._names = list(global_ranks) if global_ranks else list(range(world_size))
         self._coll = self._rendezvous(store, group_id)
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         self._placement = None
@@ -171,9 +175,10 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def _rendezvous(self, store: dist.Store, group_id: str):
         """Map the host-local peers' segments; connect the hosts' leaders over TCP.
 
-        Returns the collectives driver: :class:`ShmCollectives` (one host) or
-        :class:`MultiHost` (several); with ``HCCL_TRANSPORT=mpi``,
-        :class:`~hccl.transport.mpi.MpiCollectives` (all traffic through mpi4py).
+        Returns the collectives driver: :class:`ShmCollectives` (one host), or the schedule
+        executor (:class:`~hccl.transport.executor.ScheduleCollectives`) over
+        :class:`HostsTransport` (several hosts: every rank connects to every rank of the other
+        hosts) or, with ``HCCL_TRANSPORT=mpi``, over :class:`~hccl.transport.mpi.MpiTransport`.
 
         Raises:
             ValueError: ``HCCL_TRANSPORT`` is neither ``shm`` nor ``mpi``.
@@ -191,7 +196,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if transport == "mpi":
             from .transport.mpi import connect
 
-            return connect(store, rank, n, self._timeout_s)
+            return ScheduleCollectives(connect(store, rank, n, self._timeout_s), make_planner(rank, n), self._names)
         local = layout.local_ranks
         capacity = _buffer_bytes()
         mine = ShmSegment(f"hccl_{token[:16]}_{rank}", capacity, create=True, p2p_slots=len(local))
@@ -208,13 +213,12 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             mine.unlink()
             if len(layout.hosts) == 1:
                 return eng.ShmCollectives(arena)
-            if layout.is_leader:
-                peers = [r for r in layout.leaders if r != rank]
-                mesh = TcpMesh(rank, peers, token, self._timeout_s)
-                store.set(f"hccl/tcp/{rank}", mesh.address)
-                addresses = {p: store.get(f"hccl/tcp/{p}").decode() for p in peers}
-                mesh.connect(addresses)
-            return MultiHost(layout, arena, mesh)
+            peers = [r for r in range(n) if r not in local]
+            mesh = TcpMesh(rank, peers, token, self._timeout_s)
+            store.set(f"hccl/tcp/{rank}", mesh.address)
+            mesh.connect({p: store.get(f"hccl/tcp/{p}").decode() for p in peers})
+            return ScheduleCollectives(HostsTransport(layout, arena, mesh), make_planner(rank, n), self._names,
+                                       arena=arena, mesh=mesh)
         except BaseException:
             if mesh is not None:
                 mesh.close()
@@ -284,7 +288,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         except BaseException as exc:
             self._error = f"{what}: {exc}"
             if self._coll is not None:
-                self._coll.arena.abort(f"{what}: {exc}")
+                self._coll.abort(f"{what}: {exc}")
                 self._coll.close()
             raise
 
@@ -546,8 +550,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
         def body(ready, what):
             meta = self._meta("alltoall", dcode, 0, 0, 0, ready)
-            ready_all = self._coll.alltoall(outs, ins, meta, what)
-            splits[:] = getattr(self._coll, "alltoall_splits", None) or []  # (n x n) elements, for timing
+            ready_all, splits[:] = self._coll.alltoall(outs, ins, meta, what)  # splits: (n x n) elements, for timing
             for t, f in zip(output_tensors, outs):
                 _writeback(t, f)
             return ready_all
@@ -584,8 +587,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             o2 += out_splits[q] * row_out
 
         def body(ready, what):
-            ready_all = self._coll.alltoall(outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
-            splits[:] = getattr(self._coll, "alltoall_splits", None) or []  # (n x n) elements, for timing
+            ready_all, splits[:] = self._coll.alltoall(outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
             _writeback(output, out_flat)
             return ready_all
 
@@ -669,6 +671,11 @@ class ProcessGroupHCCL(dist.ProcessGroup):
             raise ValueError(f"hccl: {kind} takes exactly one tensor, got {len(tensors)}")
         t = tensors[0]
         dcode = check_dtype(t, f"{kind} tensor")
+        if self._coll is None or self._coll.arena is None:
+            raise NotImplementedError(
+                "hccl: send/recv is not supported with HCCL_TRANSPORT=mpi; use the default"
+                " shared-memory transport (HCCL_TRANSPORT=shm) for point-to-point"
+            )
         local_peer = None if peer is None else self._local_peer(peer, kind)
         return t, dcode, local_peer, _flat(t), self._device.collective_ready_ns()
 
@@ -838,7 +845,8 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         coll = getattr(self, "_coll", None)
         if coll is not None:
             coll.close()
-            coll.arena.close()
+            if coll.arena is not None:
+                coll.arena.close()
             self._coll = None
             if self._error is None:
                 self._error = "the process group was shut down"
