@@ -3,15 +3,15 @@
 The data plane's executor (:mod:`hccl.transport.executor`) runs
 :class:`~hccl.transport.plan.Plan` s and never imports ``hccl.sim``; the process group gives
 it :func:`make_planner`'s function, which builds each plan with
-:func:`hccl.sim.schedule.build_schedule` on the topology the timing model uses for the same
-group, so the bytes move along the schedule the planner times (``HCCL_ALGO`` included).
+:func:`hccl.sim.schedule.build_schedule` on the topology, algorithm and slice the timing model
+uses for the same group, so the bytes move along the schedule the planner times
+(``HCCL_ALGO=ring`` runs a ring).
 """
 
 from __future__ import annotations
 
 import functools
 
-from .sim import timing
 from .sim.schedule import Copy, Recv, Send, build_schedule
 from .transport.plan import CopyStep, Plan, PlanRequest, Planner, RecvStep, SendStep
 
@@ -34,22 +34,20 @@ def to_plan(schedule) -> Plan:
                 steps=tuple(steps))
 
 
-def make_planner(rank: int, world_size: int) -> Planner:
-    """This rank's planner for a group of ``world_size`` ranks (plans cached per request).
+def make_planner(rank: int, world_size: int, placement, *, algorithm: str, slice_bytes: int | None) -> Planner:
+    """This rank's planner: plans on ``placement.topology`` (the topology the group's
+    collectives are timed on) with the group's frozen algorithm and slice, cached per request.
 
-    The topology is :func:`hccl.sim.timing.get_topology` of the group's size (``HCCL_TOPOLOGY``
-    with hosts mapped to boxes), looked up at each call so the hosts found at the rendezvous
-    count; a subgroup's plan uses a topology of its own size (its timing uses its placement
-    on the job's cards).
+    A subgroup whose members sit on the job's cards in another order than their group ranks
+    (``placement.identity`` false) runs the same algorithm over group ranks: the bytes are
+    right, only which card pair a message crosses differs from the timed schedule.
     """
+    topology = placement.topology
 
     @functools.lru_cache(maxsize=256)
-    def _plan(req: PlanRequest, topology) -> Plan:
-        return to_plan(build_schedule(req.collective, req.count * req.dtype_bytes, rank, topology,
-                                      world_size=world_size, root=req.root, dtype_bytes=req.dtype_bytes,
-                                      splits=req.splits))
-
     def plan(req: PlanRequest) -> Plan:
-        return _plan(req, timing.get_topology(world_size))
+        return to_plan(build_schedule(req.collective, req.count * req.dtype_bytes, rank, topology,
+                                      world_size=world_size, algorithm=algorithm, root=req.root,
+                                      dtype_bytes=req.dtype_bytes, splits=req.splits, slice_bytes=slice_bytes))
 
     return plan

@@ -6,15 +6,21 @@ same, deterministic answer. The answer comes from the planner (:func:`hccl.sim.p
 the same schedules over the same topology and RoCE link model, so a live run and a planner
 run of the same calls give identical integers (simulated time, not measured).
 
-Configuration, read once per process (the first collective or :func:`get_topology`):
+Pure and stateless: the caller passes what to time on. The process group owns its
+topology (``HCCL_TOPOLOGY`` with its hosts mapped to boxes, :func:`host_topology`) and its
+placement (:class:`~hccl.sim.placement.GroupPlacement`; a subgroup is timed on its members'
+cards, NOTE [subgroup placement]), and its frozen ``HCCL_ALGO`` / ``PT_HCCL_SLICE_SIZE_MB``
+as ``algorithm`` / ``slice_bytes``; the planner and the tools pass their own. Nothing here
+keeps state between calls except a memo of answers keyed by every input; the environment
+is read only by the planner's defaults, when ``algorithm`` or ``slice_bytes`` is None.
 
-- ``HCCL_TOPOLOGY``: ``hls1``, ``hls2`` (default), ``hls3`` or a TOML topology file;
-- ``HCCL_ALGO``: force an algorithm (``direct``, ``hierarchical``, ``ring``, ``recursive``);
-- ``PT_HCCL_SLICE_SIZE_MB``: pipelining slice size (default 16).
-
-A subgroup (``new_group``, ``new_subgroups``) is timed on its members' cards, not on cards
-0 .. n-1: its process group passes a :class:`~hccl.sim.placement.GroupPlacement` (NOTE
-[subgroup placement]); the default group passes none and is timed as before.
+NOTE [ready times ride in the metadata]
+    Every rank's ready time reaches the others inside the collective's metadata row (word
+    ``ready_ns``, next to the size/dtype/op words the engines compare), and the engines
+    return the list. That couples the data plane to the time plane. The seam wanted: the
+    engines exchange an opaque per-rank stamp (``exchange(stamp: int) -> list[int]``) in
+    their metadata round and know nothing of time; an alltoall returns its element-count
+    matrix with that list instead of leaving it on the driver (``alltoall_splits``).
 
 NOTE [process group kinds]
     The process group names collectives as torch.distributed does; the planner uses
@@ -28,19 +34,15 @@ NOTE [process group kinds]
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from hccl.sim import algorithms
 from hccl.sim.link_model import message_ns
-from hccl.sim.placement import GroupPlacement, place_group
+from hccl.sim.placement import GroupPlacement
 from hccl.sim.planner import simulate
-from hccl.sim.schedule import slice_elements
 from hccl.sim.topology import Topology, load_topology
 
-__all__ = ["KIND_TO_COLLECTIVE", "CollectiveTiming", "collective_times", "get_topology", "group_placement",
-           "p2p_times", "reset"]
+__all__ = ["AUTO", "KIND_TO_COLLECTIVE", "CollectiveTiming", "collective_times", "host_topology", "p2p_times"]
 
 KIND_TO_COLLECTIVE = {
     "allreduce": "all_reduce",
@@ -66,83 +68,30 @@ class CollectiveTiming(NamedTuple):
     """Algorithm the planner ran."""
 
 
-_lock = threading.Lock()
-_topologies: dict[tuple[str, int, int], Topology] = {}
-_ranks_per_host: dict[int, int] = {}
+AUTO = "auto"
+"""``algorithm`` for the selection rule, ignoring ``HCCL_ALGO`` (the caller's configuration
+already said no algorithm is forced)."""
 
 
-def set_ranks_per_host(world_size: int, ranks_per_host: int) -> None:
-    """Map hosts to boxes: a job of ``world_size`` ranks has ``ranks_per_host`` ranks per host.
+def host_topology(name: str, world_size: int, ranks_per_host: int = 0) -> Topology:
+    """Topology ``name`` holding ``world_size`` ranks, a host of ``ranks_per_host`` ranks per box.
 
     When a host holds fewer ranks than the topology's box has cards, each host becomes a
     box of ``ranks_per_host`` cards, so traffic between hosts is charged on the scale-out
-    ports (a two-host run of 4 + 4 ranks is two boxes, not one box of 8).
-    """
-    with _lock:
-        _ranks_per_host[int(world_size)] = int(ranks_per_host)
-
-
-def get_topology(world_size: int) -> Topology:
-    """The topology named by ``HCCL_TOPOLOGY`` (default ``hls2``) holding ``world_size`` ranks.
-
-    Loaded once per process and world size; the process group may call this at creation
-    so that a bad configuration fails there rather than at the first collective.
-
-    Also checks ``HCCL_ALGO`` (a registered algorithm) and ``PT_HCCL_SLICE_SIZE_MB``.
+    ports (a two-host run of 4 + 4 ranks is two boxes, not one box of 8). ``0``: ranks fill
+    the topology's boxes.
 
     Raises:
-        ValueError: unknown topology name, missing or malformed topology file (the message
-            names ``HCCL_TOPOLOGY`` and the value), a world size the topology cannot hold,
-            an unknown ``HCCL_ALGO`` or a bad ``PT_HCCL_SLICE_SIZE_MB``.
+        ValueError: unknown topology name, missing or malformed topology file, or a world
+            size the topology cannot hold.
     """
-    name = os.environ.get("HCCL_TOPOLOGY") or "hls2"
-    per_host = _ranks_per_host.get(int(world_size), 0)
-    key = (name, int(world_size), per_host)
-    topo = _topologies.get(key)
-    if topo is None:
-        with _lock:
-            topo = _topologies.get(key)
-            if topo is None:
-                try:
-                    topo = load_topology(name, world_size=int(world_size))
-                    if per_host and per_host < topo.cards_per_box:
-                        # a host is a box populated with its first `per_host` cards; NICs to
-                        # the absent cards stay unused (-2)
-                        nics = tuple(tuple(p if p < per_host else -2 for p in row) for row in topo.nic_peer[:per_host])
-                        topo = load_topology(
-                            name, world_size=int(world_size), cards_per_box=per_host, nic_peer=nics
-                        )
-                except ValueError as exc:
-                    raise ValueError(f"hccl: HCCL_TOPOLOGY={name!r}: {exc}") from None
-                algo = os.environ.get("HCCL_ALGO")
-                if algo:
-                    try:
-                        algorithms.get(algo)
-                    except ValueError as exc:
-                        raise ValueError(f"hccl: HCCL_ALGO={algo!r}: {exc}") from None
-                slice_elements(1)
-                _topologies[key] = topo
+    topo = load_topology(name, world_size=int(world_size))
+    if ranks_per_host and ranks_per_host < topo.cards_per_box:
+        # a host is a box populated with its first `per_host` cards; NICs to the absent
+        # cards stay unused (-2)
+        nics = tuple(tuple(p if p < ranks_per_host else -2 for p in row) for row in topo.nic_peer[:ranks_per_host])
+        topo = load_topology(name, world_size=int(world_size), cards_per_box=ranks_per_host, nic_peer=nics)
     return topo
-
-
-def group_placement(global_ranks: Sequence[int], job_world_size: int) -> GroupPlacement:
-    """A subgroup's members on the job's cards (NOTE [subgroup placement] in :mod:`hccl.sim.placement`).
-
-    The job's system is :func:`get_topology` of ``job_world_size``: ``HCCL_TOPOLOGY`` with
-    hosts mapped to boxes as the default "hccl" group found them in this process.
-
-    Raises:
-        ValueError: as :func:`get_topology`, or ranks repeated or outside the job.
-    """
-    return place_group(get_topology(job_world_size), global_ranks)
-
-
-def reset() -> None:
-    """Forget the loaded topologies (tests that change ``HCCL_TOPOLOGY`` in one process)."""
-    with _lock:
-        _topologies.clear()
-        _ranks_per_host.clear()
-        _memo.clear()
 
 
 def _even(splits: Sequence[Sequence[int]]) -> bool:
@@ -162,6 +111,8 @@ def collective_times(
     splits: Sequence[Sequence[int]] | None = None,
     topology: Topology | None = None,
     placement: GroupPlacement | None = None,
+    algorithm: str | None = None,
+    slice_bytes: int | None = None,
 ) -> CollectiveTiming:
     """Start, end (simulated ns) and algorithm on ``rank`` of a collective whose ranks are ready at ``ready_ns``.
 
@@ -174,10 +125,13 @@ def collective_times(
         dtype_bytes: bytes per element (a size that is not a whole number of elements is
             timed at byte granularity).
         splits: alltoall element counts, ``splits[i][j]`` from rank i to rank j (None: even).
-        topology: the topology to time on (default: :func:`get_topology` of the world size,
-            i.e. ``HCCL_TOPOLOGY`` with hosts mapped to boxes).
-        placement: a subgroup's placement (:func:`group_placement`): time on its topology,
-            with ``ready_ns``, ``rank``, ``root`` and ``splits`` still in group ranks.
+        topology: the topology to time on (its world size is replaced by ``len(ready_ns)``).
+        placement: a group's placement (:func:`hccl.sim.placement.place_group`), instead of
+            ``topology``: time on its topology, with ``ready_ns``, ``rank``, ``root`` and
+            ``splits`` still in group ranks.
+        algorithm: a registered algorithm, :data:`AUTO` (the selection rule) or None (the
+            planner's default: the selection rule or ``HCCL_ALGO``).
+        slice_bytes: pipelining slice in bytes (None: the planner's default).
 
     Returns:
         ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready
@@ -185,8 +139,9 @@ def collective_times(
         ``end_ns`` when this rank finished, per :func:`hccl.sim.planner.simulate`.
 
     Raises:
-        ValueError: unknown kind, bad ``HCCL_TOPOLOGY`` / ``HCCL_ALGO`` /
-            ``PT_HCCL_SLICE_SIZE_MB``, a world size the topology cannot hold, bad root or splits.
+        ValueError: unknown kind or algorithm, a world size the topology cannot hold,
+            bad root or splits.
+        TypeError: neither ``topology`` nor ``placement`` given.
     """
     if placement is not None:
         order = placement.order
@@ -197,22 +152,25 @@ def collective_times(
                     moved[order[i]][order[j]] = c
             splits = moved
         return collective_times(kind, nbytes, placement.to_topology(ready_ns), rank=order[rank], root=order[root],
-                                dtype_bytes=dtype_bytes, splits=splits, topology=placement.topology)
+                                dtype_bytes=dtype_bytes, splits=splits, topology=placement.topology,
+                                algorithm=algorithm, slice_bytes=slice_bytes)
+    if topology is None:
+        raise TypeError("collective_times needs a topology or a placement")
     n = len(ready_ns)
     # memo: the answer only depends on ready times relative to the earliest (the planner is
     # shift-invariant) and on the configuration; a DDP step repeats the same calls
     base = min(ready_ns) if n else 0
     memo_key = (
         kind, nbytes, rank, root, dtype_bytes, tuple(r - base for r in ready_ns),
-        None if splits is None else tuple(map(tuple, splits)),
-        _environ.get("HCCL_TOPOLOGY") if topology is None else topology,
-        _environ.get("HCCL_ALGO"), _environ.get("PT_HCCL_SLICE_SIZE_MB"),
-        _ranks_per_host.get(n, 0),
+        None if splits is None else tuple(map(tuple, splits)), topology, algorithm, slice_bytes,
+        # the planner's defaults read the environment (NOTE [selection rule])
+        (_environ.get("HCCL_ALGO"), _environ.get("PT_HCCL_SLICE_SIZE_MB")) if None in (algorithm, slice_bytes) else None,
     )
     hit = _memo.get(memo_key)
     if hit is not None:
         return CollectiveTiming(base + hit[0], base + hit[1], hit[2])
-    timing = _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, topology)
+    timing = _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, topology, algorithm,
+                               slice_bytes)
     if len(_memo) >= _MEMO_LIMIT:
         _memo.clear()
     _memo[memo_key] = (timing.start_ns - base, timing.end_ns - base, timing.algorithm)
@@ -224,7 +182,8 @@ _MEMO_LIMIT = 4096
 _environ = os.environ
 
 
-def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, topology) -> CollectiveTiming:
+def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, topo, algorithm,
+                      slice_bytes) -> CollectiveTiming:
     n = len(ready_ns)
     try:
         collective = KIND_TO_COLLECTIVE[kind]
@@ -233,7 +192,6 @@ def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, t
                          f"{', '.join(KIND_TO_COLLECTIVE)}") from None
     if n == 0:
         return CollectiveTiming(0, 0, "direct")
-    topo = get_topology(n) if topology is None else topology
     if not splits or collective != "all2all":
         splits = None
     else:
@@ -249,25 +207,31 @@ def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, t
             splits = [[c * dtype_bytes for c in row] for row in splits]
         dtype_bytes = 1
     res = simulate(collective, nbytes, topo, world_size=n, ready_ns=ready_ns, root=root,
-                   dtype_bytes=dtype_bytes, splits=splits)
+                   dtype_bytes=dtype_bytes, splits=splits, algorithm=algorithm, slice_bytes=slice_bytes)
     end = res.end_ns[rank]
     return CollectiveTiming(min(max(res.start_ns), end), end, res.algorithm)
 
 
 def p2p_times(nbytes: int, *, src: int, dst: int, src_ready_ns: int, dst_ready_ns: int,
-              world_size: int, placement: GroupPlacement | None = None) -> CollectiveTiming:
+              topology: Topology | None = None, placement: GroupPlacement | None = None) -> CollectiveTiming:
     """Simulated interval of one point-to-point message ``src -> dst`` (send/recv).
 
     The message leaves when the sender is ready and lands ``message_ns`` later (serialization
     at the link's goodput plus path latency, :func:`hccl.sim.link_model.message_ns`); the receive
     ends at the later of its arrival and the receiver's ready time. Returns
     ``(src_ready_ns, end_ns, "p2p")``; ``end_ns`` is the same for sender and receiver.
-    ``src`` and ``dst`` are group ranks, placed by ``placement`` when given.
+    ``src`` and ``dst`` are group ranks, placed by ``placement`` when given (else ranks of
+    ``topology``).
+
+    Raises:
+        TypeError: neither ``topology`` nor ``placement`` given.
     """
     if placement is not None:
         topo, src, dst = placement.topology, placement.order[src], placement.order[dst]
+    elif topology is None:
+        raise TypeError("p2p_times needs a topology or a placement")
     else:
-        topo = get_topology(world_size)
+        topo = topology
     if src == dst:
         return CollectiveTiming(src_ready_ns, max(src_ready_ns, dst_ready_ns), "p2p")
     arrive = src_ready_ns + message_ns(topo, src, dst, nbytes)

@@ -62,9 +62,10 @@ def get(name: str) -> Algorithm:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
 
 
-def select(collective: str, nbytes: int, topo: Topology, world_size: int) -> str:
-    """Default algorithm name for a call (see NOTE [selection rule]); honours ``HCCL_ALGO``."""
-    env = os.environ.get("HCCL_ALGO")
+def select(collective: str, nbytes: int, topo: Topology, world_size: int, *, honour_env: bool = True) -> str:
+    """Default algorithm name for a call (see NOTE [selection rule]); honours ``HCCL_ALGO``
+    unless ``honour_env`` is false (a caller whose configuration already read it)."""
+    env = os.environ.get("HCCL_ALGO") if honour_env else None
     if env:
         get(env)
         return env
@@ -94,11 +95,17 @@ def phases(collective: str, count: int, topo: Topology, *, algorithm: str | None
            ) -> tuple[str, list[tuple[int, Phase]]]:
     """Issue-ordered phases of a (validated) call on ``topo.world_size`` ranks.
 
+    ``algorithm``: a registered name, ``"auto"`` (the selection rule) or None (the selection
+    rule or ``HCCL_ALGO``).
+
     Returns:
         (algorithm name, list of (slice index, phase)).
     """
     n = topo.world_size
-    name = algorithm or select(collective, count * dtype_bytes, topo, n)
+    if algorithm is None or algorithm == "auto":
+        name = select(collective, count * dtype_bytes, topo, n, honour_env=algorithm is None)
+    else:
+        name = algorithm
     algo = get(name)
     ctx = Ctx(n=n, topo=topo, root=root)
     algo.check(ctx)
