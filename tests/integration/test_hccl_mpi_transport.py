@@ -29,9 +29,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _mpiexec(n: int, mode: str, tmp_path: Path, timeout: float = 50) -> dict[int, dict]:
+    # 64 KiB pipelining slices: 70,000-element tensors take several slices of the schedule
     mpiexec = shutil.which("mpiexec")
     cmd = [mpiexec, "-n", str(n), sys.executable, __file__, mode, str(tmp_path / "init")]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(HCCL_TRANSPORT="mpi"), capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(HCCL_TRANSPORT="mpi", PT_HCCL_SLICE_SIZE_MB="0.0625"), capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     results = {}
     for path in sorted(tmp_path.glob("result_*.json")):
@@ -141,7 +142,6 @@ def _rank_main(mode: str, init_file: str) -> None:
         return
     pg = dist.group.WORLD
     out: dict = {"driver": type(pg._coll).__name__}
-    os.environ["PT_HCCL_SLICE_SIZE_MB"] = "0.0625"  # 70,000-element tensors take several pipelined slices
     failures = tc._all_collectives(rank, world)
 
     # allreduce bits: the rank-order reduction in the tensor's dtype (the shm engine's order),
