@@ -394,6 +394,19 @@ def barrier(arena: ShmArena, meta: list[int], what: str) -> list[int]:
 class ShmCollectives:
     """The collectives of a group whose ranks all share one host (one :class:`ShmArena`).
 
+    NOTE [one-host fast path]
+    Inside one host this engine, not the schedule executor (:mod:`.executor`), moves the
+    bytes: every rank maps every peer's segment, so an allreduce is a reduce-scatter (rank r
+    reduces chunk r of every rank's region ``A`` into its ``B``, all ranks in parallel) then
+    an all-gather (every rank copies every ``B`` chunk), two rounds per slice, with no
+    per-message framing. Per-rank memory traffic is about 5x the buffer whatever the number
+    of ranks, so the time per rank stays flat as ranks are added until the host's memory
+    bandwidth is the limit. Measured here (2 ranks, one host, 2 shared cores under a load
+    average of about 25 from other jobs, so only the ratios mean anything), this engine vs
+    the executor running the direct schedule over the same arena's point-to-point outboxes:
+    1 KB 325 us vs 24,700 us; 1 MB 2.7x, 16 MB 22x, 64 MB 51x faster (busbw). The executor
+    serves several hosts and MPI, where every message crosses a wire anyway.
+
     Implements :class:`~hccl.transport.interface.Collectives` (as the schedule executor does),
     so the process group can drive either. Each returns every rank's simulated ready time.
     """
