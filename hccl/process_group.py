@@ -47,8 +47,9 @@ class HcclError(RuntimeError):
 
 
 class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist.ProcessGroup):
-    """The emulated HCCL backend for one group of ranks (shared memory inside a host, TCP
-    between hosts' leaders, or MPI with ``HCCL_TRANSPORT=mpi``).
+    """The emulated HCCL backend for one group of ranks (shared memory inside a host; the
+    time plane's schedules over shared memory and TCP between hosts, or over MPI with
+    ``HCCL_TRANSPORT=mpi``).
 
     Args:
         store: the c10d store of the group (small metadata only, never tensor data).
