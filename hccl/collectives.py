@@ -245,10 +245,8 @@ class CollectivesMixin:
         splits: list[list[int]] = []
 
         def body(ready, what):
-            ready_all = self._coll.alltoall(outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
-            # NOTE: the drivers that know every rank's counts leave them here (the multi-host
-            # one does not: timed as even); see the seam wanted in hccl.sim.timing's docstring
-            splits[:] = getattr(self._coll, "alltoall_splits", None) or []
+            # every driver returns every rank's (n x n) element counts with the ready times
+            ready_all, splits[:] = self._coll.alltoall(outs, ins, self._meta("alltoall", dcode, 0, 0, 0, ready), what)
             finish()
             return ready_all
 

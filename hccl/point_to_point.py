@@ -42,6 +42,11 @@ class PointToPointMixin:
         """
         self._check_usable()
         self._check(kind, tensors=tensors)
+        if self._coll is None or self._coll.arena is None:
+            raise NotImplementedError(
+                "hccl: send/recv is not supported with HCCL_TRANSPORT=mpi; use the default"
+                " shared-memory transport (HCCL_TRANSPORT=shm) for point-to-point"
+            )
         t = tensors[0]
         local_peer = None if peer is None else self._local_peer(peer, kind)
         return t, check_dtype(t), local_peer, flat(t), self._device.collective_ready_ns()

@@ -31,6 +31,7 @@ from ._buffers import meta_words
 from .collectives import CollectivesMixin
 from .composite import CompositeMixin
 from .config import HcclConfig
+from .plans import make_planner
 from .point_to_point import PointToPointMixin
 from .rendezvous import rendezvous
 from .sim.placement import place_group
@@ -46,8 +47,9 @@ class HcclError(RuntimeError):
 
 
 class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist.ProcessGroup):
-    """The emulated HCCL backend for one group of ranks (shared memory inside a host, TCP
-    between hosts' leaders, or MPI with ``HCCL_TRANSPORT=mpi``).
+    """The emulated HCCL backend for one group of ranks (shared memory inside a host; the
+    time plane's schedules over shared memory and TCP between hosts, or over MPI with
+    ``HCCL_TRANSPORT=mpi``).
 
     Args:
         store: the c10d store of the group (small metadata only, never tensor data).
@@ -98,7 +100,9 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         self._device = get_device()  # the simulated card of this process
         # eager mode has no graph to join
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
-        found = rendezvous(store, rank, world_size, self._timeout_s, self.config)
+        self._planner = None  # set with the placement, before any collective runs
+        names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
+        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names)
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
@@ -114,6 +118,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             raise
         self.topology: Topology = self._placement.topology
         """The system this group's collectives are timed on (its members' cards)."""
+        self._planner = make_planner(rank, world_size, self._placement, algorithm=self.config.algorithm or AUTO,
+                                     slice_bytes=self.config.slice_bytes)
 
     def _load_topology(self, world_size: int, ranks_per_host: int) -> Topology:
         try:
@@ -122,6 +128,10 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             raise ValueError(f"hccl: HCCL_TOPOLOGY={self.config.topology!r}: {exc}") from None
 
     # ---- the timing seam: this group's placement and frozen configuration ---------------------
+    def _plan(self, req):
+        """The schedule executor's plan for ``req``: the schedule the timing model times."""
+        return self._planner(req)
+
     def _collective_times(self, kind, nbytes, ready_all, **kw):
         return collective_times(kind, nbytes, ready_all, rank=self._rank, placement=self._placement,
                                 algorithm=self.config.algorithm or AUTO, slice_bytes=self.config.slice_bytes, **kw)
@@ -184,7 +194,7 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         except BaseException as exc:
             self._error = f"{what}: {exc}"
             if self._coll is not None:
-                self._coll.arena.abort(f"{what}: {exc}")
+                self._coll.abort(f"{what}: {exc}")
                 self._coll.close()
             raise
 
@@ -229,7 +239,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         coll = getattr(self, "_coll", None)
         if coll is not None:
             coll.close()
-            coll.arena.close()
+            if coll.arena is not None:
+                coll.arena.close()
             self._coll = None
             if self._error is None:
                 self._error = "the process group was shut down"

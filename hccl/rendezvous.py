@@ -3,8 +3,10 @@
 :func:`rendezvous` runs once per process group, at creation. Through the group's c10d store
 (small strings only, never tensor data) the ranks agree on a job token, publish their host
 keys (:meth:`~hccl.config.HcclConfig.host_key`), map the shared-memory segments of the ranks
-on their host and, when the group spans hosts, connect the hosts' leaders over TCP. The
-result is the collectives driver the process group calls (:class:`Rendezvous`).
+on their host and, when the group spans hosts, connect every rank to every rank of the
+other hosts over TCP. The result is the collectives driver the process group calls
+(:class:`Rendezvous`): the one-host shared-memory engine, or the schedule executor over the
+multi-host or the MPI transport.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import torch.distributed as dist
 from ._buffers import meta_words
 from .config import HcclConfig
 from .transport import shm_engine as eng
-from .transport.multihost import HostLayout, MultiHost
+from .transport.executor import ScheduleCollectives
+from .transport.interface import Collectives
+from .transport.multihost import HostLayout, HostsTransport
+from .transport.plan import Planner
 from .transport.shm import ShmArena, ShmSegment
 from .transport.tcp import TcpMesh
 
@@ -31,20 +36,22 @@ class Rendezvous:
 
     layout: HostLayout
     """Which ranks share each host; this rank's place among them."""
-    coll: object
-    """The collectives driver: ``ShmCollectives`` (one host), ``MultiHost`` (several) or
-    ``MpiCollectives`` (``HCCL_TRANSPORT=mpi``). Each has the collectives, ``arena`` and
-    ``close()``."""
+    coll: Collectives
+    """The collectives driver: ``ShmCollectives`` (one host), or ``ScheduleCollectives`` over
+    ``HostsTransport`` (several hosts) or ``MpiTransport`` (``HCCL_TRANSPORT=mpi``)."""
 
 
-def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, config: HcclConfig) -> Rendezvous:
-    """Map the host-local peers' segments; connect the hosts' leaders over TCP.
+def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, config: HcclConfig,
+               planner: Planner, names: list[int]) -> Rendezvous:
+    """Map the host-local peers' segments; connect to the other hosts' ranks over TCP.
 
     Args:
         store: the group's c10d store.
         rank, world_size: this rank and the group's size.
         timeout_s: limit for any single wait on peers, wall seconds.
         config: the group's frozen configuration (transport, buffer size, host id).
+        planner: builds this rank's plans (the schedule executor's; called per collective).
+        names: the global rank of each group rank (errors name global ranks).
 
     Raises:
         MpiUnavailableError: ``HCCL_TRANSPORT=mpi`` without mpi4py or outside an MPI job.
@@ -60,31 +67,29 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
     if config.transport == "mpi":
         from .transport.mpi import connect
 
-        return Rendezvous(layout, connect(store, rank, n, timeout_s))
+        return Rendezvous(layout, ScheduleCollectives(connect(store, rank, n, timeout_s), planner, names))
     local = layout.local_ranks
     capacity = config.shm_buffer_bytes
-    names = {r: f"hccl_{token[:16]}_{r}" for r in local}
-    mine = ShmSegment(names[rank], capacity, create=True, p2p_slots=len(local))
+    mine = ShmSegment(f"hccl_{token[:16]}_{rank}", capacity, create=True, p2p_slots=len(local))
     segments: list[ShmSegment] = []
     mesh = None
-    try:
-        store.set(f"hccl/seg/{rank}", names[rank])
-        store.wait([f"hccl/seg/{r}" for r in local], timedelta(seconds=timeout_s))
+    try:  # NOTE [anonymous segments] in transport/shm.py: nothing named survives a death
+        store.set(f"hccl/seg/{rank}", mine.path)
+        paths = {r: store.get(f"hccl/seg/{r}").decode() for r in local}
         for r in local:
-            segments.append(mine if r == rank else ShmSegment(names[r], capacity, create=False, p2p_slots=len(local)))
+            segments.append(mine if r == rank else ShmSegment(paths[r], capacity, create=False, p2p_slots=len(local)))
         arena = ShmArena(segments, layout.local_index, timeout_s, group_ranks=list(local))
-        # everyone on this host has mapped everyone: the names are no longer needed
+        # everyone on this host has mapped everyone: the descriptors are no longer needed
         eng.barrier(arena, meta_words(0, "barrier", 0, 0), "hccl rendezvous")
         mine.unlink()
         if len(layout.hosts) == 1:
             return Rendezvous(layout, eng.ShmCollectives(arena))
-        if layout.is_leader:
-            peers = [r for r in layout.leaders if r != rank]
-            mesh = TcpMesh(rank, peers, token, timeout_s)
-            store.set(f"hccl/tcp/{rank}", mesh.address)
-            addresses = {p: store.get(f"hccl/tcp/{p}").decode() for p in peers}
-            mesh.connect(addresses)
-        return Rendezvous(layout, MultiHost(layout, arena, mesh))
+        peers = [r for r in range(n) if r not in local]
+        mesh = TcpMesh(rank, peers, token, timeout_s)
+        store.set(f"hccl/tcp/{rank}", mesh.address)
+        mesh.connect({p: store.get(f"hccl/tcp/{p}").decode() for p in peers})
+        coll = ScheduleCollectives(HostsTransport(layout, arena, mesh), planner, names, arena=arena, mesh=mesh)
+        return Rendezvous(layout, coll)
     except BaseException:
         if mesh is not None:
             mesh.close()

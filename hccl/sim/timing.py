@@ -19,8 +19,8 @@ NOTE [ready times ride in the metadata]
     ``ready_ns``, next to the size/dtype/op words the engines compare), and the engines
     return the list. That couples the data plane to the time plane. The seam wanted: the
     engines exchange an opaque per-rank stamp (``exchange(stamp: int) -> list[int]``) in
-    their metadata round and know nothing of time; an alltoall returns its element-count
-    matrix with that list instead of leaving it on the driver (``alltoall_splits``).
+    their metadata round and know nothing of time. (Done: every driver's alltoall returns its
+    element-count matrix with the ready list; no side channel on the driver.)
 
 NOTE [process group kinds]
     The process group names collectives as torch.distributed does; the planner uses

@@ -20,9 +20,16 @@ reduces every peer's copy itself. A region of parity ``p`` is rewritten two roun
 after every peer has signalled the round in between, which it only does once it finished
 reading. The metadata words are double-buffered by round parity in the same way.
 
-Nothing here is pickled: metadata is fixed-width int64 words. Segments live in
-``/dev/shm`` with mode 0600 under a name that contains a random per-job token, and each
-rank unlinks its own segment once every peer has mapped it, so a crash leaves no file.
+Nothing here is pickled: metadata is fixed-width int64 words.
+
+NOTE [anonymous segments]
+A segment is anonymous memory (``memfd_create``): it never has a name in ``/dev/shm``, so
+no death of any rank, at any moment (inside the rendezvous included, or SIGKILL from a
+launcher tearing the job down), can leave a file behind; the kernel frees the memory when
+the last process that maps it is gone. Peers on the host map it through its owner's
+descriptor, ``/proc/<owner pid>/fd/<fd>`` (published in the store); the owner closes that
+descriptor (:meth:`ShmSegment.unlink`) once every peer has mapped it. Opening another
+process's descriptor needs the same user (ptrace read access), which ranks of one job have.
 
 Every wait has a deadline; while waiting, peers are checked for death (their pid) and for
 an abort flag they raise when they fail, so a failure on one rank becomes a clear error on
@@ -59,7 +66,6 @@ P2P_SENT_W, P2P_TAKEN_W = 256, 320
 MAX_LOCAL_RANKS = 64
 _REASON_OFF = 1024  # bytes: abort reason text (utf-8, NUL padded)
 _REASON_LEN = 1024
-_SHM_DIR = "/dev/shm"
 #: bytes per element of every dtype the transport moves.
 ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in CODE_DTYPES.values()}
 
@@ -75,33 +81,51 @@ class PeerFailure(RuntimeError):
 class ShmSegment:
     """One rank's shared-memory segment (control block + regions ``A`` and ``B``).
 
+    NOTE [anonymous segments] (module docstring): the owner creates anonymous memory; its
+    :attr:`path` (``/proc/<pid>/fd/<fd>``) is what peers open while the owner keeps the
+    descriptor.
+
     Args:
-        name: file name under ``/dev/shm``.
+        name: a label (shows in ``/proc/<pid>/maps`` as ``/memfd:<name>``); peers pass the
+            owner's :attr:`path` instead.
         capacity: bytes in each of the two data regions.
-        create: create the file (owner) or open an existing one (peer).
+        create: create the segment (owner) or map an existing one by its owner's path (peer).
+
+    Raises:
+        RuntimeError: a peer's segment has another size (peers disagree on
+            ``HCCL_SHM_BUFFER_MB``).
+        OSError: a peer's descriptor cannot be opened (its owner is gone, or another user).
     """
 
     def __init__(self, name: str, capacity: int, *, create: bool, p2p_slots: int = 0) -> None:
         self.name = name
-        self.path = os.path.join(_SHM_DIR, name)
         self.capacity = capacity
         if p2p_slots > MAX_LOCAL_RANKS:
             raise ValueError(f"hccl: at most {MAX_LOCAL_RANKS} ranks per host, got {p2p_slots}")
         size = _CTRL_BYTES + 2 * capacity + 2 * SMALL_BYTES + p2p_slots * P2P_SLOT_BYTES
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(self.path, flags, 0o600)
-        try:
-            if create:
+        self._fd = -1
+        if create:
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            self.path = f"/proc/{os.getpid()}/fd/{fd}"
+            try:
                 os.ftruncate(fd, size)
-            elif os.fstat(fd).st_size != size:
-                raise RuntimeError(
-                    f"hccl: shared-memory segment {name} has {os.fstat(fd).st_size} bytes,"
-                    f" expected {size}: peers disagree on HCCL_SHM_BUFFER_MB"
-                )
-            self._mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._linked = create
+                self._mm = mmap.mmap(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd  # kept open until every peer has mapped the segment (unlink)
+        else:
+            self.path = name
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size != size:
+                    raise RuntimeError(
+                        f"hccl: shared-memory segment {name} has {os.fstat(fd).st_size} bytes,"
+                        f" expected {size}: peers disagree on HCCL_SHM_BUFFER_MB"
+                    )
+                self._mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
         self.ctrl = np.frombuffer(self._mm, dtype=np.int64, count=_CTRL_BYTES // 8)
         raw = torch.frombuffer(self._mm, dtype=torch.uint8)
         self.a = raw[_CTRL_BYTES : _CTRL_BYTES + capacity]
@@ -154,13 +178,10 @@ class ShmSegment:
         return raw[start : start + numel * itemsize].view(dtype)
 
     def unlink(self) -> None:
-        """Remove the file name (mappings stay valid until closed)."""
-        if self._linked:
-            self._linked = False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        """Close the owner's descriptor: no new peer can map the segment (mappings stay valid)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def close(self) -> None:
         self.unlink()

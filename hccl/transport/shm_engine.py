@@ -16,6 +16,8 @@ These functions are numerics only: they neither know nor charge simulated time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .reduce_ops import CODE_DTYPES, combine, combine_out, finish, reduce_op_name
@@ -35,6 +37,7 @@ __all__ = [
     "alltoall",
     "barrier",
     "chunk_bounds",
+    "raise_mismatch",
     "ShmCollectives",
     "META_FIELDS",
     "META_INDEX",
@@ -86,19 +89,25 @@ def _gather_meta(arena: ShmArena, mine: list[int], parity: int) -> list[int]:
             bad = True
     if bad:
         rows = [mine if r == arena.rank else seg.meta(parity) for r, seg in enumerate(arena.segments)]
-        _raise_mismatch(rows, mine)
+        raise_mismatch(rows, mine, arena.group_ranks)
     return ready
 
 
-def _raise_mismatch(rows: list[list[int]], mine: list[int]) -> None:
+def raise_mismatch(rows: list[list[int]], mine: list[int], names: Sequence[int] | None = None) -> None:
+    """Raise the :class:`CollectiveMismatchError` that describes every rank's metadata row.
+
+    ``names[i]``: the rank to name for row ``i`` (default ``i``): the caller passes global
+    ranks, so the message is the same, and right, on every rank of every host.
+    """
+    names = list(names) if names is not None else list(range(len(rows)))
     kind = KIND_NAMES.get(mine[_F["kind"]], "?")
     seq = mine[_F["seq"]]
     for field, label in (("seq", "collective sequence number"), ("kind", "collective")):
         col = [row[_F[field]] for row in rows]
         if len(set(col)) > 1:
-            names = [f"rank {r}: {KIND_NAMES.get(row[_F['kind']], '?')} #{row[_F['seq']]}" for r, row in enumerate(rows)]
+            calls = [f"rank {names[r]}: {KIND_NAMES.get(row[_F['kind']], '?')} #{row[_F['seq']]}" for r, row in enumerate(rows)]
             raise CollectiveMismatchError(
-                f"hccl: ranks disagree on the {label} ({'; '.join(names)}): collectives were"
+                f"hccl: ranks disagree on the {label} ({'; '.join(calls)}): collectives were"
                 " called in a different order or number on different ranks"
             )
     problems = []
@@ -112,11 +121,11 @@ def _raise_mismatch(rows: list[list[int]], mine: list[int]) -> None:
         col = [row[_F[field]] for row in rows]
         if len(set(col)) > 1:
             if field == "op":
-                detail = ", ".join(f"rank {r}: {reduce_op_name(v)}" for r, v in enumerate(col))
+                detail = ", ".join(f"rank {names[r]}: {reduce_op_name(v)}" for r, v in enumerate(col))
             elif field in ("numel", "dtype"):
-                detail = ", ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+                detail = ", ".join(f"rank {names[r]}: {_describe(row)}" for r, row in enumerate(rows))
             else:
-                detail = ", ".join(f"rank {r}: {v}" for r, v in enumerate(col))
+                detail = ", ".join(f"rank {names[r]}: {v}" for r, v in enumerate(col))
             problems.append(f"{label} differ across ranks ({detail})")
     raise CollectiveMismatchError(f"hccl: {kind} #{seq}: " + "; ".join(problems or ["metadata differs"]))
 
@@ -385,8 +394,21 @@ def barrier(arena: ShmArena, meta: list[int], what: str) -> list[int]:
 class ShmCollectives:
     """The collectives of a group whose ranks all share one host (one :class:`ShmArena`).
 
-    Same method signatures as :class:`hccl.transport.multihost.MultiHost`, so the process group can
-    drive either. Each returns every rank's simulated ready time.
+    NOTE [one-host fast path]
+    Inside one host this engine, not the schedule executor (:mod:`.executor`), moves the
+    bytes: every rank maps every peer's segment, so an allreduce is a reduce-scatter (rank r
+    reduces chunk r of every rank's region ``A`` into its ``B``, all ranks in parallel) then
+    an all-gather (every rank copies every ``B`` chunk), two rounds per slice, with no
+    per-message framing. Per-rank memory traffic is about 5x the buffer whatever the number
+    of ranks, so the time per rank stays flat as ranks are added until the host's memory
+    bandwidth is the limit. Measured here (2 ranks, one host, 2 shared cores under a load
+    average of about 25 from other jobs, so only the ratios mean anything), this engine vs
+    the executor running the direct schedule over the same arena's point-to-point outboxes:
+    1 KB 325 us vs 24,700 us; 1 MB 2.7x, 16 MB 22x, 64 MB 51x faster (busbw). The executor
+    serves several hosts and MPI, where every message crosses a wire anyway.
+
+    Implements :class:`~hccl.transport.interface.Collectives` (as the schedule executor does),
+    so the process group can drive either. Each returns every rank's simulated ready time.
     """
 
     def __init__(self, arena: ShmArena) -> None:
@@ -409,13 +431,18 @@ class ShmCollectives:
     def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], op: int, meta: list[int], what: str) -> list[int]:
         return reduce_scatter(self.arena, out, inputs, op, meta, what)
 
-    def alltoall(self, outs: list[torch.Tensor], inputs: list[torch.Tensor], meta: list[int], what: str) -> list[int]:
-        """Also sets :attr:`alltoall_splits`: the (n x n) element counts rank p sent to rank q."""
-        self.alltoall_splits: list[list[int]] = []
-        return alltoall(self.arena, outs, inputs, meta, what, splits_out=self.alltoall_splits)
+    def alltoall(self, outs: list[torch.Tensor], inputs: list[torch.Tensor], meta: list[int],
+                 what: str) -> tuple[list[int], list[list[int]]]:
+        """Also returns the (n x n) element counts rank p sent to rank q."""
+        splits: list[list[int]] = []
+        return alltoall(self.arena, outs, inputs, meta, what, splits_out=splits), splits
 
     def barrier(self, meta: list[int], what: str) -> list[int]:
         return barrier(self.arena, meta, what)
+
+    def abort(self, reason: str) -> None:
+        """Raise this rank's abort flag: its peers raise instead of waiting."""
+        self.arena.abort(reason)
 
     def close(self) -> None:
         pass

@@ -25,10 +25,10 @@ def _layout_and_collectives(rank: int, world: int) -> dict:
 
 @pytest.mark.timeout(240)
 def test_collectives_across_two_hosts_match_numpy():
-    """4 ranks on 2 emulated hosts: every collective still matches numpy; leaders use TCP."""
+    """4 ranks on 2 emulated hosts: every collective still matches numpy; ranks use TCP between hosts."""
     res = run_ranks(_layout_and_collectives, 4, timeout=220, env=TWO_HOSTS)
     assert res[0]["hosts"] == [[0, 1], [2, 3]]
-    assert [r["tcp"] for r in res] == [True, False, True, False]
+    assert [r["tcp"] for r in res] == [True, True, True, True]  # every rank reaches the other host
     failures = [f for r in res for f in r["failures"]]
     assert not failures, "\n".join(failures[:20])
 
@@ -73,3 +73,78 @@ def test_size_mismatch_across_hosts_fails_on_every_rank():
     res = run_ranks(_mismatch_across_hosts, 4, pg_timeout=60, env=TWO_HOSTS)
     for msg in res:
         assert "tensor sizes differ" in msg or "differ" in msg, msg
+
+
+def _mismatch_inside_one_host(rank: int, world: int) -> str:
+    try:
+        dist.all_reduce(torch.ones(10 + (rank == 1)))
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_size_mismatch_inside_one_host_reaches_the_other_host_with_global_ranks():
+    """Rank 1 (host 0) passes 11 elements, everyone else 10: every rank of both hosts raises
+    the same mismatch, naming global ranks and their sizes (not a closed connection)."""
+    res = run_ranks(_mismatch_inside_one_host, 4, pg_timeout=60, env=TWO_HOSTS)
+    assert len(set(res)) == 1, res
+    msg = res[0]
+    assert msg.startswith("CollectiveMismatchError"), msg
+    for r, size in ((0, 10), (1, 11), (2, 10), (3, 10)):
+        assert f"rank {r}: {size} elements of float32" in msg, msg
+
+
+def _ragged_alltoall_across_hosts(rank: int, world: int) -> str:
+    # rank 3 expects 2 rows from rank 0, which sends it 1: the splits do not add up
+    ins = [1, 1, 1, 1]
+    outs = [2, 1, 1, 1] if rank == 3 else [1, 1, 1, 1]
+    try:
+        dist.all_to_all_single(torch.empty(sum(outs), 3), torch.randn(sum(ins), 3), outs, ins)
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_inconsistent_alltoall_splits_across_hosts_fail_on_every_rank():
+    """No rank returns success while a peer fails: the same error on all four ranks, naming
+    the sender and receiver by global rank."""
+    res = run_ranks(_ragged_alltoall_across_hosts, 4, pg_timeout=60, env=TWO_HOSTS)
+    assert len(set(res)) == 1, res
+    assert res[0].startswith("CollectiveMismatchError"), res[0]
+    assert "rank 0 sends 3 elements to rank 3, which expects 6" in res[0], res[0]
+
+
+def _ring_collectives(rank: int, world: int) -> dict:
+    import numpy as np
+
+    pg = dist.group.WORLD
+    peers: set[int] = set()
+    exchange = pg._coll.transport.exchange
+
+    def spy(sends, recvs, tag, what):
+        if "#" in what and not what.startswith("barrier"):
+            peers.update(p for p, data in sends if data.numel() > 4 * 8 * (11 + 2 * world))
+        return exchange(sends, recvs, tag, what)
+
+    pg._coll.transport.exchange = spy
+    gen = torch.Generator().manual_seed(7)
+    xs = [torch.randn(100_003, generator=gen, dtype=torch.float64) for _ in range(world)]
+    t = xs[rank].clone()
+    dist.all_reduce(t)
+    ref = np.sum(np.stack([x.numpy() for x in xs]), axis=0)
+    got = [torch.empty(7, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(got, xs[rank][:7])
+    return {"allreduce_err": float(np.abs(t.numpy() - ref).max()), "peers": sorted(peers),
+            "gather_ok": all(torch.equal(g, x[:7]) for g, x in zip(got, xs))}
+
+
+@pytest.mark.timeout(180)
+def test_hccl_algo_ring_moves_bytes_around_a_ring_across_hosts():
+    """HCCL_ALGO=ring: each rank sends data only to its ring successor, results match numpy."""
+    res = run_ranks(_ring_collectives, 4, pg_timeout=60, env=TWO_HOSTS | {"HCCL_ALGO": "ring"})
+    for r, out in enumerate(res):
+        assert out["allreduce_err"] < 1e-9, out
+        assert out["gather_ok"], out
+        assert out["peers"] == [(r + 1) % 4], out

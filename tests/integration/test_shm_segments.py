@@ -1,0 +1,111 @@
+"""No shared-memory segment outlives a rank, whenever it dies (NOTE [anonymous segments])."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from tests.integration.launch_helpers import REPO, clean_env, shm_names
+
+# one rank of a group of WORLD ranks: rendezvous over the parent's TCPStore, then (if it
+# gets that far) say so in the store and either hang in an allreduce or in a store wait
+_RANK = """
+import sys, torch, torch.distributed as dist
+from datetime import timedelta
+from hccl.process_group import ProcessGroupHCCL
+port, rank, world, then = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+pg = ProcessGroupHCCL(store, rank, world, timeout=timedelta(seconds=60))
+store.set(f"test/ready/{rank}", "1")
+if then == "allreduce":
+    try:
+        pg.allreduce([torch.ones(4096)]).wait()
+    except RuntimeError as exc:
+        store.set(f"test/error/{rank}", str(exc))
+        raise SystemExit(3)
+else:
+    store.get("test/never")
+"""
+
+
+def _start(port: int, rank: int, world: int, then: str) -> subprocess.Popen:
+    env = clean_env() | {"HCCL_HOST_ID": "the-host"}
+    return subprocess.Popen([sys.executable, "-c", _RANK, str(port), str(rank), str(world), then],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_keys(store: dist.TCPStore, keys: list[str], procs: list[subprocess.Popen], limit_s: float = 150.0) -> None:
+    """Block until every key is in the store (a rank reached that point); fail if one died."""
+    deadline = time.monotonic() + limit_s
+    while not store.check(keys):
+        dead = [p.returncode for p in procs if p.poll() is not None]
+        assert not dead, f"a rank exited early ({dead}): {[p.stderr.read() for p in procs if p.poll() is not None]}"
+        assert time.monotonic() < deadline, f"ranks never reached {keys}"
+        time.sleep(0.05)
+
+
+def _reap(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(30)
+        if p.stderr:
+            p.stderr.close()
+
+
+@pytest.mark.timeout(240)
+def test_rank_killed_inside_the_rendezvous_leaves_no_segment():
+    """Rank 0 has created its segment and waits in the rendezvous for rank 1, which never
+    comes; SIGKILL (what torchrun's teardown ends with) must leave nothing in /dev/shm."""
+    before = shm_names()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    store.set("hccl/host/1", "the-host")  # rank 1 said where it runs, then went silent
+    procs = [_start(store.port, 0, 2, "hang")]
+    try:
+        _wait_keys(store, ["hccl/seg/0"], procs)  # its segment exists: it is inside the rendezvous
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+        assert not shm_names() - before, f"segments left behind: {sorted(shm_names() - before)}"
+    finally:
+        _reap(procs)
+
+
+@pytest.mark.timeout(240)
+def test_ranks_terminated_inside_the_rendezvous_leave_no_segment():
+    """Three of four ranks are inside the rendezvous when they are terminated (SIGTERM)."""
+    before = shm_names()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    store.set("hccl/host/3", "the-host")  # rank 3 said where it runs, then went silent
+    procs = [_start(store.port, r, 4, "hang") for r in range(3)]
+    try:
+        _wait_keys(store, [f"hccl/seg/{r}" for r in range(3)], procs)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+        assert not shm_names() - before, f"segments left behind: {sorted(shm_names() - before)}"
+    finally:
+        _reap(procs)
+
+
+@pytest.mark.timeout(240)
+def test_rank_killed_after_the_rendezvous_leaves_no_segment_and_peer_fails():
+    """Rank 1 is killed after the rendezvous while rank 0 waits for it in an allreduce: rank 0
+    raises naming rank 1, and no segment is left."""
+    before = shm_names()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    procs = [_start(store.port, 0, 2, "allreduce"), _start(store.port, 1, 2, "hang")]
+    try:
+        _wait_keys(store, ["test/ready/0", "test/ready/1"], procs)
+        procs[1].send_signal(signal.SIGKILL)
+        assert procs[0].wait(60) == 3
+        assert "rank 1" in store.get("test/error/0").decode()
+        assert not shm_names() - before, f"segments left behind: {sorted(shm_names() - before)}"
+    finally:
+        _reap(procs)
