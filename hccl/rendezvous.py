@@ -25,7 +25,7 @@ from .transport.interface import Collectives
 from .transport.multihost import HostLayout, HostsTransport
 from .transport.plan import Planner
 from .transport.shm import ShmArena, ShmSegment
-from .transport.tcp import TcpMesh
+from .transport.tcp import TcpMesh, listen_address
 
 __all__ = ["Rendezvous", "rendezvous"]
 
@@ -85,7 +85,8 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
         if len(layout.hosts) == 1:
             return Rendezvous(layout, eng.ShmCollectives(arena))
         peers = [r for r in range(n) if r not in local]
-        mesh = TcpMesh(rank, peers, token, timeout_s)
+        mesh = TcpMesh(rank, peers, token, timeout_s,
+                       address=listen_address(config.socket_addr, config.socket_ifname))
         store.set(f"hccl/tcp/{rank}", mesh.address)
         mesh.connect({p: store.get(f"hccl/tcp/{p}").decode() for p in peers})
         coll = ScheduleCollectives(HostsTransport(layout, arena, mesh), planner, names, arena=arena, mesh=mesh)

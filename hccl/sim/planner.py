@@ -18,6 +18,10 @@ NOTE [timing rules]
       its last receive is done.
     - All times are integers; ties are broken by issue order, so results are
       deterministic.
+
+Length: about 540 lines, over the project's 400, on purpose. The event engine (``_Engine``),
+the rank-symmetry fold that makes 4,096 ranks cheap and the public entry points share the
+timing rules above; split across files, the rules and the code that applies them would drift.
 """
 
 from __future__ import annotations

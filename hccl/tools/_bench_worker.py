@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -44,7 +43,7 @@ class _Sync:
         return [json.loads(self.store.get(f"{key}/{r}")) for r in range(self.world)]
 
 
-def _prepare(test: str, x: torch.Tensor, rank: int, world: int, op, root: int, peer: int):
+def _prepare(test: str, x: torch.Tensor, rank: int, world: int, op, root: int, peer: int, topology: str):
     """A no-argument callable issuing one ``test`` call; all tensors are allocated here, up front,
     so no host-side op runs between the ready-time alignment and the collective."""
     if test == "all_reduce":
@@ -63,7 +62,7 @@ def _prepare(test: str, x: torch.Tensor, rank: int, world: int, op, root: int, p
         out = torch.empty_like(x)
         return lambda: dist.all_to_all_single(out, x)
     if test == "send_recv":
-        src = [r for r in range(world) if peer_of(r, world) == rank]
+        src = [r for r in range(world) if peer_of(r, world, topology) == rank]
         ops = [dist.P2POp(dist.isend, x, peer)] + [dist.P2POp(dist.irecv, torch.empty_like(x), s) for s in src]
 
         def run():
@@ -73,11 +72,11 @@ def _prepare(test: str, x: torch.Tensor, rank: int, world: int, op, root: int, p
     raise ValueError(f"unknown test {test!r}")
 
 
-def peer_of(rank: int, world: int) -> int:
-    """hccl_demo's send_recv partner of ``rank`` (the planner's pattern)."""
+def peer_of(rank: int, world: int, topology: str) -> int:
+    """hccl_demo's send_recv partner of ``rank`` (the planner's pattern) on ``topology``."""
     from hccl.sim.topology import load_topology
 
-    L = load_topology(os.environ.get("HCCL_TOPOLOGY") or "hls2", world_size=world).cards_per_box
+    L = load_topology(topology, world_size=world).cards_per_box
     return int(_send_recv_peers(world, L)[rank])
 
 
@@ -88,6 +87,7 @@ def main(argv=None) -> int:
     p.add_argument("--data_type", default="float", choices=sorted(_DTYPES))
     p.add_argument("--redop", default="sum", choices=sorted(_OPS))
     p.add_argument("--test_root", type=int, default=0)
+    p.add_argument("--topology", default="hls2", help="the topology the parent also passes as HCCL_TOPOLOGY")
     p.add_argument("--iters", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -115,10 +115,10 @@ def _run(a, rank: int, world: int) -> list[dict]:
     dtype = _DTYPES[a.data_type]
     rows = []
     for test in a.tests:
-        peer = peer_of(rank, world) if test == "send_recv" else -1
+        peer = peer_of(rank, world, a.topology) if test == "send_recv" else -1
         for size in a.sizes:
             x = torch.ones(size // _ITEMSIZE[a.data_type], dtype=dtype)
-            call = _prepare(test, x, rank, world, _OPS[a.redop], a.test_root, peer)
+            call = _prepare(test, x, rank, world, _OPS[a.redop], a.test_root, peer, a.topology)
             sims, walls, algo, uniform = [], [], "", True
             for it in range(a.iters + 1):  # the first call is a warm-up
                 # uniform simulated ready time on every rank, then a wall-clock barrier

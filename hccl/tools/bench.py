@@ -125,6 +125,7 @@ def run_live(tests: Sequence[str], sizes: Sequence[int], *, ranks: int, topology
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
                    "-m", "hccl.tools._bench_worker", "--tests", test, "--sizes", *map(str, tsizes),
                    "--data_type", dtype, "--redop", redop, "--test_root", str(root), "--iters", str(iters),
+                   "--topology", topology,
                    "--out", out]
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

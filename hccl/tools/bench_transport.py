@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tabulate import tabulate
 
 __all__ = ["main"]
 
@@ -160,26 +161,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"allreduce, {n} ranks on this host, wall-clock (not simulated) figures")
     if mpi_times is None:
         print(f"hccl (MPI transport): {why}")
-    print(f"{'size':>6} | {'hccl (shm)':>14} | {'hccl (MPI)':>14} | {'gloo':>14} | shm vs gloo | MPI vs gloo | MPI vs shm")
+    table = []
     for i, (label, nbytes, t_hccl, t_gloo) in enumerate(rows):
         t_mpi = mpi_times[i] if mpi_times is not None else None
         if nbytes <= 1024:  # latency: lower is better, ratios are time / time
             us = [t * 1e6 if t is not None else None for t in (t_hccl, t_mpi, t_gloo)]
-            cells = [f"{v:11.1f} us" if v is not None else f"{'n/a':>14}" for v in us]
-            ratios = [_ratio(t_hccl, t_gloo), _ratio(t_mpi, t_gloo), _ratio(t_mpi, t_hccl)]
-            print(f"{label:>6} | {' | '.join(cells)} | " + " | ".join(f"{'latency ' + r:>11}" for r in ratios))
+            cells = [f"{v:.1f} us" if v is not None else "n/a" for v in us]
+            ratios = [f"latency {_ratio(a, b)}" for a, b in ((t_hccl, t_gloo), (t_mpi, t_gloo), (t_mpi, t_hccl))]
             rec = {"size": label, "hccl_latency_us": us[0], "gloo_latency_us": us[2]}
             if t_mpi is not None:
                 rec["hccl_mpi_latency_us"] = us[1]
         else:  # bus bandwidth: higher is better, ratios are bw / bw
             bw = [nbytes / t * factor / 1e9 if t is not None else None for t in (t_hccl, t_mpi, t_gloo)]
-            cells = [f"{v:9.2f} GB/s" if v is not None else f"{'n/a':>14}" for v in bw]
-            ratios = [_ratio(bw[0], bw[2]), _ratio(bw[1], bw[2]), _ratio(bw[1], bw[0])]
-            print(f"{label:>6} | {' | '.join(cells)} | " + " | ".join(f"{'busbw ' + r:>11}" for r in ratios))
+            cells = [f"{v:.2f} GB/s" if v is not None else "n/a" for v in bw]
+            ratios = [f"busbw {_ratio(a, b)}" for a, b in ((bw[0], bw[2]), (bw[1], bw[2]), (bw[1], bw[0]))]
             rec = {"size": label, "hccl_busbw_gbps": bw[0], "gloo_busbw_gbps": bw[2]}
             if t_mpi is not None:
                 rec["hccl_mpi_busbw_gbps"] = bw[1]
+        table.append([label, *cells, *ratios])
         out.append(rec)
+    print(tabulate(table, headers=["size", "hccl (shm)", "hccl (MPI)", "gloo", "shm vs gloo", "MPI vs gloo",
+                                   "MPI vs shm"], tablefmt="github", colalign=("right",) * 7))
     sys.stdout.flush()
     return out
 

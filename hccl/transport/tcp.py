@@ -8,7 +8,7 @@ present it, then keeps accepting, so a stray or hostile client cannot join or st
 job. Every later message is a 24-byte header (magic ``b"HCCL"``, a 4-byte tag, int64
 sequence number, int64 payload bytes) followed by the raw payload bytes.
 
-Sockets listen on 127.0.0.1 unless ``HCCL_SOCKET_ADDR`` names an address, or
+Sockets listen on 127.0.0.1 unless the group's ``HCCL_SOCKET_ADDR`` names an address, or
 ``HCCL_SOCKET_IFNAME`` names an interface whose IPv4 address is used. Every blocking call
 has the process group's timeout; a peer that closes its socket raises
 :class:`~hccl.transport.shm.PeerFailure` naming the rank.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import hmac
 import logging
-import os
 import socket
 import struct
 import threading
@@ -53,14 +52,19 @@ def _ifname_address(ifname: str) -> str:
         s.close()
 
 
-def listen_address() -> str:
-    """The address to listen on: ``HCCL_SOCKET_ADDR``, else ``HCCL_SOCKET_IFNAME``'s, else loopback."""
-    addr = os.environ.get("HCCL_SOCKET_ADDR")
-    if addr:
-        return addr
-    ifname = os.environ.get("HCCL_SOCKET_IFNAME")
-    if ifname:
-        return _ifname_address(ifname)
+def listen_address(socket_addr: str | None = None, socket_ifname: str | None = None) -> str:
+    """The address to listen on: ``socket_addr``, else ``socket_ifname``'s IPv4 address, else loopback.
+
+    The process group passes its frozen ``HcclConfig.socket_addr``/``socket_ifname``
+    (``HCCL_SOCKET_ADDR``/``HCCL_SOCKET_IFNAME``); this module reads no environment.
+
+    Raises:
+        ValueError: ``socket_ifname`` has no IPv4 address.
+    """
+    if socket_addr:
+        return socket_addr
+    if socket_ifname:
+        return _ifname_address(socket_ifname)
     return "127.0.0.1"
 
 
@@ -82,9 +86,11 @@ class TcpMesh:
         peers: group ranks of the other leaders.
         token: the job token every peer must present (from the rendezvous store).
         timeout_s: limit for connecting and for every send/receive, wall seconds.
+        address: the address to listen on (:func:`listen_address`; default loopback).
     """
 
-    def __init__(self, rank: int, peers: Sequence[int], token: str, timeout_s: float) -> None:
+    def __init__(self, rank: int, peers: Sequence[int], token: str, timeout_s: float, *,
+                 address: str = "127.0.0.1") -> None:
         if len(token.encode()) > _TOKEN_LEN:
             raise ValueError("hccl: job token too long")
         self.rank = rank
@@ -95,7 +101,7 @@ class TcpMesh:
         self.refused = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((listen_address(), 0))
+        self._listener.bind((address, 0))
         self._listener.listen(max(8, len(self.peers)))
         self._accept_thread: threading.Thread | None = None
         self._accept_error: BaseException | None = None

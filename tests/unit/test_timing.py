@@ -127,6 +127,59 @@ def test_ring_allreduce_four_ranks_by_hand(tiny, ready):
         assert (t.end_ns, t.algorithm) == (want[r], "ring"), r
 
 
+def _hierarchical_allreduce_by_hand(nbytes: int, ready: list[int]) -> list[int]:
+    """Hierarchical all-reduce on 4 ranks = 2 boxes of 2 (rank r = box * 2 + local index).
+
+    Card l owns the box's two chunks of local index l (nbytes / 2, contiguous):
+    1. in-box reduce-scatter: send the peer the half it owns, which it reduces;
+    2. scale-out reduce-scatter: send the card of the same index in the other box the
+       quarter it owns, which it reduces;
+    3. scale-out all-gather: send it my reduced quarter;
+    4. in-box all-gather: send my local peer my reduced half.
+    A rank sends in a step when its previous step is done and that port (scale-up or
+    scale-out, separate ports) is free; a scale-out message also waits for the receiver's
+    scale-out ingress.
+    """
+    n, half, quarter = 4, nbytes // 2, nbytes // 4
+    up_free, out_free, ingress = [0] * n, [0] * n, [0] * n
+    start = list(ready)
+
+    def step(size, across, reduce):
+        nonlocal start
+        done = list(start)
+        for r in range(n):
+            d = r ^ 2 if across else r ^ 1
+            free = out_free if across else up_free
+            tx = max(start[r], free[r])
+            free[r] = tx + ser(size)
+            if across:
+                arrive = max(tx + OUT_LAT, ingress[d]) + ser(size)
+                ingress[d] = arrive
+            else:
+                arrive = tx + UP_LAT + ser(size)
+            done[d] = max(done[d], arrive + (red(size) if reduce else 0))
+        start = done
+
+    step(half, across=False, reduce=True)
+    step(quarter, across=True, reduce=True)
+    step(quarter, across=True, reduce=False)
+    step(half, across=False, reduce=False)
+    return [max(start[r], up_free[r]) for r in range(n)]
+
+
+@pytest.mark.parametrize("ready", [[0, 0, 0, 0], [0, 700, 0, 2500], [9000, 0, 0, 0]])
+def test_hierarchical_allreduce_four_ranks_by_hand(tiny, ready):
+    """In-box reduce-scatter, pairwise scale-out, in-box all-gather: each rank's end by hand."""
+    nbytes = 4000
+    want = _hierarchical_allreduce_by_hand(nbytes, ready)
+    if ready == [0, 0, 0, 0]:
+        # on paper: 2000+100+1000 | 1000+550+500 | 1000+550 | 2000+100 = 8800
+        assert want == [8800] * 4
+    for r in range(4):
+        t = _times(tiny, "allreduce", nbytes, ready, r, algorithm="hierarchical")
+        assert (t.end_ns, t.algorithm) == (want[r], "hierarchical"), (r, t, want)
+
+
 def test_p2p_by_hand(tiny):
     """A message leaves when the sender is ready and lands serialization + latency later."""
     topo = tiny(4)
