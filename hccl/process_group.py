@@ -24,8 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hpu_runtime.bridge import bridge_disabled
-from hpu_runtime.device import get_device
+from hpu_runtime import bridge_disabled, get_device
 
 from . import p2p, timing
 from . import shm_engine as eng
@@ -257,7 +256,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def _run_lazy(self, what, kind, seq, nbytes, outputs, body, timing) -> HcclWork:
         """``PT_HPU_ENABLE_LAZY_COLLECTIVES``: move the bytes now, time the allreduce inside the
-        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.device)."""
+        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.bridge.sim_device)."""
         self._guarded(what, lambda: body(0, what))
         self._seq = seq + 1
         n, rank = self._world_size, self._rank

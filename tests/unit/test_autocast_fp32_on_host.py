@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hpu_runtime as hpu
-from hpu_runtime.cost_model import op_cost
+from hpu_runtime.device.cost_model import op_cost
 
 
 def _mm_costs(monkeypatch, flag: str):

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from hpu_runtime.cost_model import OpCost
-from hpu_runtime.device import SimDevice
-from hpu_runtime.device_spec import get_device_spec
+from hpu_runtime.device.cost_model import OpCost
+from hpu_runtime import SimDevice
+from hpu_runtime.device.spec import get_device_spec
 
 
 def _op(ns: int) -> OpCost:
@@ -95,7 +95,7 @@ def test_unknown_device_spec_rejected(bad):
 def test_lazy_collective_runs_inside_the_graph():
     """A lazy collective starts when the ops before it in the graph are done; an op of the
     same graph that reads its output waits for its end; nothing launches at the call."""
-    from hpu_runtime.lazy_graph import OpRecord
+    from hpu_runtime.device.lazy_graph import OpRecord
 
     d = _dev()
     d.begin_step()

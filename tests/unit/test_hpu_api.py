@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import hpu_runtime as hpu
-from hpu_runtime.cost_model import pcie_ns
-from hpu_runtime.memory import HPUOutOfMemoryError
+from hpu_runtime.device.cost_model import pcie_ns
+from hpu_runtime.device.memory import HPUOutOfMemoryError
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import torch
 
 import hpu_runtime as hpu
 from hpu_runtime import metrics
-from hpu_runtime.cost_model import fused_time_ns, op_cost
-from hpu_runtime.device import SimDevice
-from hpu_runtime.device_spec import get_device_spec
+from hpu_runtime.device.cost_model import fused_time_ns, op_cost
+from hpu_runtime import SimDevice
+from hpu_runtime.device.spec import get_device_spec
 
 
 def _compiles() -> int:
@@ -246,7 +246,7 @@ def test_metric_names_on_package():
 
 def test_pure_device_record_op_keys_by_cost():
     """The pure API: two different ops with the same name are different recipes."""
-    from hpu_runtime.cost_model import OpCost
+    from hpu_runtime.device.cost_model import OpCost
 
     d = SimDevice(get_device_spec("gaudi2"))
     for ns in (10, 20):

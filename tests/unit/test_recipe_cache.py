@@ -1,4 +1,4 @@
-"""Tests of hpu_runtime.recipe_cache: memory level, disk format, eviction, processes."""
+"""Tests of hpu_runtime.bridge.recipe_cache: memory level, disk format, eviction, processes."""
 
 import json
 import logging
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpu_runtime.recipe_cache import (
+from hpu_runtime.bridge.recipe_cache import (
     ENV_VAR,
     EVICTION_LOCK_NAME,
     RECIPE_SUFFIX,
@@ -166,10 +166,10 @@ def test_corrupt_file_is_a_logged_miss(tmp_path, caplog, damage):
     damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 9,
                "empty": b"", "flip": data[:-1] + bytes([data[-1] ^ 1])}[damage]
     path.write_bytes(damaged)
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.bridge.recipe_cache"):
         disk = DiskRecipeCache(_cfg(tmp_path))  # the snapshot reads and rejects the file
     cache = RecipeCache(disk=disk)
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.bridge.recipe_cache"):
         assert cache.lookup("g", digest=d) is None
     assert cache.misses == 1
     assert any("corrupt" in r.getMessage() for r in caplog.records)
@@ -216,7 +216,7 @@ def test_eviction_oldest_first_within_limit(tmp_path):
 def test_oversized_recipe_is_skipped(tmp_path, caplog):
     """A recipe bigger than the whole budget is not stored (warning), nothing evicted."""
     disk = DiskRecipeCache(_cfg(tmp_path, size_mb=0.001))
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.bridge.recipe_cache"):
         disk.store(digest_of("big"), _recipe(1, pad=5000))
     assert _recipe_files(tmp_path) == []
     assert any("exceeds" in r.getMessage() for r in caplog.records)
@@ -240,7 +240,7 @@ def test_flush_waits_for_background_stores(tmp_path):
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
-    from hpu_runtime.recipe_cache import RecipeCache, Recipe, digest_of
+    from hpu_runtime.bridge.recipe_cache import RecipeCache, Recipe, digest_of
     cache = RecipeCache.from_env()
     keys = [f"graph-{i}" for i in range(5)]
     out = []
@@ -433,7 +433,7 @@ def test_fifo_named_like_a_recipe_is_a_miss_not_a_hang(tmp_path, caplog):
     d = digest_of("fifo")
     probe = DiskRecipeCache(_cfg(tmp_path))
     os.mkfifo(probe.path_for(d))
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.bridge.recipe_cache"):
         cache = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
         assert cache.lookup("fifo", digest=d) is None
         assert probe.load(d) is None
@@ -455,7 +455,7 @@ def test_directory_named_like_a_recipe_does_not_stop_eviction(tmp_path, caplog):
     for p in odd:
         p.mkdir()
         os.utime(p, ns=(0, 0))  # oldest: eviction meets it first
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger="hpu_runtime.bridge.recipe_cache"):
         disk = DiskRecipeCache(_cfg(tmp_path, size_mb=size_mb))
         for i in range(40):
             disk.store(digest_of(str(i)), _recipe(i, pad=2000))

@@ -1,0 +1,14 @@
+"""Tools over the three planes: the traced training step and the benchmarks.
+
+Owns:
+
+* ``tracing``: one training step traced without data (FakeTensorMode) and replayed with
+  other launch points; it drives the bridge and the device model together, so it sits
+  above both (the planner, ``hccl.ddp_plan``, replays its traces);
+* ``bench_overhead``, ``bench_hpex``, ``bench_autocast``: ``python -m
+  hpu_runtime.tools.bench_*`` command lines (wall-clock or simulated, as each says).
+
+May import every plane of ``hpu_runtime`` and ``models`` (the benchmarks' reference
+models). Must not import ``hccl`` or ``launchers``: the planner and the study CLIs import
+the tools, not the reverse. ``tests/unit/test_layering.py`` checks these rules.
+"""
