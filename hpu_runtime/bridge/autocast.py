@@ -16,7 +16,7 @@ region computes in fp32 on the host (CPU autocast stays off) while the simulated
 charged as if it ran in bf16: every fp32 op in the region, and in the backward that follows
 it up to the next ``mark_step``, is charged at the bf16 rates with 2 bytes per element,
 except the ops autocast keeps in fp32 (softmax, losses, norms, reductions:
-``hpu_runtime.device.FP32_AUTOCAST_OPS``). The numerics trade-off: results are fp32 results,
+``hpu_runtime.bridge.op_accounting.FP32_AUTOCAST_OPS``). The numerics trade-off: results are fp32 results,
 more accurate than the bf16 run they stand for (no bf16 rounding, no overflow behaviour of
 bf16), so losses and gradients differ from a faithful bf16 run in the low bits. The casts
 a faithful region makes of each fp32 weight a matmul uses (to bf16 in forward, its gradient
@@ -27,26 +27,12 @@ Use it for timing studies and long runs of big models; keep it off to test bf16 
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.amp import autocast_mode
 
-from .runtime import get_device
+from .runtime import config, get_device
 
-__all__ = ["autocast", "install", "FP32_ON_HOST_ENV"]
-
-FP32_ON_HOST_ENV = "PT_HPU_AUTOCAST_FP32_ON_HOST"
-"""``1``: "hpu" autocast regions compute in fp32 on the host and are charged as bf16."""
-
-
-def _fp32_on_host() -> bool:
-    raw = os.environ.get(FP32_ON_HOST_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{FP32_ON_HOST_ENV}={raw!r} must be 0 or 1")
+__all__ = ["autocast", "install"]
 
 _installed = False
 
@@ -67,7 +53,7 @@ def install() -> None:
                 dtype = torch.bfloat16
             if dtype == torch.float32:  # an fp32 "autocast" region (Lightning's precision "32")
                 enabled = False         # is plain fp32, as on Gaudi; CPU autocast would warn
-            if enabled and dtype in (torch.bfloat16, torch.float16) and _fp32_on_host():
+            if enabled and dtype in (torch.bfloat16, torch.float16) and config().autocast_fp32_on_host:
                 self._hpu_emulated, enabled = True, False
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 

@@ -4,7 +4,7 @@ An op falls back to the CPU when one of its tensors has a dtype the HPU does not
 (float64, complex), when its name is listed in ``PT_HPU_PLACE_ON_CPU`` (comma separated,
 ``digamma`` or ``aten::digamma``), or when it is in :data:`UNSUPPORTED_OPS`. The device
 then charges device->host copies of the inputs, the op on the host CPU and host->device
-copies of the outputs (see :meth:`hpu_runtime.device.SimDevice.record`), and counts it in
+copies of the outputs (see :meth:`hpu_runtime.bridge.op_accounting.OpAccounting.record`), and counts it in
 ``metric_global("cpu_fallback")``.
 
 With ``LOG_LEVEL_PT_FALLBACK=1`` and ``ENABLE_CONSOLE=true`` every fallback prints, as the
@@ -15,7 +15,6 @@ Gaudi bridge does::
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,27 +54,15 @@ def fallback_log_line(func: torch._ops.OpOverload, args: tuple, kwargs: Mapping)
     return f"CPU fallback {_short_name(func)} : {', '.join(parts)}"
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FallbackPolicy:
-    """Which ops fall back to the CPU, and whether to print them."""
+    """Which ops fall back to the CPU, and whether to print them (built from
+    :class:`~hpu_runtime.bridge.config.RuntimeConfig`)."""
 
     place_on_cpu: frozenset[str] = frozenset()
     """Short op names from ``PT_HPU_PLACE_ON_CPU`` (``aten::`` prefix stripped)."""
     log: bool = False
     """Print a line per fallback (``LOG_LEVEL_PT_FALLBACK=1`` and ``ENABLE_CONSOLE=true``)."""
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> FallbackPolicy:
-        """Read ``PT_HPU_PLACE_ON_CPU``, ``LOG_LEVEL_PT_FALLBACK`` and ``ENABLE_CONSOLE``."""
-        env = os.environ if environ is None else environ
-        names = {n.strip().split("::", 1)[-1] for n in env.get("PT_HPU_PLACE_ON_CPU", "").split(",")}
-        level = env.get("LOG_LEVEL_PT_FALLBACK", "").strip()
-        log = level in {"0", "1"} and _truthy(env.get("ENABLE_CONSOLE"))
-        return cls(place_on_cpu=frozenset(n for n in names if n), log=log)
 
     def falls_back(self, func: torch._ops.OpOverload, dtypes: set[torch.dtype]) -> bool:
         """Whether ``func`` with tensors of ``dtypes`` runs on the CPU."""

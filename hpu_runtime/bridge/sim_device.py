@@ -180,7 +180,7 @@ class SimDevice:
         max_compound_ops: launch the pending graph once it holds this many ops
             (``PT_HPU_MAX_COMPOUND_OP_SIZE``; 0 = unlimited).
         recipes: the recipe cache (default: memory only).
-        fallback: CPU-fallback policy (default: from the environment).
+        fallback: CPU-fallback policy (default: none beyond the dtypes and ops Gaudi lacks).
 
     Attributes:
         log: when a list, every event that shapes the timeline is appended to it, in order:
@@ -195,7 +195,7 @@ class SimDevice:
         self.lazy = lazy
         self.max_compound_ops = max_compound_ops
         self.recipes = recipes if recipes is not None else RecipeCache()
-        self.fallback = fallback if fallback is not None else FallbackPolicy.from_env()
+        self.fallback = fallback if fallback is not None else FallbackPolicy()
         self.hbm = HBMModel.from_spec(spec)
         self.host_ns = 0
         self.compute = Stream("compute")

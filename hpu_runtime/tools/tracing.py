@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..bridge import dispatch as bridge
-from ..bridge.runtime import get_device, using_device
+from ..bridge.fallback import FallbackPolicy
+from ..bridge.runtime import config, get_device, using_device
 from ..bridge.sim_device import SimDevice
 from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
@@ -255,7 +256,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
     wall0 = time.perf_counter()
-    dev = replay_device(spec, mode)
+    dev = replay_device(spec, mode, fallback=config().fallback)
     with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
         made = factory(batch_size)
         if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
@@ -314,10 +315,12 @@ def _step_runner(mode: str, model, inputs, loss_fn, opt, autocast: bool) -> Call
                                  compiled=mode == "compile")
 
 
-def replay_device(spec: DeviceSpec, mode: str) -> SimDevice:
+def replay_device(spec: DeviceSpec, mode: str, *, fallback: FallbackPolicy | None = None) -> SimDevice:
     """A fresh device for a steady-state step: ``spec`` with free compiles (every graph of a
-    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile."""
-    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=(mode == "lazy"))
+    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile;
+    ``fallback``: the CPU-fallback policy (default: Gaudi's dtypes and ops only)."""
+    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=(mode == "lazy"),
+                     fallback=fallback)
 
 
 def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], None] | None = None,

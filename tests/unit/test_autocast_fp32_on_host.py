@@ -53,6 +53,9 @@ def test_faithful_autocast_when_off(monkeypatch):
 
 
 def test_bad_value_names_the_variable(monkeypatch):
+    """The variable is read with the rest of the configuration, when the device is (re)made."""
     monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_ON_HOST", "maybe")
     with pytest.raises(ValueError, match="PT_HPU_AUTOCAST_FP32_ON_HOST"):
-        torch.autocast("hpu", dtype=torch.bfloat16)
+        hpu.reset_device("gaudi2")
+    monkeypatch.delenv("PT_HPU_AUTOCAST_FP32_ON_HOST")
+    hpu.reset_device("gaudi2")

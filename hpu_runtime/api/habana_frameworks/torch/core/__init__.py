@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 
 import hpu_runtime
@@ -15,8 +14,8 @@ __all__ = ["mark_step", "is_lazy", "iter_mark_step", "step_closure", "hpu_set_en
 
 
 def is_lazy() -> bool:
-    """True unless ``PT_HPU_LAZY_MODE=0`` (Gaudi's default is lazy mode)."""
-    return os.environ.get("PT_HPU_LAZY_MODE", "1") != "0"
+    """Whether the simulated device runs in lazy mode (``PT_HPU_LAZY_MODE=1``, Gaudi's default)."""
+    return hpu_runtime.get_device().lazy
 
 
 def iter_mark_step(iterable: Iterable) -> Iterator:
