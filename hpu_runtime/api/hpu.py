@@ -142,7 +142,7 @@ class Stream:
         dev = get_device()
         with dev.lock:
             dev.launch("stream_synchronize")
-            dev._wait_host(dev.compute.free_ns)
+            dev.wait_host(dev.compute.free_ns)
 
     def query(self) -> bool:
         dev = get_device()
@@ -202,7 +202,7 @@ class Event:
         self._check()
         dev = get_device()
         with dev.lock:
-            dev._wait_host(self.time_ns)
+            dev.wait_host(self.time_ns)
 
     def wait(self, stream: Stream | None = None) -> None:
         """Later device work waits for this event."""

@@ -9,6 +9,9 @@ chrome://tracing or https://ui.perfetto.dev.
 Ranks write their own file (``write_rank_trace``); the launcher, or the CLI, merges them::
 
     python -m hpu_runtime.api.trace merge merged.json trace_rank0.json trace_rank1.json
+
+The span record :class:`~hpu_runtime.device.timeline.TraceEvent` (and :data:`STREAMS`) is
+the device model's; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import json
 import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..device.timeline import STREAMS, TraceEvent
 
 __all__ = [
     "STREAMS",
@@ -37,38 +41,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-STREAMS: tuple[str, ...] = ("host", "compute", "collective")
-"""Stream names; the index is the thread id (tid) of the row."""
 _TID = {name: i for i, name in enumerate(STREAMS)}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TraceEvent:
-    """One span of simulated time on one rank's stream."""
-
-    rank: int
-    """Global rank (>= 0); becomes the process row (pid)."""
-    stream: str
-    """"host", "compute" or "collective"; becomes the thread row (tid)."""
-    name: str
-    """Label, e.g. "graph_launch", "compile", "all_reduce"."""
-    start_ns: int
-    """Start, simulated ns since the rank's time origin (>= 0)."""
-    dur_ns: int
-    """Duration, simulated ns (>= 0)."""
-    args: Mapping[str, Any] = field(default_factory=dict)
-    """JSON-serialisable details shown in the trace viewer (non-JSON values become str)."""
-
-    def __post_init__(self) -> None:
-        for name in ("rank", "start_ns", "dur_ns"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"TraceEvent.{name} must be an int >= 0, got {value!r}")
-        if self.stream not in _TID:
-            raise ValueError(
-                f"TraceEvent.stream must be one of {', '.join(STREAMS)}, got {self.stream!r}")
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"TraceEvent.name must be a non-empty string, got {self.name!r}")
 
 
 def _metadata(rank: int, streams: Iterable[str]) -> list[dict[str, Any]]:

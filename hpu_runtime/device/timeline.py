@@ -3,14 +3,18 @@
 A :class:`Stream` is an in-order queue (compute, collective) that remembers its busy
 intervals; :func:`step_breakdown` turns the intervals of one step window into a
 :class:`StepTimes` (busy compute, busy communication, communication not hidden under
-compute). Nothing here reads a clock: every number is simulated nanoseconds.
+compute); a :class:`TraceEvent` is one span of a rank's host, compute or collective row, as
+:mod:`hpu_runtime.api.trace` exports them. Nothing here reads a clock: every number is
+simulated nanoseconds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["Stream", "StepTimes", "step_breakdown"]
+__all__ = ["STREAMS", "Stream", "StepTimes", "TraceEvent", "step_breakdown"]
 
 
 @dataclass(slots=True)
@@ -106,3 +110,36 @@ def step_breakdown(compute: Stream, collective: Stream, lo: int, hi: int, host_n
     comm = _union(_clip(collective.intervals, lo, hi))
     return StepTimes(step_ns=hi - lo, compute_ns=_length(comp), comm_ns=_length(comm),
                      exposed_comm_ns=_subtract(comm, comp), host_ns=host_ns)
+
+
+STREAMS: tuple[str, ...] = ("host", "compute", "collective")
+"""Stream names; the index is the thread id (tid) of the row."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceEvent:
+    """One span of simulated time on one rank's stream."""
+
+    rank: int
+    """Global rank (>= 0); becomes the process row (pid)."""
+    stream: str
+    """"host", "compute" or "collective"; becomes the thread row (tid)."""
+    name: str
+    """Label, e.g. "graph_launch", "compile", "all_reduce"."""
+    start_ns: int
+    """Start, simulated ns since the rank's time origin (>= 0)."""
+    dur_ns: int
+    """Duration, simulated ns (>= 0)."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    """JSON-serialisable details shown in the trace viewer (non-JSON values become str)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "start_ns", "dur_ns"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"TraceEvent.{name} must be an int >= 0, got {value!r}")
+        if self.stream not in STREAMS:
+            raise ValueError(
+                f"TraceEvent.stream must be one of {', '.join(STREAMS)}, got {self.stream!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"TraceEvent.name must be a non-empty string, got {self.name!r}")
