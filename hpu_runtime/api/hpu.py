@@ -5,14 +5,21 @@ as in a Gaudi job where each rank is bound to one card. Memory figures come from
 model (bytes of resident storages, simulated); times from the simulated timeline.
 
 NOTE [streams and events]
-The simulated card has one compute queue. A :class:`Stream` is a handle on it (so
-``with hpu.stream(s):`` is accepted and changes nothing). :meth:`Event.record` is a lazy-mode
+The simulated card has one compute queue: the work of every stream runs on it, in issue
+order, so a stream changes no timing. A :class:`Stream` is nevertheless a stream in its own
+right, as on Gaudi: ``hpu.Stream()`` makes a new one with its own ``stream_id``, distinct
+from the default stream (id 0) and from every other; two handles are equal exactly when
+they name the same stream (same id). ``with hpu.stream(s):`` (or :func:`set_stream`) makes
+``s`` the calling thread's :func:`current_stream`. :meth:`Event.record` is a lazy-mode
 launch point: it launches the pending graph and stamps the time its work ends on the
 compute stream; :meth:`Event.elapsed_time` is the difference in *simulated* milliseconds.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -40,6 +47,7 @@ __all__ = [
     "Stream",
     "Event",
     "stream",
+    "set_stream",
     "current_stream",
     "default_stream",
     "HPUGraph",
@@ -131,11 +139,16 @@ def memory_stats(device: object = None) -> dict[str, int]:
 
 # ---- streams and events (see NOTE [streams and events]) --------------------------------------
 class Stream:
-    """A handle on the simulated compute queue."""
+    """A stream of the simulated card (see NOTE [streams and events]).
+
+    Attributes:
+        stream_id: 0 for the default stream, a new positive id for each ``Stream()``.
+    """
 
     def __init__(self, device: object = None, priority: int = 0, **_kwargs) -> None:
         self.device = device
         self.priority = priority
+        self.stream_id = next(_stream_ids)
 
     def synchronize(self) -> None:
         """Launch pending work; the host waits for the compute stream."""
@@ -145,11 +158,12 @@ class Stream:
             dev.wait_host(dev.compute.free_ns)
 
     def query(self) -> bool:
+        """Whether all work issued so far is done (nothing pending, the host past it)."""
         dev = get_device()
         return not dev.pending and dev.host_ns >= dev.compute.free_ns
 
     def wait_stream(self, other: Stream) -> None:
-        """Accepted: every stream is the same queue."""
+        """Accepted: every stream's work runs in order on the one compute queue."""
 
     def wait_event(self, event: Event) -> None:
         event.wait(self)
@@ -160,27 +174,49 @@ class Stream:
         return event
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream)
+        if not isinstance(other, Stream):
+            return NotImplemented
+        return self.stream_id == other.stream_id
 
     def __hash__(self) -> int:
-        return 0
+        return hash((Stream, self.stream_id))
+
+    def __repr__(self) -> str:
+        return f"<hpu.Stream stream_id={self.stream_id} priority={self.priority}>"
 
 
-_DEFAULT_STREAM = Stream()
+_stream_ids = itertools.count()
+_DEFAULT_STREAM = Stream()  # the first stream made: stream_id 0
+_current = threading.local()
 
 
 def current_stream(device: object = None) -> Stream:
-    return _DEFAULT_STREAM
+    """The calling thread's current stream (the default stream unless one was selected)."""
+    return getattr(_current, "stream", _DEFAULT_STREAM)
 
 
 def default_stream(device: object = None) -> Stream:
+    """The default stream (``stream_id`` 0)."""
     return _DEFAULT_STREAM
 
 
+def set_stream(s: Stream) -> None:
+    """Make ``s`` the calling thread's current stream."""
+    _current.stream = s
+
+
 @contextmanager
-def stream(s: Stream | None):
-    """``with hpu.stream(s):`` (accepted; one queue)."""
-    yield s
+def stream(s: Stream | None) -> Iterator[Stream | None]:
+    """``with hpu.stream(s):``: ``s`` is the current stream inside the block (None: unchanged)."""
+    if s is None:
+        yield s
+        return
+    prev = current_stream()
+    set_stream(s)
+    try:
+        yield s
+    finally:
+        set_stream(prev)
 
 
 class Event:
@@ -200,9 +236,7 @@ class Event:
     def synchronize(self) -> None:
         """The host waits until the event's point."""
         self._check()
-        dev = get_device()
-        with dev.lock:
-            dev.wait_host(self.time_ns)
+        get_device().wait_host(self.time_ns)
 
     def wait(self, stream: Stream | None = None) -> None:
         """Later device work waits for this event."""

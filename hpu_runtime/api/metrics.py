@@ -117,10 +117,11 @@ class Metric:
         return f"Metric({self._name!r}, {self.stats()!r})"
 
     # -- updates (called with _LOCK held) --------------------------------------------------
-    def _add_timed(self, duration_ns: int) -> None:
+    def _add_timed(self, duration_ns: int, successful: bool = False) -> None:
         self._count += 1
         self._total_ns += duration_ns
         self._max_ns = max(self._max_ns, duration_ns)
+        self._successful += 1 if successful else 0
 
     def _add_named(self, key: str) -> None:
         self._count += 1
@@ -204,8 +205,7 @@ def record_defragmentation(duration_ns: int, successful: bool = True) -> None:
     _check_ns(duration_ns)
     with _LOCK:
         for m in _targets("memory_defragmentation"):
-            m._add_timed(duration_ns)
-            m._successful += 1 if successful else 0
+            m._add_timed(duration_ns, successful)
 
 
 def reset_all() -> None:

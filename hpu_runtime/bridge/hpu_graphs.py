@@ -231,6 +231,11 @@ class ModuleCacher:
         """Graphs captured (cache misses)."""
         self.evictions = 0
         """Entries dropped because more than ``max_graphs`` signatures were seen."""
+        self.iteration_count: int | None = None
+        """What the wrapped model's ``set_iteration_count(n)`` last recorded (not used)."""
+
+    def _set_iteration_count(self, count: int) -> None:
+        self.iteration_count = int(count)
 
     def __call__(self, model: torch.nn.Module, inplace: bool = True, **_kwargs) -> torch.nn.Module:
         if not inplace:
@@ -265,10 +270,9 @@ class ModuleCacher:
             return run(*(args[i] for i in positions))
 
         model.forward = forward
-        model._hpu_module_cacher = self
         # Gaudi's cacher adds these for gradient accumulation and manual capture; here every
         # call replays or captures by its input signature, so they only record the request.
-        model.set_iteration_count = lambda count: setattr(model, "_hpu_iteration_count", int(count))
+        model.set_iteration_count = self._set_iteration_count
         model.capture_start = lambda: None
         model.capture_end = lambda: None
         return model

@@ -176,9 +176,10 @@ def test_hpu_names(tmp_path: Path) -> None:
     assert hthpu.metrics.metric_global("graph_compilation").stats()
     # graphs: the cached model gains Gaudi's methods
     model = torch.nn.Linear(3, 2).to("hpu")
-    cached = ht.hpu.ModuleCacher()(model=model, inplace=True)
+    cacher = ht.hpu.ModuleCacher()
+    cached = cacher(model=model, inplace=True)
     cached.set_iteration_count(4)
-    assert cached._hpu_iteration_count == 4
+    assert cacher.iteration_count == 4
     assert ht.hpu.graphs.wrap_in_hpu_graph is hthpu.wrap_in_hpu_graph
     s = hthpu.Stream()
     with hthpu.stream(s):

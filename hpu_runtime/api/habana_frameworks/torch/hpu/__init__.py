@@ -19,6 +19,7 @@ from hpu_runtime.api.hpu import (  # noqa: F401
     is_bf16_supported,
     is_initialized,
     set_device,
+    set_stream,
     stream,
     synchronize,
 )
