@@ -256,7 +256,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def _run_lazy(self, what, kind, seq, nbytes, outputs, body, timing) -> HcclWork:
         """``PT_HPU_ENABLE_LAZY_COLLECTIVES``: move the bytes now, time the allreduce inside the
-        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.bridge.sim_device)."""
+        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.device.card)."""
         self._guarded(what, lambda: body(0, what))
         self._seq = seq + 1
         n, rank = self._world_size, self._rank

@@ -202,7 +202,8 @@ def trace_json(args: argparse.Namespace) -> dict:
     """
     from hccl.ddp_plan import ddp_buckets, plan_ddp_step
     from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import summarize, trace_step
+    from hpu_runtime.tools.replay import summarize
+    from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     kwargs = {k: v for k, v in (("seq_len", args.seq_len), ("image_size", args.image_size)) if v is not None}

@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     from models.zoo import step_factory
 
     from .device_spec import get_device_spec
-    from .tracing import summarize, trace_step
+    from .replay import summarize
+    from .tracing import trace_step
 
     spec = get_device_spec("gaudi2")
     rows = []
