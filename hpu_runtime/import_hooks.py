@@ -36,7 +36,11 @@ NOTE [why finders at the end of sys.meta_path, and who installs them]
 * A registration, nothing more: installing changes no environment variable and imports
   nothing until a program asks for ``habana_frameworks`` or ``torchvision``.
 * ``HPU_EMULATOR_HABANA_FRAMEWORKS=0`` makes the ``habana_frameworks`` finder answer nothing
-  (read at each lookup).
+  (read at each lookup, here rather than in ``RuntimeConfig``: this file must import only the
+  standard library).
+* Where this file lives: at the top of ``hpu_runtime``, outside the planes, because the
+  ``.pth`` line loads ``hpu_runtime/import_hooks.py`` by that path; the folders it points at
+  are ``hpu_runtime/api/habana_frameworks`` and ``hpu_runtime/api/habana_dataloader``.
 
 Alternatives rejected: shipping a top-level ``habana_frameworks`` package would overwrite or
 be overwritten by a real install (both own the same files) and breaks the fixed layout; a

@@ -4,7 +4,7 @@ Why users adopt them: a torch optimizer on a Gaudi in lazy mode sends every per-
 of its update (``mul_``, ``add_``, ``addcdiv_``...) through the bridge, each costing host
 time to record; a fused optimizer is one TPC kernel per parameter group over lists of
 tensors. Here the numerics are computed on the host with plain torch ops (real values), and
-the device is charged one fused kernel (:meth:`hpu_runtime.device.SimDevice.fused_kernel`):
+the device is charged one fused kernel (:meth:`hpu_runtime.bridge.sim_device.SimDevice.fused_kernel`):
 one op's host cost, one roofline over every byte it reads and writes.
 
 As in Intel's implementation, each kernel is preceded and followed by a lazy-mode launch
@@ -42,6 +42,10 @@ FusedClipNorm              ``torch.nn.utils.clip_grad_norm_`` (L2 norm, clip coe
 ========================== ===================================================================
 
 On host (non-"hpu") parameters nothing is charged: the update is plain host work.
+
+One module (a little over 400 lines) for the six names of Gaudi's ``hpex``, as Intel's
+``hpex.optimizers`` and ``hpex.normalization`` are thin over one kernel library: they share
+the launch-and-charge helper and the FLOP table, and each class is a short update rule.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ nanoseconds, not measured time.
 NOTE [fusion inside a graph]
 :func:`op_cost` gives an op's time as if it ran alone (every input read from HBM, every
 output written to HBM). Inside a launched lazy-mode graph the graph compiler keeps
-intermediates on chip: the device (:mod:`hpu_runtime.device`) subtracts the bytes of
-inputs produced earlier in the same graph and of outputs that are dead by the launch, and
-re-applies the roofline with :func:`fused_time_ns`.
+intermediates on chip: :func:`hpu_runtime.device.lazy_graph.graph_op_times` subtracts the
+bytes of inputs produced earlier in the same graph and of intermediate outputs (NOTE [fusion
+inside a graph, deterministic] there), and re-applies the roofline with :func:`fused_time_ns`.
 
 Other costs here: host<->device copies over PCIe (:func:`pcie_ns`), a CPU-fallback op on
 the host (:func:`host_op_time_ns`) and a graph compile (:func:`compile_ns`).

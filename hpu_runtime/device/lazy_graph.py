@@ -6,9 +6,10 @@ roofline :class:`~hpu_runtime.device.cost_model.OpCost`, the device-resident sto
 the storages it writes. Storages are named by *serials*, integers the device hands out once
 per resident storage and never reuses (a Python ``id`` can be reused as soon as an object
 dies, a serial cannot). Records hold no tensors, so the same records can be replayed on
-another :class:`~hpu_runtime.device.SimDevice` with different launch points: that is how a
-traced training step (:mod:`hpu_runtime.tools.tracing`) is re-timed with DDP's buckets cutting
-the graph, through exactly the code a live run uses.
+another :class:`~hpu_runtime.bridge.sim_device.SimDevice` with different launch points: that
+is how a traced training step (:mod:`hpu_runtime.tools.tracing`) is re-timed
+(:mod:`hpu_runtime.tools.replay`) with DDP's buckets cutting the graph, through exactly the
+code a live run uses.
 
 NOTE [fusion inside a graph, deterministic]
 A launched graph's device time is the sum over its ops of the roofline with only the HBM
