@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     if root not in sys.path:
         sys.path.insert(0, root)
     print(f"{'model':<22}{'plain ms/step':>15}{'bridge ms/step':>16}{'ratio':>8}   (wall-clock, 1 thread)")
