@@ -76,8 +76,9 @@ class SimDevice:
         log: when a list, every event that shapes the timeline is appended to it, in order:
             ``("op", OpRecord)``, ``("view", key)``, ``("launch", reason)``,
             ``("h2d", nbytes)``, ``("host_read", nbytes, serial)``, ``("region", label)``,
-            ``("fp32_as_bf16", entering)``, ``("mark", payload)`` (see
-            :mod:`hpu_runtime.tools.tracing`, which replays such logs).
+            ``("fp32_as_bf16", entering)``, ``("mark", payload)``
+            (:mod:`hpu_runtime.tools.tracing` records such logs, :mod:`hpu_runtime.tools.replay`
+            replays them).
         graph_log: when a list, a :class:`~hpu_runtime.bridge.launcher.GraphInfo` per launch.
     """
 
