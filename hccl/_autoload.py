@@ -19,6 +19,6 @@ def register() -> None:
 
         register_backend()
     except Exception as exc:  # never break `import torch` for unrelated programs
-        import warnings
+        import logging  # not warnings: under `python -W error` a warning would raise here
 
-        warnings.warn(f"hccl: could not register the backend at torch import: {exc}", stacklevel=1)
+        logging.getLogger("hccl").warning("hccl: could not register the backend at torch import: %s", exc)

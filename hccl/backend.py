@@ -15,6 +15,8 @@ def create_process_group(dist_backend_opts, backend_options=None):
 
     # a subgroup (new_group, new_subgroups) gets its members' global ranks; the default group none
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", None) or [])
+    # a subgroup's members sit on the job's system, which the default group found (its hosts)
+    world = dist.group.WORLD if global_ranks and dist.is_initialized() else None
     pg = ProcessGroupHCCL(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
@@ -23,6 +25,7 @@ def create_process_group(dist_backend_opts, backend_options=None):
         str(dist_backend_opts.group_id),
         global_ranks=global_ranks,
         job_world_size=dist.get_world_size() if global_ranks else dist_backend_opts.group_size,
+        job_topology=getattr(world, "topology", None),
     )
     # torch returns a ProcessGroup subclass as is, before it would name it: name it here so
     # that destroy_process_group(subgroup) can unregister it

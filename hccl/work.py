@@ -46,7 +46,10 @@ class CollectiveRecord:
 class HcclWork(dist.Work):
     """A finished collective (see module docstring)."""
 
-    def __init__(self, outputs: list[torch.Tensor], record: CollectiveRecord, device, lazy: bool = False) -> None:
+    def __init__(self, outputs: list[torch.Tensor], record: CollectiveRecord, device, lazy: bool = False,
+                 pending=None, drain=None) -> None:
+        """``pending``: a point-to-point operation still under way (see :mod:`hccl.transport.p2p`),
+        finished by ``drain(pending)`` at the first ``wait()``/``get_future()``."""
         super().__init__()
         self._lazy = lazy  # a lazy collective: waiting on it launches the graph holding it
         self._outputs = outputs
@@ -54,8 +57,18 @@ class HcclWork(dist.Work):
         self._device = device
         self._future: Future = Future()
         self._future.set_result(outputs)
-        self._pending = None  # a p2p send still being posted (see hccl.p2p)
-        self._drain = None
+        self._pending = pending
+        self._drain = drain
+        self._source = -1  # a receive's sender (group rank); -1 for other work
+
+    def replace_outputs(self, outputs: list[torch.Tensor]) -> None:
+        """Make ``outputs`` the Work's (and its future's) result: a composite collective
+        (gather, scatter, fused coalesced) hands back its caller's tensors, not its buffers."""
+        self._outputs[:] = list(outputs)
+
+    def set_source(self, rank: int) -> None:
+        """Name the group rank a finished receive got its message from."""
+        self._source = rank
 
     def _finish_pending(self) -> None:
         if self._pending is not None and self._drain is not None:
@@ -77,7 +90,9 @@ class HcclWork(dist.Work):
         return self._future
 
     def is_completed(self) -> bool:
-        return self._pending is None or self._pending.done
+        if self._pending is not None and self._pending.done:
+            self._finish_pending()  # a receive that arrived meanwhile: write back, time it
+        return self._pending is None
 
     def is_success(self) -> bool:
         return True
@@ -89,7 +104,11 @@ class HcclWork(dist.Work):
         return self._outputs
 
     def source_rank(self) -> int:
-        return -1
+        """The group rank a receive got its message from (``dist.recv`` without ``src``
+        returns it); -1 for any other work."""
+        return self._source
+
+    _source_rank = source_rank  # the name torch.distributed calls
 
     def synchronize(self) -> None:
         self.wait()

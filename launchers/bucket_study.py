@@ -2,7 +2,7 @@
 
 One traced step per (model, batch, mode, device) (:func:`hpu_runtime.tools.tracing.trace_step`,
 no data), then every study point (world size x topology x bucket cap x the other DDP and
-Gaudi knobs) through :func:`hccl.ddp_plan.plan_ddp_step` (the planner), locally with a
+Gaudi knobs) through :func:`hccl.sim.ddp_plan.plan_ddp_step` (the planner), locally with a
 progress bar or as Ray tasks. ``--live`` also runs the points that fit this machine as
 real DDP jobs (``models.train`` under torchrun or Ray) and puts their steady-state
 simulated step beside the planned one.
@@ -110,8 +110,8 @@ def validate(cfg: StudyConfig) -> None:
         ValueError: unknown model, empty or non-positive caps or world sizes, an unknown
             topology or one that cannot place a world size, unknown modes, hooks or devices.
     """
-    from hccl.ddp_plan import COMM_HOOKS
-    from hccl.topology import load_topology
+    from hccl.sim.ddp_plan import COMM_HOOKS
+    from hccl.sim.topology import load_topology
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import MODES
     from models.zoo import resolve_factory
@@ -176,7 +176,7 @@ def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
 
 def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
     """Plan one point; the table row (see module docstring)."""
-    from hccl.ddp_plan import ddp_buckets, plan_ddp_step
+    from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
 
     plan = plan_ddp_step(trace, world_size=point.world_size, topology=point.topology,
                          bucket_cap_mb=point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb,

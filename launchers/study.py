@@ -19,7 +19,7 @@ JSON keys (simulated ns unless named ``*_bytes`` or ``wall_*_s``): ``step_ns``,
 trainable parameter in DDP's order: ``name``, ``bytes``, ``grad_ready_ns`` from the step's
 start); with ``--bucket-cap-mb`` also ``buckets`` (DDP's rebuilt buckets in reduction
 order: ``bytes``, ``ready_ns``, ``params``) and ``planned`` (the DDP step on
-``--world-size`` ranks of ``--topology``, :func:`hccl.ddp_plan.plan_ddp_step`).
+``--world-size`` ranks of ``--topology``, :func:`hccl.sim.ddp_plan.plan_ddp_step`).
 
 ``--model`` is a registered name (``mlp``, ``resnet50``, ``resnext101``, ``bert-large``,
 ``gpt2``; ``name:flavour`` for a flavour such as ``resnet50:debug``) or
@@ -200,7 +200,7 @@ def trace_json(args: argparse.Namespace) -> dict:
     Raises:
         ValueError: a bad model spec, size, topology or world size (message names it).
     """
-    from hccl.ddp_plan import ddp_buckets, plan_ddp_step
+    from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.replay import summarize
     from hpu_runtime.tools.tracing import trace_step

@@ -1,8 +1,9 @@
 """Sweeps over a job's flags and their result table: pure, no Ray, no processes.
 
 ``launchers.ray --sweep KEY=V1,V2`` expands the sweep with :func:`parse_sweep`, runs one job
-per setting with :func:`sweep_argv`'s arguments, picks each job's columns with
-:func:`summary_columns` and writes the table with :func:`format_table`.
+per setting (a Ray Tune trial, :mod:`launchers.ray_tune`) with :func:`sweep_argv`'s
+arguments, picks each job's columns with :func:`summary_columns` and writes the table with
+:func:`format_table`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 For jobs started by ``mpiexec``/``mpirun`` (``pip install -e '.[mpi]'`` brings mpi4py and
 MPICH). :class:`MpiCollectives` has the same methods as
-:class:`~hccl.shm_engine.ShmCollectives` and :class:`~hccl.multihost.MultiHost`, so the
+:class:`~hccl.transport.shm_engine.ShmCollectives` and :class:`~hccl.transport.multihost.MultiHost`, so the
 process group drives it the same way; only the data path differs. Simulated time still
 comes from the timing model, whatever the real transport is.
 
@@ -12,14 +12,14 @@ as raw bytes (``MPI.BYTE``). Every collective starts with an ``Iallgather`` of f
 int64 words per rank: the metadata words of ``hccl.transport.shm.META_FIELDS`` followed by
 ``2 x world_size`` words that only alltoall uses (its per-peer send and receive element
 counts). Every rank checks every row, so a mismatch (sizes, dtypes, ops, roots, collective
-order, alltoall splits) raises the same :class:`~hccl.shm_engine.CollectiveMismatchError`
+order, alltoall splits) raises the same :class:`~hccl.transport.shm_engine.CollectiveMismatchError`
 on every rank before any data moves.
 
 NOTE [MPI numerics]
 Reductions are never left to MPI: bfloat16 has no MPI type and MPI's reduction order is
 unspecified. Each rank receives every rank's copy of the part it owns (``Ialltoallv``;
 one ``Iallgather`` of the whole buffer for small messages), combines them in rank order
-with the kernels of :mod:`hccl.reduce_ops` and hands the result on (``Iallgatherv``, or
+with the kernels of :mod:`hccl.transport.reduce_ops` and hands the result on (``Iallgatherv``, or
 ``Igatherv`` to the root for reduce). The elementwise operations, order and dtype are those
 of the shared-memory engine, so both transports give the same bits on every rank.
 
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..reduce_ops import combine, combine_out, finish
-from ..shm_engine import (
+from .reduce_ops import combine, combine_out, finish
+from .shm_engine import (
     META_INDEX,
     CollectiveMismatchError,
     _raise_mismatch,

@@ -39,6 +39,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .reduce_ops import CODE_DTYPES
+
 __all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE", "P2P_SLOT_BYTES", "P2P_SENT_W", "P2P_TAKEN_W"]
 
 _MAGIC = 0x4843434C53484D31  # "HCCLSHM1"
@@ -59,10 +61,7 @@ _REASON_OFF = 1024  # bytes: abort reason text (utf-8, NUL padded)
 _REASON_LEN = 1024
 _SHM_DIR = "/dev/shm"
 #: bytes per element of every dtype the transport moves.
-ITEMSIZE = {
-    d: torch.empty((), dtype=d).element_size()
-    for d in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8, torch.bool)
-}
+ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in CODE_DTYPES.values()}
 
 
 class HcclTimeoutError(RuntimeError):
@@ -250,6 +249,13 @@ class ShmArena:
                 progress()
             return ctrl[word] >= target
 
+        self._spin(arrived, lambda: late, what)
+
+    def wait_until(self, arrived, what: str, awaited: Sequence[int] | None = None) -> None:
+        """Block until ``arrived()`` (no arguments) is true; dead or aborted peers and the
+        timeout raise as in :meth:`wait_all`, naming the ``awaited`` local indices (default:
+        every peer)."""
+        late = [self.peers.index(self.segments[i]) for i in awaited] if awaited is not None else list(range(len(self.peers)))
         self._spin(arrived, lambda: late, what)
 
     def _spin(self, arrived, pending, what: str) -> None:

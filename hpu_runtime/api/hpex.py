@@ -76,6 +76,14 @@ def _kernel(name: str, flops_key: str, reads, writes, numel: int):
     return get_device().fused_kernel(f"hpex.{name}", reads, writes, _FLOPS_PER_ELEMENT[flops_key] * numel)
 
 
+def _evaluate(closure):
+    """The optimizer-step protocol: ``closure()`` under grad mode, or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _with_grad(group: dict) -> list[torch.Tensor]:
     return [p for p in group["params"] if p.grad is not None]
 
@@ -137,10 +145,7 @@ class FusedResourceApplyMomentum(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             params = _with_grad(group)
             if not params:
@@ -193,10 +198,7 @@ class FusedLars(Optimizer):
         self.optim.zero_grad(set_to_none)
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         decays = []
         with torch.no_grad():
             for group in self.optim.param_groups:
@@ -259,10 +261,7 @@ class FusedLamb(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         grads = [p.grad for g in self.param_groups for p in _with_grad(g)]
         if any(g.is_sparse for g in grads):
             raise RuntimeError("Lamb does not support sparse gradients, consider SparseAdam instead.")
@@ -341,10 +340,7 @@ class FusedAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         for group in self.param_groups:
             params = _with_grad(group)
             if not params:

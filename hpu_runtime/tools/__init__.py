@@ -5,7 +5,7 @@ Owns:
 * ``tracing``: one training step traced without data (FakeTensorMode); it drives the
   bridge, the API and the device model together, so it sits above all three;
 * ``replay``: a traced step re-timed on a device with other launch points (the planner,
-  ``hccl.ddp_plan``, inserts DDP's buckets there), to its steady state;
+  ``hccl.sim.ddp_plan``, inserts DDP's buckets there), to its steady state;
 * ``bench_overhead``, ``bench_hpex``, ``bench_autocast``: ``python -m
   hpu_runtime.tools.bench_*`` command lines (wall-clock or simulated, as each says).
 

@@ -2,7 +2,7 @@
 
 :func:`replay` feeds a trace's events (:class:`~hpu_runtime.tools.tracing.StepTrace`) to a
 device again, with callbacks where gradients become ready and where backward ends:
-``hccl.ddp_plan`` inserts DDP's reducer copies, graph launches and bucket allreduces there,
+``hccl.sim.ddp_plan`` inserts DDP's reducer copies, graph launches and bucket allreduces there,
 so a planned step runs the very code a live step does. :func:`run_replays` repeats a step
 until it is steady; :func:`summarize` splits one card's steady step into phases.
 

@@ -15,7 +15,7 @@ Why here, in ``tools/``: the tracer drives the bridge (its dispatch modes, on a 
 device lent the process's place with :func:`~hpu_runtime.bridge.runtime.using_device`), the
 API (``mark_step``, the ``hpex`` optimizers) and the device model together, so it sits
 above all three planes, with the planner side that consumes its traces
-(:mod:`hpu_runtime.tools.replay`, ``hccl.ddp_plan``, the study CLIs). The live driver
+(:mod:`hpu_runtime.tools.replay`, ``hccl.sim.ddp_plan``, the study CLIs). The live driver
 ``models.train`` imports :func:`training_step` from here so both run the same step.
 
 Simulated times are integer ns; ``wall_s`` fields are wall-clock seconds on this machine.

@@ -24,8 +24,10 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in the repository with :func:`clean_env` (plus ``env``), output captured."""
+    return subprocess.run(cmd, cwd=REPO, env={**clean_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""``python -m hccl.bench --live``: real ranks report the planner's simulated figures plus wall time."""
+"""``python -m hccl.tools.bench --live``: real ranks report the planner's simulated figures plus wall time."""
 
 import csv
 import subprocess
@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from hccl.bench import run
+from hccl.tools.bench import run
 
 
 def test_bench_live_matches_planner(tmp_path):
     """2 live ranks, 2 sizes: same sizes, times and bandwidths as planner mode, plus a wall column."""
     out = tmp_path / "live.csv"
-    cmd = [sys.executable, "-m", "hccl.bench", "--test", "all_reduce", "--size_range", "4KB", "8KB",
+    cmd = [sys.executable, "-m", "hccl.tools.bench", "--test", "all_reduce", "--size_range", "4KB", "8KB",
            "--ranks", "2", "--topology", "hls2", "--live", "--csv", str(out), "--timeout", "240"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -29,7 +29,7 @@ def test_bench_live_matches_planner(tmp_path):
 
 def test_bench_live_bad_algorithm(capsys):
     """A bad --algorithm is reported before any rank starts."""
-    from hccl.bench import main
+    from hccl.tools.bench import main
 
     assert main(["--live", "--ranks", "2", "--size", "1KB", "--algorithm", "tree"]) == 2
     assert "unknown algorithm 'tree'" in capsys.readouterr().err

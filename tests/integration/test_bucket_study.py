@@ -22,7 +22,7 @@ def _run(tmp_path, *extra, model="resnet50:debug", batch="4", caps="0.01,0.05,1"
 
 @pytest.mark.timeout(120)
 def test_bucket_study_writes_files_and_a_consistent_recommendation(tmp_path, capsys):
-    from hccl.ddp_plan import ddp_buckets
+    from hccl.sim.ddp_plan import ddp_buckets
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
@@ -91,7 +91,7 @@ def test_bucket_study_on_an_embedded_ray_cluster(tmp_path, capsys):
 
 
 def _one_box_topology(tmp_path) -> str:
-    text = (ROOT / "hccl" / "topologies" / "hls2.toml").read_text()
+    text = (ROOT / "hccl" / "sim" / "topologies" / "hls2.toml").read_text()
     path = tmp_path / "one_box.toml"
     path.write_text(text.replace('name = "hls2"', 'name = "one-box"\nnum_boxes = 1', 1))
     return str(path)

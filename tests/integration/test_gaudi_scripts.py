@@ -1,6 +1,6 @@
-"""Gaudi users' scripts run unmodified: a hello-world-style MNIST script under torchrun and
-mpirun (equal to the same script on CPU over gloo), and a Lightning job on lightning-habana's
-HPU strategy (equal to plain large-batch SGD)."""
+"""Gaudi users' scripts run unmodified: a hello-world-style MNIST script under torchrun,
+mpirun and Ray Train (equal to the same script on CPU over gloo), and a Lightning job on
+lightning-habana's HPU strategy (equal to plain large-batch SGD)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,20 @@ def test_mnist_script_under_mpirun_equals_gloo(mnist_data: Path, gloo_reference,
     proc = run([MPIEXEC, "-n", "2", sys.executable, MNIST, "--hpu", "--use_lazy_mode", "--distributed",
                 "--data-path", str(mnist_data), "--summary", str(out)], timeout=150)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    _assert_same_training(_summaries(out), gloo_reference)
+
+
+@pytest.mark.timeout(240)
+def test_mnist_script_under_ray_equals_gloo(mnist_data: Path, gloo_reference, tmp_path: Path) -> None:
+    """``python -m launchers.ray --num-workers 2 script`` on an embedded Ray: each Ray Train
+    worker runs the script, whose own ``initialize_distributed_hpu()`` and
+    ``init_process_group("hccl", rank=, world_size=)`` find the launcher's rendezvous."""
+    pytest.importorskip("ray.train.torch", reason="needs ray[train]: pip install -e '.[ray]'")
+    out = tmp_path / "s"
+    proc = run([sys.executable, "-m", "launchers.ray", "--num-workers", "2", MNIST, "--hpu", "--use_lazy_mode",
+                "--distributed", "--data-path", str(mnist_data), "--summary", str(out)], timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Test set: Average loss" in proc.stdout
     _assert_same_training(_summaries(out), gloo_reference)
 
 

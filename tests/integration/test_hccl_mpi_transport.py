@@ -131,13 +131,16 @@ def _rank_main(mode: str, init_file: str) -> None:
                             timeout=timedelta(seconds=2 if mode == "timeout" else 30))
     if mode == "timeout":  # rank 1 never joins the barrier
         error = "no error"
-        if rank == 1:
-            time.sleep(4)
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 1:  # alive, joins nothing until rank 0 has given up on it
+            store.wait(["rank0_gave_up"], timedelta(seconds=60))
         else:
             try:
                 dist.barrier()
             except Exception as exc:  # noqa: BLE001 - reported to the test
                 error = f"{type(exc).__name__}: {exc}"
+            finally:
+                store.set("rank0_gave_up", "1")
         result_file.write_text(json.dumps({"error": error}))
         return
     pg = dist.group.WORLD

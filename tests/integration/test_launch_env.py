@@ -169,3 +169,70 @@ def test_target_arguments_follow_torchrun() -> None:
 def test_exit_code_matches_the_interpreter(code: object, expected: int) -> None:
     """sys.exit(None|int|str) maps to the exit status Python itself would use."""
     assert exit_code(SystemExit(code)) == expected
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "x"}, {"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_RANK": "1"}],
+    ids=["world-size-no-rank", "bad-rank", "ompi-size-no-rank", "pmi-rank-no-size"],
+)
+def test_import_torch_and_hccl_never_break_on_an_odd_environment(extra) -> None:
+    """torch's own test suite sets WORLD_SIZE without RANK: `import torch` (which loads our entry
+    point) and `import hccl` still work and register "hccl", even with warnings as errors."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE") and not k.startswith(("OMPI_", "PMI_"))}
+    env |= extra | {"PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
+    code = "import torch, torch.distributed as dist; import hccl; print(dist.Backend.HCCL)"
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "hccl"
+
+
+_MPI_VARS = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+             "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMI_RANK": "1", "PMI_SIZE": "2"}
+_TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _environ_changes(statement: str) -> dict:
+    """Variables that ``statement`` changes in a fresh interpreter started by Open MPI / PMI."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k not in _TORCH_VARS and not k.startswith(("OMPI_", "PMI_"))}
+    env |= _MPI_VARS | {"PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
+    code = ("import os, json; before = dict(os.environ)\n" + statement + "\n"
+            "after = dict(os.environ)\n"
+            "print(json.dumps({k: after.get(k) for k in set(before) | set(after) if before.get(k) != after.get(k)}))")
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(150)  # a fresh `import torch` under a loaded machine
+@pytest.mark.parametrize("statement", [
+    "import torch",
+    "import hccl",
+    "import torch.distributed as dist, hccl; assert 'hccl' in dist.Backend.backend_list",
+])
+def test_import_leaves_the_environment_alone(statement: str) -> None:
+    """`import torch` (our entry point) and `import hccl` register the backend and change no
+    variable, even in a process started by Open MPI / MPICH."""
+    assert _environ_changes(statement) == {}
+
+
+@pytest.mark.timeout(150)
+def test_habana_import_maps_the_mpi_variables() -> None:
+    """`import habana_frameworks.torch.distributed.hccl` maps them explicitly, as on Gaudi."""
+    changes = _environ_changes("import habana_frameworks.torch.distributed.hccl")
+    assert {k: changes.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} == {
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}

@@ -1,7 +1,7 @@
 """A live torchrun DDP run's steady-state simulated step equals the planned step, to the ns.
 
 The planned side never runs DDP: it traces one step without data and replays it with DDP's
-buckets (hccl.ddp_plan). The live side is models.train over "hccl" on 2 real processes.
+buckets (hccl.sim.ddp_plan). The live side is models.train over "hccl" on 2 real processes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ CASES = [  # model, batch, bucket_cap_mb, flags, PT_HPU_ENABLE_LAZY_COLLECTIVES
 @pytest.mark.parametrize("model, batch, cap, flags, lazy_coll", CASES,
                          ids=[c[0] + ("-lazy-collectives" if c[4] else "") for c in CASES])
 def test_live_steady_step_equals_planned(model, batch, cap, flags, lazy_coll, tmp_path):
-    from hccl.ddp_plan import plan_ddp_step
+    from hccl.sim.ddp_plan import plan_ddp_step
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory

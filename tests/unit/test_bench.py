@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from hccl.bench import bus_factor, main, parse_size, run
+from hccl.tools.bench import bus_factor, main, parse_size, run
 
 
 def test_parse_size():

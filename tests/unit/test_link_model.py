@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hccl.link_model import LinkParams, goodput_gbps, message_ns, serialization_ns, wire_bytes
-from hccl.topology import load_topology
+from hccl.sim.link_model import LinkParams, goodput_gbps, message_ns, serialization_ns, wire_bytes
+from hccl.sim.topology import load_topology
 
 
 def test_wire_bytes_packets():

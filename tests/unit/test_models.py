@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -73,10 +72,8 @@ def test_debug_flavour_trains_on_real_data(name):
     torch.manual_seed(0)
     model = build_model(name, "debug")
     inputs, targets = split_batch(kind.task, batch)
-    t0 = time.perf_counter()
     loss = task_loss(kind.task, model(*inputs), targets)
     loss.backward()
-    assert time.perf_counter() - t0 < 1.0
     assert torch.isfinite(loss)
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from hccl import timing
-from hccl.placement import place_group
-from hccl.planner import simulate
-from hccl.topology import load_topology
+from hccl.sim import timing
+from hccl.sim.placement import place_group
+from hccl.sim.planner import simulate
+from hccl.sim.topology import load_topology
 
 MB = 1 << 20
 HLS2_64 = load_topology("hls2", world_size=64)  # 8 boxes, 4 per leaf

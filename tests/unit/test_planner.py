@@ -1,13 +1,12 @@
 """Planner: analytic checks, determinism, ready times, errors, speed."""
 
-import time
 
 import pytest
 
-from hccl import planner
-from hccl.link_model import goodput_gbps, serialization_ns
-from hccl.planner import simulate, simulate_sequence
-from hccl.topology import load_topology
+from hccl.sim import planner
+from hccl.sim.link_model import goodput_gbps, serialization_ns
+from hccl.sim.planner import simulate, simulate_sequence
+from hccl.sim.topology import load_topology
 
 HLS2 = load_topology("hls2")
 MB = 1 << 20
@@ -132,13 +131,16 @@ def test_world_size_too_big_for_fixed_topology(tmp_path):
         simulate("all_reduce", 1024, t, world_size=24)
 
 
-def test_small_group_fast_on_repeat():
-    """The live ProcessGroup's per-call path: repeated small-group calls well under 1 ms."""
-    simulate("all_reduce", 4 * MB, HLS2, world_size=8, ready_ns=[5, 0, 0, 0, 0, 0, 0, 7])
-    t0 = time.perf_counter()
-    for i in range(200):
-        simulate("all_reduce", 4 * MB, HLS2, world_size=8, ready_ns=[5 + i, i, i, i, i, i, i, 7 + i])
-    assert (time.perf_counter() - t0) / 200 < 1e-3
+def test_small_group_repeat_is_a_cache_hit_shifted_in_time():
+    """Repeated small-group calls whose ready times differ by a common offset simulate once;
+    the result is the first one shifted by that offset, rank by rank."""
+    planner._simulate_cached.cache_clear()
+    base = simulate("all_reduce", 4 * MB, HLS2, world_size=8, ready_ns=[5, 0, 0, 0, 0, 0, 0, 7])
+    for i in range(1, 50):
+        r = simulate("all_reduce", 4 * MB, HLS2, world_size=8, ready_ns=[5 + i, i, i, i, i, i, i, 7 + i])
+        assert r.end_ns == tuple(e + i for e in base.end_ns)
+        assert r.start_ns == tuple(s + i for s in base.start_ns)
+    assert planner._simulate_cached.cache_info().misses == 1
 
 
 def test_many_ranks_run():
@@ -199,10 +201,10 @@ def test_symmetry_needs_periodic_ready(monkeypatch):
     assert planner._fold_period(HLS2, 64, __import__("numpy").asarray(ready)) == 64
 
 
-def test_4096_ranks_under_5s():
-    """256 MB all_reduce on 4,096 Gaudi2 ranks simulates in under 5 s of CPU time."""
+def test_4096_ranks_fold_by_symmetry():
+    """256 MB all_reduce on 4,096 Gaudi2 ranks simulates through the rank-symmetry fold (its
+    wall cost is a benchmark figure: ``python -m hccl.tools.bench --planner_cost --ranks 4096``)."""
     planner._simulate_cached.cache_clear()
-    t0 = time.process_time()
     res = simulate("all_reduce", 256 * MB, HLS2, world_size=4096)
-    assert time.process_time() - t0 < 5.0
+    assert planner._fold_period(HLS2, 4096, __import__("numpy").zeros(4096, dtype="int64")) < 4096
     assert res.algorithm == "hierarchical" and len(set(res.end_ns)) <= 32

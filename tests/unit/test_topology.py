@@ -2,7 +2,7 @@
 
 import pytest
 
-from hccl.topology import Topology, load_topology
+from hccl.sim.topology import Topology, load_topology
 
 
 @pytest.mark.parametrize("name,ports_per_peer,rate", [("hls1", 1, 100.0), ("hls2", 3, 100.0), ("hls3", 3, 200.0)])

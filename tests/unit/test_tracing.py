@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hccl.ddp_plan import ddp_buckets, plan_ddp_step
+from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
 from hpu_runtime.device.spec import get_device_spec
 from hpu_runtime.tools.replay import summarize
 from hpu_runtime.tools.tracing import trace_step

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import hccl as _hccl
-from hccl.env import resolve_rank_env
+from hccl.env import apply_mpi_env, resolve_rank_env
 
 __all__ = ["initialize_distributed_hpu"]
 
@@ -41,7 +41,7 @@ def initialize_distributed_hpu(world_size: int | None = None, rank: int | None =
         return tuple(_int_env(name, default) for name, default in (("WORLD_SIZE", 1), ("RANK", -1), ("LOCAL_RANK", -1)))
     if env.source == "default":
         return 1, -1, -1
-    _hccl.apply_mpi_env()
+    apply_mpi_env()
     return env.world_size, env.rank, env.local_rank
 
 

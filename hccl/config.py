@@ -1,0 +1,142 @@
+"""``HcclConfig``: every environment variable the "hccl" backend reads, read once and validated.
+
+A process group takes ``HcclConfig.from_env()`` when it is created and keeps it: changing
+``os.environ`` afterwards changes nothing for that group (a new group reads again). Errors
+are ``ValueError`` naming the variable and its value.
+
+Not here: the launcher's rank variables (``RANK``, ``OMPI_COMM_WORLD_RANK``...), which
+:mod:`hccl.env` maps, and the group's timeout, which comes from ``init_process_group``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["HcclConfig", "DEFAULT_SLICE_SIZE_MB", "DEFAULT_SHM_BUFFER_MB", "TRANSPORTS"]
+
+DEFAULT_SLICE_SIZE_MB = 16.0
+"""``PT_HCCL_SLICE_SIZE_MB`` default: the PyTorch bridge's slice (HCL's own is 512 KB)."""
+
+DEFAULT_SHM_BUFFER_MB = 16.0
+"""``HCCL_SHM_BUFFER_MB`` default: each rank's shared-memory staging region."""
+
+TRANSPORTS = ("shm", "mpi")
+"""``HCCL_TRANSPORT`` values: ``shm`` (shared memory in a host, TCP between) or ``mpi``."""
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HcclConfig:
+    """The backend's configuration (see the README's environment table)."""
+
+    topology: str = "hls2"
+    """``HCCL_TOPOLOGY``: ``hls1``, ``hls2``, ``hls3`` or a TOML topology file (loaded, and
+    checked against the world size, when a group is created)."""
+    algorithm: str | None = None
+    """``HCCL_ALGO``: a registered algorithm forced on every collective; None: the selection rule."""
+    slice_size_mb: float = DEFAULT_SLICE_SIZE_MB
+    """``PT_HCCL_SLICE_SIZE_MB``: simulated pipelining slice, MiB, > 0."""
+    transport: str = "shm"
+    """``HCCL_TRANSPORT``: one of :data:`TRANSPORTS`."""
+    shm_buffer_mb: float = DEFAULT_SHM_BUFFER_MB
+    """``HCCL_SHM_BUFFER_MB``: size of each rank's shared-memory staging region, MiB, in (0, 4096]."""
+    socket_addr: str | None = None
+    """``HCCL_SOCKET_ADDR``: address the TCP transport listens on (default loopback)."""
+    socket_ifname: str | None = None
+    """``HCCL_SOCKET_IFNAME``: interface whose IPv4 address the TCP transport listens on."""
+    host_id: str | None = None
+    """``HCCL_HOST_ID``: which host a rank is on (ranks with equal ids share memory); None:
+    the host name (plus torchrun's node rank, :attr:`torchrun_node`)."""
+    torchrun_node: str | None = None
+    """torchrun's ``GROUP_RANK`` (only under torchrun, ``TORCHELASTIC_RUN_ID`` set): two
+    torchrun nodes started on one machine act as two hosts."""
+    lazy_collectives: bool = False
+    """``PT_HPU_ENABLE_LAZY_COLLECTIVES`` (default false, as Intel's bridge): in lazy mode an
+    allreduce joins the accumulated graph instead of launching it."""
+    comm_id: str | None = None
+    """``HCCL_COMM_ID`` (``host:port``): Gaudi's HCCL rendezvous address. Accepted and
+    checked for scripts that set it; the emulation rendezvouses through torch's store."""
+
+    def __post_init__(self) -> None:
+        if not self.topology:
+            raise ValueError("HCCL_TOPOLOGY='' names no topology; use hls1, hls2, hls3 or a topology file")
+        if self.algorithm is not None:
+            from .sim import algorithms  # the time plane's registry
+
+            try:
+                algorithms.get(self.algorithm)
+            except ValueError as exc:
+                raise ValueError(f"HCCL_ALGO={self.algorithm!r}: {exc}") from None
+        if not self.slice_size_mb > 0:
+            raise ValueError(f"PT_HCCL_SLICE_SIZE_MB={self.slice_size_mb:g} must be > 0")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"HCCL_TRANSPORT={self.transport!r} is not a transport; use 'shm' (the default) or 'mpi'")
+        if not 0 < self.shm_buffer_mb <= 4096:
+            raise ValueError(f"HCCL_SHM_BUFFER_MB={self.shm_buffer_mb:g} must be in (0, 4096]")
+        if self.comm_id is not None:
+            host, sep, port = self.comm_id.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"HCCL_COMM_ID={self.comm_id!r} is not host:port")
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def slice_bytes(self) -> int:
+        """The pipelining slice in bytes."""
+        return int(self.slice_size_mb * (1 << 20))
+
+    @property
+    def shm_buffer_bytes(self) -> int:
+        """The staging region in bytes: a multiple of 64, at least 4 KiB."""
+        return max(4096, int(self.shm_buffer_mb * 1024 * 1024) // 64 * 64)
+
+    def host_key(self) -> str:
+        """Which host this process is on, for grouping ranks that can share memory."""
+        if self.host_id:
+            return self.host_id
+        key = socket.gethostname()
+        return f"{key}/node{self.torchrun_node}" if self.torchrun_node else key
+
+    # ---- reading ----------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HcclConfig:
+        """Read and validate the variables from ``environ`` (default ``os.environ``).
+
+        Raises:
+            ValueError: a variable with a bad value; the message names it and the value.
+        """
+        env = os.environ if environ is None else environ
+
+        def text(name: str) -> str | None:
+            raw = env.get(name, "").strip()
+            return raw or None
+
+        def number(name: str, default: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                return float(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a number") from None
+
+        lazy = env.get("PT_HPU_ENABLE_LAZY_COLLECTIVES", "").strip().lower()
+        if lazy not in _TRUE + _FALSE:
+            raise ValueError(f"PT_HPU_ENABLE_LAZY_COLLECTIVES={lazy!r} must be true or false")
+        return cls(
+            topology=text("HCCL_TOPOLOGY") or "hls2",
+            algorithm=text("HCCL_ALGO"),
+            slice_size_mb=number("PT_HCCL_SLICE_SIZE_MB", DEFAULT_SLICE_SIZE_MB),
+            transport=(text("HCCL_TRANSPORT") or "shm").lower(),
+            shm_buffer_mb=number("HCCL_SHM_BUFFER_MB", DEFAULT_SHM_BUFFER_MB),
+            socket_addr=text("HCCL_SOCKET_ADDR"),
+            socket_ifname=text("HCCL_SOCKET_IFNAME"),
+            host_id=text("HCCL_HOST_ID"),
+            torchrun_node=text("GROUP_RANK") if env.get("TORCHELASTIC_RUN_ID") else None,
+            lazy_collectives=lazy in _TRUE,
+            comm_id=text("HCCL_COMM_ID"),
+        )

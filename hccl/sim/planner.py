@@ -1,0 +1,541 @@
+"""Planner: simulate collectives on N ranks in one process, in simulated nanoseconds.
+
+Runs the same phases (see :mod:`hccl.sim.schedule`) the live transport executes, over the
+RoCE port model (:mod:`hccl.sim.link_model`), vectorized over ranks with numpy; no data is
+moved. :func:`execute` is the planner-with-data mode: it applies the same steps to real
+numpy buffers so schedules can be checked against numpy references.
+
+NOTE [timing rules]
+    - A rank starts the sends of a phase when it has finished the previous phase of the
+      same slice (its receives of that phase arrived and were reduced); slice 0 phase 0
+      starts at ``ready_ns[rank]``.
+    - Each message: ``tx_start = max(phase start, egress port free)``; ``arrival =
+      max(tx_start + latency, ingress port free) + serialization`` (scale-up links are
+      point-to-point, so their egress and ingress are the same resource).
+    - A reducing receive then occupies the rank's reduction engine for
+      ``bytes / reduce_bytes_per_ns``.
+    - Local copies cost 0 ns. A rank's collective ends when its last send has left and
+      its last receive is done.
+    - All times are integers; ties are broken by issue order, so results are
+      deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hccl.sim import algorithms
+from hccl.sim.link_model import LinkParams
+from hccl.sim.schedule import Block, layout, validate_call
+from hccl.sim.topology import Topology
+
+__all__ = ["SimResult", "simulate", "simulate_sequence", "execute"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Outcome of one simulated collective (simulated time, not measured).
+
+    Attributes:
+        collective: collective name.
+        algorithm: algorithm that ran.
+        nbytes: per-rank size in bytes (hccl_demo convention, see :func:`simulate`).
+        world_size: ranks.
+        start_ns: per rank, when its collective stream was ready (absolute, simulated ns).
+        end_ns: per rank, when its collective finished (absolute, simulated ns).
+        phases: number of phases issued (all slices).
+        messages: messages sent by all ranks.
+        scale_up_bytes: payload bytes sent over scale-up links by all ranks.
+        scale_out_bytes: payload bytes sent over scale-out ports by all ranks.
+    """
+
+    collective: str
+    algorithm: str
+    nbytes: int
+    world_size: int
+    start_ns: tuple[int, ...]
+    end_ns: tuple[int, ...]
+    phases: int
+    messages: int
+    scale_up_bytes: int
+    scale_out_bytes: int
+
+    @property
+    def duration_ns(self) -> int:
+        """From the earliest start to the latest end, simulated ns."""
+        return max(self.end_ns) - min(self.start_ns)
+
+
+def _cumsum0(x):
+    """Cumulative sum along axis 0 (row loop: much faster than numpy's axis-0 cumsum here)."""
+    c = np.array(x, dtype=np.int64, copy=True)
+    for k in range(1, c.shape[0]):
+        np.add(c[k - 1], c[k], out=c[k])
+    return c
+
+
+def _chain(a, s, init):
+    """Serial recurrence along axis 0: out_k = max(a_k, out_{k-1}) + s_k, out_{-1} = init."""
+    c = _cumsum0(s)
+    g = a - c
+    g += s
+    np.maximum(g[0], init, out=g[0])
+    for k in range(1, g.shape[0]):
+        np.maximum(g[k - 1], g[k], out=g[k])
+    g += c
+    return g
+
+
+def _seg_chain(a, s, init, seg):
+    """Like :func:`_chain` on a 1-D array split into consecutive segments ``seg`` (sorted ids)."""
+    if a.size == 0:
+        return a
+    c = np.cumsum(s)
+    starts = np.r_[True, seg[1:] != seg[:-1]]
+    first = np.maximum.accumulate(np.where(starts, np.arange(a.size), 0))
+    c = c - (c[first] - s[first])  # segmented inclusive cumsum
+    g = np.maximum(a - c + s, init)
+    rank = np.cumsum(starts) - 1
+    span = int(g.max() - g.min()) + 1
+    if rank[-1] * span < (1 << 62):
+        h = np.maximum.accumulate(g - g.min() + rank * span) - rank * span + g.min()
+    else:  # pragma: no cover - astronomically long simulated times
+        h = g.copy()
+        for i in range(1, a.size):
+            if not starts[i]:
+                h[i] = max(h[i], h[i - 1])
+    return c + h
+
+
+class _NoSymmetry(Exception):
+    """A phase is not invariant under the engine's rank translation: simulate every rank."""
+
+
+def _fold_period(topo: Topology, n: int, ready: np.ndarray) -> int:
+    """Smallest rank translation T under which topology and ready times look the same (n: none).
+
+    Translating every rank by ``T`` (mod n) keeps the local index, same-box and same-leaf
+    relations when ``T`` is a whole number of leaves' worth of cards (or of boxes when all
+    boxes share one leaf) and divides ``n``. See NOTE [rank symmetry].
+    """
+    L, bpl = topo.cards_per_box, topo.boxes_per_leaf
+    if n % L:
+        return n
+    T = L if n // L <= bpl else L * bpl
+    if T >= n or n % T:
+        return n
+    if not bool((ready.reshape(n // T, T) == ready[:T]).all()):
+        return n
+    return T
+
+
+def _periodic(blk: Block, n: int, T: int) -> bool:
+    """True if ``blk`` is a dense block invariant under translating every rank by ``T``."""
+    if not blk.dense or blk.src.size != n:
+        return False
+    dst, cnt = blk.dst, blk.count
+    if not bool((dst[:, :T] >= 0).all()):
+        return False
+    a = dst[:, :-T] + T
+    a[a >= n] -= n
+    if not np.array_equal(a, dst[:, T:]):
+        return False
+    if cnt.strides[1] == 0:
+        return True
+    if cnt.strides[0] == 0:  # one row broadcast to every template
+        cnt = cnt[:1]
+    return np.array_equal(cnt[:, :-T], cnt[:, T:])
+
+
+class _Engine:
+    """Port state + per-slice clocks of one simulated collective.
+
+    NOTE [rank symmetry]
+        With ``fold=T < n`` the engine keeps the state of ranks ``0 .. T-1`` only: every
+        block must be dense and map rank ``r + T`` the way it maps ``r`` (shifted by ``T``,
+        same counts), the topology must look the same from ``r`` and ``r + T`` (see
+        :func:`_fold_period`) and ready times must repeat every ``T`` ranks. Then, by
+        induction over phases, every port, clock and reduction engine of rank ``r`` has the
+        same value as rank ``r mod T``'s, so the message rank ``d < T`` receives in row k
+        comes from representative column ``m`` with ``dst[k, m] = d (mod T)``, with that
+        column's timing. Results are the same integers as the full simulation (``fold=n``);
+        a block that breaks the symmetry raises :class:`_NoSymmetry` and the caller
+        re-runs unfolded.
+    """
+
+    def __init__(self, lp: LinkParams, n: int, ready: np.ndarray, dtype_bytes: int, fold: int | None = None):
+        self.lp, self.n, self.db = lp, n, dtype_bytes
+        T = n if fold is None else fold
+        self.T = T
+        self.mult = n // T
+        L = lp.cpb
+        self.L = L
+        self.up_free = np.zeros((T, L), dtype=np.int64)
+        self.eg_free = np.zeros(T, dtype=np.int64)
+        self.in_free = np.zeros(T, dtype=np.int64)
+        self.red_free = np.zeros(T, dtype=np.int64)
+        self.ready = ready[:T].copy()
+        self.clocks: dict[int, np.ndarray] = {}
+        self.last = self.ready.copy()
+        self.messages = 0
+        self.up_bytes = 0
+        self.out_bytes = 0
+
+    def phase(self, s: int, blocks: Sequence[Block]) -> None:
+        t0 = self.clocks.get(s)
+        if t0 is None:
+            t0 = self.ready
+        new = t0.copy()
+        for blk in blocks:
+            if blk.dst.size == 0:
+                continue
+            if self.T < self.n:
+                if not _periodic(blk, self.n, self.T):
+                    raise _NoSymmetry
+                self._dense(blk, t0, new)
+            elif blk.dense and bool((blk.dst >= 0).all()):
+                self._dense(blk, t0, new)
+            else:
+                self._sparse(blk, t0, new)
+        self.clocks[s] = new
+
+    def _account(self, nbytes, out) -> None:
+        m = self.mult
+        self.messages += int(nbytes.size) * m
+        ob = int(nbytes[out].sum())
+        self.out_bytes += ob * m
+        self.up_bytes += (int(nbytes.sum()) - ob) * m
+
+    def _dense(self, blk: Block, t0, new) -> None:
+        n, L = self.T, self.L  # n: columns simulated (representatives when folded)
+        dst = blk.dst if n == self.n else blk.dst[:, :n]
+        K = dst.shape[0]
+        src = np.broadcast_to(np.arange(n), dst.shape)
+        nbytes = (blk.count if n == self.n else blk.count[:, :n]) * self.db
+        ser, lat, out = self.lp.transfer(src, dst, nbytes)
+        self._account(nbytes, out)
+        if n < self.n:
+            dst = dst % n  # receiver d (mod T) <- representative column
+        if bool(out.all()):
+            self._dense_out(blk, t0, new, dst, nbytes, ser, lat)
+            return
+        ldst = dst % L
+        # egress: chain messages sharing a port group (one column = one sender)
+        excl = np.zeros_like(ser)
+        base = np.empty_like(ser)
+        classes = [("out", out)] if out.any() else []
+        up = ~out
+        if up.any():
+            present = np.unique(ldst[up]) if K > 1 else np.unique(ldst)
+            classes += [(int(j), up & (ldst == j)) for j in present]
+        for key, mask in classes:
+            m_ser = np.where(mask, ser, 0)
+            if K > 1:
+                excl += np.where(mask, _cumsum0(m_ser) - m_ser, 0)
+            free = self.eg_free if key == "out" else self.up_free[:, key]
+            base = np.where(mask, np.maximum(t0, free)[None, :], base)
+        tx = base + excl
+        sent = tx + ser
+        for key, mask in classes:
+            last = np.where(mask, sent, -1).max(axis=0)
+            if key == "out":
+                np.maximum(self.eg_free, last, out=self.eg_free)
+            else:
+                np.maximum(self.up_free[:, key], last, out=self.up_free[:, key])
+        np.maximum(self.last, sent.max(axis=0), out=self.last)
+        # regroup by receiver: rows are permutations, invert each
+        inv = np.empty_like(dst)
+        inv[np.arange(K)[:, None], dst] = np.arange(n)[None, :]
+        rows = np.arange(K)[:, None]
+        a = (tx + lat)[rows, inv]
+        s_ = ser[rows, inv]
+        o = out[rows, inv]
+        if o.any():
+            arr_out = _chain(np.where(o, a, np.iinfo(np.int64).min // 4), np.where(o, s_, 0), self.in_free)
+            arr = np.where(o, arr_out, a + s_)
+            np.maximum(self.in_free, np.where(o, arr, -1).max(axis=0), out=self.in_free)
+        else:
+            arr = a + s_
+        if blk.reduce:
+            red = self.lp.reduce_ns(nbytes[rows, inv])
+            done = _chain(arr, red, self.red_free)
+            self.red_free = done[-1].copy()
+        else:
+            done = arr
+        dmax = done.max(axis=0)
+        np.maximum(new, dmax, out=new)
+        np.maximum(self.last, dmax, out=self.last)
+
+    def _dense_out(self, blk: Block, t0, new, dst, nbytes, ser, lat) -> None:
+        """Dense block whose messages all leave the box: one port group per sender and receiver."""
+        n = self.T
+        K = dst.shape[0]
+        cs = _cumsum0(ser)
+        tx = cs - ser
+        tx += np.maximum(t0, self.eg_free)[None, :]
+        self.eg_free = tx[-1] + ser[-1]
+        np.maximum(self.last, self.eg_free, out=self.last)
+        inv = np.empty_like(dst)
+        inv[np.arange(K)[:, None], dst] = np.arange(n)[None, :]
+        flat = (inv + (np.arange(K) * n)[:, None]).ravel()
+        tx += lat
+        a = tx.ravel()[flat].reshape(K, n)
+        s_ = ser.ravel()[flat].reshape(K, n)
+        arr = _chain(a, s_, self.in_free)
+        self.in_free = arr[-1].copy()
+        if blk.reduce:
+            red = self.lp.reduce_ns(nbytes.ravel()[flat].reshape(K, n))
+            # the reduction engine keeps up when each reduction is shorter than the next arrival gap
+            if K == 1 or (bool((red[:-1] <= s_[1:]).all()) and bool((self.red_free <= arr[0]).all())):
+                done = arr + red
+            else:
+                done = _chain(arr, red, self.red_free)
+            self.red_free = done[-1].copy()
+        else:
+            done = arr
+        dmax = done[-1] if not blk.reduce else done.max(axis=0)
+        np.maximum(new, dmax, out=new)
+        np.maximum(self.last, dmax, out=self.last)
+
+    def _sparse(self, blk: Block, t0, new) -> None:
+        n, L = self.n, self.L
+        K, M = blk.dst.shape
+        valid = (blk.dst >= 0).ravel()
+        idx = np.nonzero(valid)[0]
+        if idx.size == 0:
+            return
+        src = np.broadcast_to(blk.src[None, :], (K, M)).ravel()[idx]
+        dst = blk.dst.ravel()[idx]
+        nbytes = blk.count.ravel()[idx] * self.db
+        ser, lat, out = self.lp.transfer(src, dst, nbytes)
+        self._account(nbytes, out)
+        res = np.where(out, n * L + src, src * L + dst % L)
+        free_all = np.concatenate([self.up_free.ravel(), self.eg_free])
+        o = np.argsort(res, kind="stable")
+        rs = res[o]
+        tx_s = _seg_chain(np.maximum(t0[src[o]], free_all[rs]), ser[o], np.zeros(idx.size, dtype=np.int64), rs)
+        tx_s -= ser[o]  # _seg_chain returns completion; start = completion - ser
+        tx = np.empty_like(tx_s)
+        tx[o] = tx_s
+        sent = tx + ser
+        np.maximum.at(free_all, res, sent)
+        self.up_free = free_all[: n * L].reshape(n, L).copy()
+        self.eg_free = free_all[n * L:].copy()
+        np.maximum.at(self.last, src, sent)
+        # ingress (scale-out only) and reduction, grouped by receiver in issue order
+        od = np.argsort(dst, kind="stable")
+        d_s = dst[od]
+        a = (tx + lat)[od]
+        s_ = ser[od]
+        out_s = out[od]
+        arr = a + s_
+        if out_s.any():
+            sel = np.nonzero(out_s)[0]
+            ch = _seg_chain(a[sel], s_[sel], self.in_free[d_s[sel]], d_s[sel])
+            arr[sel] = ch
+            np.maximum.at(self.in_free, d_s[sel], ch)
+        if blk.reduce:
+            red = self.lp.reduce_ns(nbytes[od])
+            done = _seg_chain(arr, red, self.red_free[d_s], d_s)
+            np.maximum.at(self.red_free, d_s, done)
+        else:
+            done = arr
+        np.maximum.at(new, d_s, done)
+        np.maximum.at(self.last, d_s, done)
+
+    def end(self) -> np.ndarray:
+        e = self.last.copy()
+        for c in self.clocks.values():
+            np.maximum(e, c, out=e)
+        return np.tile(e, self.mult) if self.mult > 1 else e
+
+
+_FOLD = True
+"""Use the rank-symmetry fast path (NOTE [rank symmetry]); tests turn it off to compare."""
+
+
+def _env_key() -> tuple:
+    return os.environ.get("HCCL_ALGO"), os.environ.get("PT_HCCL_SLICE_SIZE_MB")
+
+
+@functools.lru_cache(maxsize=4096)
+def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algorithm, root, dtype_bytes,
+                     splits, slice_bytes, _env) -> SimResult:
+    count = validate_call(collective, nbytes, world_size, root=root, dtype_bytes=dtype_bytes, splits=splits)
+    topo = topology.with_world_size(world_size)
+    name, phases = algorithms.phases(collective, count, topo, algorithm=algorithm, root=root,
+                                     dtype_bytes=dtype_bytes, splits=splits, slice_bytes=slice_bytes)
+    ready = np.asarray(rel_ready, dtype=np.int64)
+    lp = LinkParams(topo)
+    fold = _fold_period(topo, world_size, ready) if _FOLD else world_size
+    while True:
+        eng = _Engine(lp, world_size, ready, dtype_bytes, fold=fold)
+        try:
+            for s, ph in phases:
+                eng.phase(s, ph())
+            break
+        except _NoSymmetry:
+            logger.debug("%s on %d ranks: a phase breaks the rank symmetry, simulating every rank",
+                         name, world_size)
+            fold = world_size
+    end = eng.end()
+    return SimResult(collective=collective, algorithm=name, nbytes=nbytes, world_size=world_size,
+                     start_ns=tuple(int(x) for x in ready), end_ns=tuple(int(x) for x in end),
+                     phases=len(phases), messages=eng.messages, scale_up_bytes=eng.up_bytes,
+                     scale_out_bytes=eng.out_bytes)
+
+
+def simulate(collective: str, nbytes: int, topology: Topology, *, world_size: int,
+             ready_ns: Sequence[int] | None = None, algorithm: str | None = None, root: int = 0,
+             dtype_bytes: int = 4, splits: Sequence[Sequence[int]] | None = None,
+             slice_bytes: int | None = None) -> SimResult:
+    """Simulate one collective on ``world_size`` ranks placed on ``topology``.
+
+    Size convention (hccl_demo's "size"): ``nbytes`` is the byte size of *each rank's
+    input buffer*, ``count = nbytes // dtype_bytes`` elements:
+
+    - all_reduce, reduce, broadcast: the buffer is ``count`` elements;
+    - all_gather: each rank contributes ``count``; the output is ``world_size x count``;
+    - reduce_scatter: each rank inputs ``count``; rank r keeps its near-equal share
+      (``count / world_size`` when it divides);
+    - all2all: each rank sends ``count / world_size`` to every rank (or ``splits[i][j]``
+      elements from i to j; ragged: row i adds up to rank i's input, the largest row to
+      ``count``);
+    - send_recv: each rank sends ``count`` to one peer and receives ``count`` (hccl_demo
+      pattern: ring over boxes with the same local index, or adjacent pairs in a box);
+    - barrier: ``nbytes`` is ignored (0-byte messages).
+
+    Args:
+        collective: ``all_reduce``, ``reduce``, ``broadcast``, ``all_gather``,
+            ``reduce_scatter``, ``all2all``, ``send_recv`` or ``barrier``.
+        nbytes: per-rank input size in bytes, see above.
+        topology: the system; its world size is replaced by ``world_size``.
+        world_size: ranks in the group (rank r on card r).
+        ready_ns: per rank, simulated ns when its collective stream is ready (default 0).
+        algorithm: registered algorithm name (default: selection rule / ``HCCL_ALGO``).
+        root: root of reduce / broadcast.
+        dtype_bytes: bytes per element.
+        splits: all2all only, (n, n) element counts.
+        slice_bytes: slice size (default ``PT_HCCL_SLICE_SIZE_MB``).
+
+    Returns:
+        A :class:`SimResult` with absolute per-rank start/end times. Deterministic:
+        the same inputs give the same integers. Results are cached.
+
+    Raises:
+        ValueError: bad collective, size, world size, root, splits, ready_ns length,
+            or an algorithm that cannot run on this topology.
+    """
+    if ready_ns is None:
+        off = 0
+        rel: tuple[int, ...] = (0,) * world_size
+    else:
+        if len(ready_ns) != world_size:
+            raise ValueError(f"ready_ns has {len(ready_ns)} entries, expected world_size={world_size}")
+        off = int(min(ready_ns))
+        if off < 0:
+            raise ValueError("ready_ns must be >= 0")
+        rel = tuple(int(x) - off for x in ready_ns)
+    sp = None if splits is None else tuple(tuple(int(c) for c in row) for row in splits)
+    res = _simulate_cached(collective, int(nbytes), topology, int(world_size), rel, algorithm, int(root),
+                           int(dtype_bytes), sp, slice_bytes, _env_key())
+    if off == 0:
+        return res
+    return SimResult(collective=res.collective, algorithm=res.algorithm, nbytes=res.nbytes,
+                     world_size=res.world_size, start_ns=tuple(x + off for x in res.start_ns),
+                     end_ns=tuple(x + off for x in res.end_ns), phases=res.phases, messages=res.messages,
+                     scale_up_bytes=res.scale_up_bytes, scale_out_bytes=res.scale_out_bytes)
+
+
+def simulate_sequence(calls: Sequence[dict], topology: Topology, *, world_size: int,
+                      ready_ns: Sequence[int] | None = None) -> list[SimResult]:
+    """Simulate collectives issued one after another on the same stream.
+
+    Each entry of ``calls`` holds :func:`simulate` keyword arguments (``collective``,
+    ``nbytes``, ...); call i+1 starts on each rank when call i ended there.
+    """
+    out = []
+    ready = ready_ns
+    for call in calls:
+        r = simulate(topology=topology, world_size=world_size, ready_ns=ready, **call)
+        out.append(r)
+        ready = r.end_ns
+    return out
+
+
+_OPS = {
+    "sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply,
+}
+
+
+def execute(collective: str, inputs: Sequence[np.ndarray], topology: Topology, *, op: str = "sum",
+            algorithm: str | None = None, root: int = 0, splits=None,
+            slice_bytes: int | None = None) -> list[np.ndarray]:
+    """Planner-with-data mode: run the schedule's steps on real numpy buffers.
+
+    Args:
+        collective: as in :func:`simulate`.
+        inputs: one 1-D array per rank (same dtype and length; the dtype's itemsize is
+            the element size).
+        topology: the system (world size = ``len(inputs)``).
+        op: ``sum``, ``avg``, ``min``, ``max`` or ``prod`` for reducing collectives.
+
+    Returns:
+        Per rank, its output (see :func:`hccl.sim.schedule.layout`); for ``reduce`` only the
+        root's output is meaningful, for ``barrier`` empty arrays.
+    """
+    if op not in _OPS:
+        raise ValueError(f"unknown reduce op {op!r}; expected one of {', '.join(_OPS)}")
+    n = len(inputs)
+    dtype = inputs[0].dtype
+    count = int(inputs[0].size)
+    nbytes = count * dtype.itemsize
+    validate_call(collective, nbytes, n, root=root, dtype_bytes=dtype.itemsize, splits=splits)
+    topo = topology.with_world_size(n)
+    lays = [layout(collective, count, n, r, root=root, splits=splits) for r in range(n)]
+    bufs = []
+    for r in range(n):
+        lay = lays[r]
+        b = np.zeros(lay.work, dtype=dtype)
+        if collective != "broadcast" or r == root:
+            b[lay.input_offset:lay.input_offset + lay.input_count] = inputs[r][:lay.input_count]
+        bufs.append(b)
+    _, phases = algorithms.phases(collective, count, topo, algorithm=algorithm, root=root,
+                                  dtype_bytes=dtype.itemsize, splits=splits, slice_bytes=slice_bytes)
+    fn = _OPS[op]
+    for _, ph in phases:
+        blocks = ph()
+        pending = []
+        for blk in blocks:
+            K, M = blk.dst.shape
+            for k in range(K):
+                for m in range(M):
+                    d = int(blk.dst[k, m])
+                    if d < 0:
+                        continue
+                    s = int(blk.src[m])
+                    so, c = int(blk.send_off[k, m]), int(blk.count[k, m])
+                    pending.append((d, int(blk.recv_off[k, m]), bufs[s][so:so + c].copy(), blk.reduce))
+        for blk in blocks:
+            if blk.copies is not None:
+                for r, so, do, c in zip(*(x.tolist() for x in blk.copies)):
+                    bufs[r][do:do + c] = bufs[r][so:so + c].copy()
+        for d, ro, payload, red in pending:
+            view = bufs[d][ro:ro + payload.size]
+            view[...] = fn(view, payload) if red else payload
+    outs = []
+    for r in range(n):
+        lay = lays[r]
+        o = bufs[r][lay.output_offset:lay.output_offset + lay.output_count].copy()
+        if op == "avg" and collective in ("all_reduce", "reduce", "reduce_scatter"):
+            o = (o / n).astype(dtype)
+        outs.append(o)
+    return outs

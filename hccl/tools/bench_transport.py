@@ -1,0 +1,192 @@
+"""Transport benchmark: allreduce over "hccl" (shared memory, and MPI) vs "gloo", side by side.
+
+``python -m hccl.tools.bench_transport [--ranks 2] [--iters 20]`` spawns the ranks on this host,
+creates both groups in every rank, and prints for each size the wall-clock latency (1 KB)
+or bus bandwidth (larger sizes) of each backend and their ratio. When mpi4py and
+``mpiexec`` are installed (``pip install -e '.[mpi]'``) it then runs ``mpiexec -n RANKS
+python -m hccl.tools.bench_transport --mpi-worker ...``, which measures "hccl" with
+``HCCL_TRANSPORT=mpi`` the same way, and adds that column; without MPI it says so and
+prints the rest. These are *wall-clock* figures of the emulator's data movement on this
+machine, not simulated Gaudi times.
+
+Bus bandwidth follows hccl_demo/nccl-tests: ``busbw = algbw x 2(n-1)/n`` for allreduce,
+``algbw = bytes / time``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["main"]
+
+SIZES = [("1 KB", 1024), ("1 MB", 1 << 20), ("16 MB", 16 << 20), ("64 MB", 64 << 20)]
+
+
+def _time_allreduce(t: torch.Tensor, group, iters: int) -> float:
+    """Wall seconds per allreduce of ``t`` on ``group``, as nccl-tests and hccl_demo measure:
+    ``iters`` back-to-back calls after a warm-up and a barrier, divided by ``iters``; the
+    median of 3 such runs; the slowest rank's figure (a collective is as slow as its last rank).
+    """
+    for _ in range(5):
+        dist.all_reduce(t, group=group)
+    runs = []
+    for _ in range(3):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t, group=group)
+        runs.append((time.perf_counter() - t0) / iters)
+    worst = torch.tensor([statistics.median(runs)], dtype=torch.float32)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return float(worst.item())
+
+
+def _iters(nbytes: int, iters: int) -> int:
+    """Back-to-back calls per timed run: many for latency, fewer for the big sizes."""
+    if nbytes <= 1024:
+        return iters * 50
+    return iters if nbytes <= (1 << 20) else max(3, iters // 4)
+
+
+def _worker(rank: int, world: int, init_file: str, iters: int, queue) -> None:
+    import hpu_runtime
+
+    hpu_runtime.deactivate()  # measure the transport, not the bridge
+    dist.init_process_group("hccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    hccl = dist.group.WORLD
+    rows = []
+    for label, nbytes in SIZES:
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        row = [label, nbytes]
+        for group in (hccl, gloo):
+            row.append(_time_allreduce(t, group, _iters(nbytes, iters)))
+        rows.append(row)
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def _mpi_worker(init_file: str, out_file: str, iters: int) -> None:
+    """One rank of the MPI run (under mpiexec, ``HCCL_TRANSPORT=mpi``): rank 0 writes the times."""
+    from mpi4py import MPI
+
+    import hpu_runtime
+
+    hpu_runtime.deactivate()
+    rank, world = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    dist.init_process_group("hccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    rows = []
+    for _label, nbytes in SIZES:
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        rows.append(_time_allreduce(t, dist.group.WORLD, _iters(nbytes, iters)))
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None, str]:
+    """Seconds per allreduce of each size with ``HCCL_TRANSPORT=mpi``, or None and why not."""
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+        return None, "MPI not available (no mpiexec or mpi4py): pip install -e '.[mpi]'"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "HCCL_TRANSPORT"))}
+    env.update(HCCL_TRANSPORT="mpi", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "rows.json")
+        cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hccl.tools.bench_transport", "--mpi-worker",
+               os.path.join(tmp, "init"), out_file, "--iters", str(iters)]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return None, f"MPI run did not finish within {timeout:.0f} s"
+        if proc.returncode != 0 or not os.path.exists(out_file):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return None, f"MPI run failed (exit code {proc.returncode}): {' | '.join(tail)}"
+        return json.loads(Path(out_file).read_text()), ""
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m hccl.tools.bench_transport", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=600.0, help="wall seconds before giving up (per run)")
+    p.add_argument("--mpi-worker", nargs=2, metavar=("INIT_FILE", "OUT_FILE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.mpi_worker:
+        _mpi_worker(*args.mpi_worker, args.iters)
+        return []
+    if args.ranks < 2:
+        raise SystemExit("--ranks must be >= 2")
+    # one intra-op thread per rank, as torchrun sets: ranks spinning on shared memory must
+    # not compete with OpenMP worker threads for the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [ctx.Process(target=_worker, args=(r, args.ranks, init_file, args.iters, queue)) for r in range(args.ranks)]
+        for pr in procs:
+            pr.start()
+        deadline = time.monotonic() + args.timeout
+        for pr in procs:
+            pr.join(max(0.1, deadline - time.monotonic()))
+        alive = [pr for pr in procs if pr.is_alive()]
+        for pr in alive:
+            pr.kill()
+        if alive or any(pr.exitcode for pr in procs) or queue.empty():
+            raise SystemExit(f"benchmark failed: exit codes {[pr.exitcode for pr in procs]}")
+        rows = queue.get()
+    mpi_times, why = _run_mpi(args.ranks, args.iters, args.timeout)
+    n = args.ranks
+    factor = 2 * (n - 1) / n
+    out = []
+    print(f"allreduce, {n} ranks on this host, wall-clock (not simulated) figures")
+    if mpi_times is None:
+        print(f"hccl (MPI transport): {why}")
+    print(f"{'size':>6} | {'hccl (shm)':>14} | {'hccl (MPI)':>14} | {'gloo':>14} | shm vs gloo | MPI vs gloo | MPI vs shm")
+    for i, (label, nbytes, t_hccl, t_gloo) in enumerate(rows):
+        t_mpi = mpi_times[i] if mpi_times is not None else None
+        if nbytes <= 1024:  # latency: lower is better, ratios are time / time
+            us = [t * 1e6 if t is not None else None for t in (t_hccl, t_mpi, t_gloo)]
+            cells = [f"{v:11.1f} us" if v is not None else f"{'n/a':>14}" for v in us]
+            ratios = [_ratio(t_hccl, t_gloo), _ratio(t_mpi, t_gloo), _ratio(t_mpi, t_hccl)]
+            print(f"{label:>6} | {' | '.join(cells)} | " + " | ".join(f"{'latency ' + r:>11}" for r in ratios))
+            rec = {"size": label, "hccl_latency_us": us[0], "gloo_latency_us": us[2]}
+            if t_mpi is not None:
+                rec["hccl_mpi_latency_us"] = us[1]
+        else:  # bus bandwidth: higher is better, ratios are bw / bw
+            bw = [nbytes / t * factor / 1e9 if t is not None else None for t in (t_hccl, t_mpi, t_gloo)]
+            cells = [f"{v:9.2f} GB/s" if v is not None else f"{'n/a':>14}" for v in bw]
+            ratios = [_ratio(bw[0], bw[2]), _ratio(bw[1], bw[2]), _ratio(bw[1], bw[0])]
+            print(f"{label:>6} | {' | '.join(cells)} | " + " | ".join(f"{'busbw ' + r:>11}" for r in ratios))
+            rec = {"size": label, "hccl_busbw_gbps": bw[0], "gloo_busbw_gbps": bw[2]}
+            if t_mpi is not None:
+                rec["hccl_mpi_busbw_gbps"] = bw[1]
+        out.append(rec)
+    sys.stdout.flush()
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "n/a"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""Collectives on real bytes over a :class:`~hccl.transport.shm.ShmArena`.
+
+Each function runs one collective for the calling rank, slice by slice (a slice is at most
+the arena's region capacity), following the two-rounds-per-slice protocol described in
+``hccl/transport/shm.py``. On the first slice every rank publishes the collective's
+metadata (sequence number, kind, dtype, element count, op, root, simulated ready time);
+every rank checks all of it, so a mismatch (different tensor sizes on different ranks, a
+different collective, a different root) raises the same clear error on every rank.
+
+All tensors passed in are flat (1-D), contiguous CPU tensors. The functions return every
+rank's simulated ready time (ns, from the metadata), so the caller can compute the
+simulated timing.
+
+These functions are numerics only: they neither know nor charge simulated time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reduce_ops import CODE_DTYPES, combine, combine_out, finish, reduce_op_name
+from .shm import ITEMSIZE, META_FIELDS, SMALL_BYTES, ShmArena
+
+__all__ = [
+    "KIND_CODES",
+    "KIND_NAMES",
+    "CollectiveMismatchError",
+    "allreduce",
+    "allreduce_small",
+    "SMALL_BYTES",
+    "reduce",
+    "broadcast",
+    "allgather",
+    "reduce_scatter",
+    "alltoall",
+    "barrier",
+    "chunk_bounds",
+    "ShmCollectives",
+    "META_FIELDS",
+    "META_INDEX",
+]
+
+KIND_CODES = {
+    "allreduce": 1,
+    "broadcast": 2,
+    "allgather": 3,
+    "reduce_scatter": 4,
+    "barrier": 5,
+    "reduce": 6,
+    "alltoall": 7,
+}
+KIND_NAMES = {v: k for k, v in KIND_CODES.items()}
+#: index of each metadata word in a row of the returned metadata array.
+META_INDEX = {name: i for i, name in enumerate(META_FIELDS)}
+_F = META_INDEX
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks called a collective with arguments that do not match (raised on every rank)."""
+
+
+def chunk_bounds(count: int, parts: int, index: int) -> tuple[int, int]:
+    """Element range ``[lo, hi)`` of part ``index`` when ``count`` is split as evenly as possible."""
+    base, extra = divmod(count, parts)
+    lo = index * base + min(index, extra)
+    return lo, lo + base + (1 if index < extra else 0)
+
+
+def _describe(row: list[int]) -> str:
+    dtype = CODE_DTYPES.get(row[_F["dtype"]])
+    dname = str(dtype).removeprefix("torch.") if dtype is not None else "?"
+    return f"{row[_F['numel']]} elements of {dname}"
+
+
+_READY = META_INDEX["ready_ns"]
+
+
+def _gather_meta(arena: ShmArena, mine: list[int], parity: int) -> list[int]:
+    """After a publish round: every rank's ready time; raises on any metadata mismatch."""
+    ready = []
+    bad = False
+    for r, seg in enumerate(arena.segments):
+        row = mine if r == arena.rank else seg.meta(parity)
+        ready.append(row[_READY])
+        if row[:_READY] != mine[:_READY] or row[_READY + 1 :] != mine[_READY + 1 :]:
+            bad = True
+    if bad:
+        rows = [mine if r == arena.rank else seg.meta(parity) for r, seg in enumerate(arena.segments)]
+        _raise_mismatch(rows, mine)
+    return ready
+
+
+def _raise_mismatch(rows: list[list[int]], mine: list[int]) -> None:
+    kind = KIND_NAMES.get(mine[_F["kind"]], "?")
+    seq = mine[_F["seq"]]
+    for field, label in (("seq", "collective sequence number"), ("kind", "collective")):
+        col = [row[_F[field]] for row in rows]
+        if len(set(col)) > 1:
+            names = [f"rank {r}: {KIND_NAMES.get(row[_F['kind']], '?')} #{row[_F['seq']]}" for r, row in enumerate(rows)]
+            raise CollectiveMismatchError(
+                f"hccl: ranks disagree on the {label} ({'; '.join(names)}): collectives were"
+                " called in a different order or number on different ranks"
+            )
+    problems = []
+    for field, label in (
+        ("numel", "tensor sizes"),
+        ("dtype", "dtypes"),
+        ("op", "reduce ops"),
+        ("root", "root ranks"),
+        ("x0", "tensor indices"),
+    ):
+        col = [row[_F[field]] for row in rows]
+        if len(set(col)) > 1:
+            if field == "op":
+                detail = ", ".join(f"rank {r}: {reduce_op_name(v)}" for r, v in enumerate(col))
+            elif field in ("numel", "dtype"):
+                detail = ", ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+            else:
+                detail = ", ".join(f"rank {r}: {v}" for r, v in enumerate(col))
+            problems.append(f"{label} differ across ranks ({detail})")
+    raise CollectiveMismatchError(f"hccl: {kind} #{seq}: " + "; ".join(problems or ["metadata differs"]))
+
+
+class _Rounds:
+    """Per-collective helper: the first publish round also exchanges and checks metadata."""
+
+    def __init__(self, arena: ShmArena, meta: list[int], what: str) -> None:
+        self.arena = arena
+        self.meta = meta
+        self.what = what
+        self.ready: list[int] | None = None
+
+    def publish(self) -> None:
+        """Round 1 of a slice: data in ``A`` is ready (plus metadata on the first slice)."""
+        arena = self.arena
+        parity = (arena.round + 1) & 1
+        if self.ready is None:
+            arena.me.write_meta(self.meta, parity)
+        arena.signal()
+        arena.wait_all(self.what)
+        if self.ready is None:
+            self.ready = _gather_meta(arena, self.meta, parity)
+
+    def consumed(self) -> None:
+        """Round 2 of a slice: done reading peers' ``A``; ``B`` holds this rank's result part."""
+        self.arena.signal()
+        self.arena.wait_all(self.what)
+
+    def result(self) -> list[int]:
+        """Every rank's simulated ready time (ns), indexed by rank."""
+        if self.ready is None:  # zero slices: still exchange and check metadata
+            self.publish()
+            self.consumed()
+        assert self.ready is not None
+        return self.ready
+
+
+def allreduce_small(arena: ShmArena, flat: torch.Tensor, op: int, meta: list[int], what: str) -> list[int]:
+    """One-round allreduce for buffers of at most ``SMALL_BYTES``: in place on ``flat``.
+
+    Every rank reduces all ranks' copies itself, in rank order, so all ranks get the same bits.
+    """
+    parity = (arena.round + 1) & 1
+    dtype = flat.dtype
+    numel = flat.numel()
+    views = arena.small_views(parity, dtype)
+    views[arena.rank][:numel].copy_(flat)
+    arena.me.write_meta(meta, parity)
+    arena.signal()
+    arena.wait_all(what)
+    ready = _gather_meta(arena, meta, parity)
+    n = len(views)
+    if n == 1:
+        finish(op, flat, 1)
+        return ready
+    combine_out(op, flat, views[0][:numel], views[1][:numel])
+    for q in range(2, n):
+        combine(op, flat, views[q][:numel])
+    finish(op, flat, n)
+    return ready
+
+
+def _slice_elems(arena: ShmArena, dtype: torch.dtype, parts: int = 1) -> int:
+    itemsize = ITEMSIZE[dtype]
+    per = arena.me.capacity // (itemsize * parts)
+    if per < 1:
+        raise ValueError("hccl: shared-memory buffer too small for one element per rank")
+    return per
+
+
+def allreduce(arena: ShmArena, flat: torch.Tensor, op: int, meta: list[int], what: str) -> list[int]:
+    """In place on ``flat``: reduce over all ranks with op code ``op``."""
+    return _reduce_slices(arena, flat, op, None, meta, what)
+
+
+def reduce(arena: ShmArena, flat: torch.Tensor, op: int, root: int, meta: list[int], what: str) -> list[int]:
+    """Reduce over all ranks into ``flat`` on ``root`` (other ranks' tensors unchanged)."""
+    return _reduce_slices(arena, flat, op, root, meta, what)
+
+
+def _reduce_slices(arena: ShmArena, flat: torch.Tensor, op: int, root: int | None, meta: list[int], what: str) -> list[int]:
+    """Slice by slice: rank r reduces chunk r of every rank's ``A`` into its ``B``; then every
+    rank (``root is None``) or only ``root`` copies all chunks back into ``flat``."""
+    n, me = arena.world_size, arena.rank
+    segs = arena.segments
+    dtype = flat.dtype
+    rounds = _Rounds(arena, meta, what)
+    step = _slice_elems(arena, dtype)
+    total = flat.numel()
+    for s0 in range(0, total, step):
+        cnt = min(step, total - s0)
+        part = flat[s0 : s0 + cnt]
+        arena.me.region("a", dtype, cnt).copy_(part)
+        rounds.publish()
+        lo, hi = chunk_bounds(cnt, n, me)
+        if hi > lo:
+            acc = arena.me.region("b", dtype, hi - lo, lo)
+            if n == 1:
+                acc.copy_(segs[0].region("a", dtype, hi - lo, lo))
+            else:
+                combine_out(op, acc, segs[0].region("a", dtype, hi - lo, lo), segs[1].region("a", dtype, hi - lo, lo))
+                for q in range(2, n):
+                    combine(op, acc, segs[q].region("a", dtype, hi - lo, lo))
+            finish(op, acc, n)
+        rounds.consumed()
+        if root is None or me == root:
+            for q in range(n):
+                qlo, qhi = chunk_bounds(cnt, n, q)
+                if qhi > qlo:
+                    part[qlo:qhi].copy_(segs[q].region("b", dtype, qhi - qlo, qlo))
+    return rounds.result()
+
+
+def broadcast(arena: ShmArena, flat: torch.Tensor, root: int, meta: list[int], what: str) -> list[int]:
+    """In place: every rank's ``flat`` becomes ``root``'s."""
+    rounds = _Rounds(arena, meta, what)
+    step = _slice_elems(arena, flat.dtype)
+    total = flat.numel()
+    src = arena.segments[root]
+    for s0 in range(0, total, step):
+        cnt = min(step, total - s0)
+        part = flat[s0 : s0 + cnt]
+        if arena.rank == root:
+            arena.me.region("a", flat.dtype, cnt).copy_(part)
+        rounds.publish()
+        if arena.rank != root:
+            part.copy_(src.region("a", flat.dtype, cnt))
+        rounds.consumed()
+    return rounds.result()
+
+
+def allgather(
+    arena: ShmArena, outs: list[torch.Tensor], inp: torch.Tensor, meta: list[int], what: str
+) -> list[int]:
+    """``outs[q]`` (flat, ``inp.numel()`` elements each) receives rank ``q``'s ``inp``."""
+    rounds = _Rounds(arena, meta, what)
+    step = _slice_elems(arena, inp.dtype)
+    total = inp.numel()
+    for s0 in range(0, total, step):
+        cnt = min(step, total - s0)
+        arena.me.region("a", inp.dtype, cnt).copy_(inp[s0 : s0 + cnt])
+        rounds.publish()
+        for q, seg in enumerate(arena.segments):
+            outs[q][s0 : s0 + cnt].copy_(seg.region("a", inp.dtype, cnt))
+        rounds.consumed()
+    return rounds.result()
+
+
+def reduce_scatter(
+    arena: ShmArena, out: torch.Tensor, inputs: list[torch.Tensor], op: int, meta: list[int], what: str
+) -> list[int]:
+    """``out`` (flat, m elements) = op over ranks of their ``inputs[this rank]``."""
+    n, me = arena.world_size, arena.rank
+    segs = arena.segments
+    rounds = _Rounds(arena, meta, what)
+    step = _slice_elems(arena, out.dtype, parts=n)
+    total = out.numel()
+    for s0 in range(0, total, step):
+        cnt = min(step, total - s0)
+        for q in range(n):
+            arena.me.region("a", out.dtype, cnt, q * cnt).copy_(inputs[q][s0 : s0 + cnt])
+        rounds.publish()
+        acc = out[s0 : s0 + cnt]
+        if n == 1:
+            acc.copy_(segs[0].region("a", out.dtype, cnt, 0))
+        else:
+            combine_out(op, acc, segs[0].region("a", out.dtype, cnt, me * cnt), segs[1].region("a", out.dtype, cnt, me * cnt))
+            for q in range(2, n):
+                combine(op, acc, segs[q].region("a", out.dtype, cnt, me * cnt))
+        finish(op, acc, n)
+        rounds.consumed()
+    return rounds.result()
+
+
+def alltoall(
+    arena: ShmArena,
+    outs: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    meta: list[int],
+    what: str,
+    splits_out: list[list[int]] | None = None,
+) -> list[int]:
+    """``outs[q]`` receives rank ``q``'s ``inputs[this rank]`` (flat tensors, any sizes).
+
+    Sizes must be consistent: rank p's ``inputs[q]`` has as many elements as rank q's
+    ``outs[p]``; every rank publishes its per-destination sizes in ``A``'s header so a
+    split that does not add up raises on the receiving rank. If ``splits_out`` is given it
+    is filled with the (n x n) matrix of elements rank p sent to rank q, summed over the
+    rounds from those headers (the same on every rank; the timing model uses it).
+    """
+    n, me = arena.world_size, arena.rank
+    segs = arena.segments
+    rounds = _Rounds(arena, meta, what)
+    dtype = outs[0].dtype if outs else torch.uint8
+    itemsize = ITEMSIZE[dtype]
+    header = n  # int64 words: element count per destination, at the start of A
+    hdr_elems = (header * 8 + itemsize - 1) // itemsize
+    cap = arena.me.capacity // itemsize - hdr_elems
+    send = [t.numel() for t in inputs]
+    recv = [t.numel() for t in outs]
+    if splits_out is not None:
+        splits_out[:] = [[0] * n for _ in range(n)]
+    done_send = [0] * n
+    done_recv = [0] * n
+    # each round moves up to cap elements in total from this rank, split across destinations
+    while True:
+        quota = cap
+        counts = []
+        for q in range(n):
+            c = min(send[q] - done_send[q], max(quota, 0))
+            counts.append(c)
+            quota -= c
+        hdr = arena.me.region("a", torch.int64, n)
+        hdr.copy_(torch.tensor(counts, dtype=torch.int64))
+        off = hdr_elems
+        for q in range(n):
+            if counts[q]:
+                arena.me.region("a", dtype, counts[q], off).copy_(inputs[q][done_send[q] : done_send[q] + counts[q]])
+            off += counts[q]
+        rounds.publish()
+        more = False
+        for p in range(n):
+            phdr = segs[p].region("a", torch.int64, n)
+            pc = [int(v) for v in phdr.tolist()]
+            if splits_out is not None:
+                splits_out[p] = [a + b for a, b in zip(splits_out[p], pc)]
+            c = pc[me]
+            if done_recv[p] + c > recv[p]:
+                raise CollectiveMismatchError(
+                    f"hccl: {what}: rank {p} sends {done_recv[p] + c}+ elements to rank {me},"
+                    f" which expects {recv[p]} from it: the alltoall split sizes do not add up"
+                )
+            if c:
+                off = hdr_elems + sum(pc[:me])
+                outs[p][done_recv[p] : done_recv[p] + c].copy_(segs[p].region("a", dtype, c, off))
+                done_recv[p] += c
+        for q in range(n):
+            done_send[q] += counts[q]
+        rounds.consumed()
+        more = any(done_send[q] < send[q] for q in range(n))
+        # every rank must run the same number of rounds: agree on "more" via a tiny exchange
+        arena.me.ctrl[_FLAG_W] = int(more)
+        arena.signal()
+        arena.wait_all(what)
+        if not any(int(seg.ctrl[_FLAG_W]) for seg in segs):
+            break
+    short = [p for p in range(n) if done_recv[p] != recv[p]]
+    if short:
+        p = short[0]
+        raise CollectiveMismatchError(
+            f"hccl: {what}: rank {me} expected {recv[p]} elements from rank {p} but received"
+            f" {done_recv[p]}: the alltoall split sizes do not add up"
+        )
+    return rounds.result()
+
+
+_FLAG_W = 48  # control word used by alltoall to agree on another round
+
+
+def barrier(arena: ShmArena, meta: list[int], what: str) -> list[int]:
+    """Wait until every rank has arrived (metadata-only collective)."""
+    return _Rounds(arena, meta, what).result()
+
+
+class ShmCollectives:
+    """The collectives of a group whose ranks all share one host (one :class:`ShmArena`).
+
+    Same method signatures as :class:`hccl.transport.multihost.MultiHost`, so the process group can
+    drive either. Each returns every rank's simulated ready time.
+    """
+
+    def __init__(self, arena: ShmArena) -> None:
+        self.arena = arena
+
+    def allreduce(self, flat: torch.Tensor, op: int, meta: list[int], what: str) -> list[int]:
+        if flat.numel() * ITEMSIZE[flat.dtype] <= SMALL_BYTES:
+            return allreduce_small(self.arena, flat, op, meta, what)
+        return allreduce(self.arena, flat, op, meta, what)
+
+    def reduce(self, flat: torch.Tensor, op: int, root: int, meta: list[int], what: str) -> list[int]:
+        return reduce(self.arena, flat, op, root, meta, what)
+
+    def broadcast(self, flat: torch.Tensor, root: int, meta: list[int], what: str) -> list[int]:
+        return broadcast(self.arena, flat, root, meta, what)
+
+    def allgather(self, outs: list[torch.Tensor], inp: torch.Tensor, meta: list[int], what: str) -> list[int]:
+        return allgather(self.arena, outs, inp, meta, what)
+
+    def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], op: int, meta: list[int], what: str) -> list[int]:
+        return reduce_scatter(self.arena, out, inputs, op, meta, what)
+
+    def alltoall(self, outs: list[torch.Tensor], inputs: list[torch.Tensor], meta: list[int], what: str) -> list[int]:
+        """Also sets :attr:`alltoall_splits`: the (n x n) element counts rank p sent to rank q."""
+        self.alltoall_splits: list[list[int]] = []
+        return alltoall(self.arena, outs, inputs, meta, what, splits_out=self.alltoall_splits)
+
+    def barrier(self, meta: list[int], what: str) -> list[int]:
+        return barrier(self.arena, meta, what)
+
+    def close(self) -> None:
+        pass

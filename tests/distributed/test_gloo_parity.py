@@ -1,0 +1,215 @@
+"""Calls on which torch's own distributed suite found hccl short of gloo: now equal to gloo.
+
+float64 (and int16) collectives, move-only dtypes, ``dist.recv`` without a source,
+``all_gather_coalesced``, and irecv posted before the matching isend (batch_isend_irecv).
+Random non-integer data; each case runs over hccl and over gloo and the results must match.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dist_utils import run_ranks
+
+
+def _collectives(rank, world, dtype_name):
+    import torch
+    import torch.distributed as dist
+
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(10 + rank), dtype=torch.float64)
+    x = x if dtype.is_floating_point else (x * 100).to(dtype)
+    out = {}
+    for opname in ("SUM", "MAX", "PRODUCT"):
+        t = x.clone()
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, opname))
+        out[f"allreduce {opname}"] = t
+    t = x.clone()
+    dist.broadcast(t, src=world - 1)
+    out["broadcast"] = t
+    outs = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(outs, x)
+    out["allgather"] = torch.stack(outs)
+    t = torch.empty(10, dtype=dtype)
+    dist.reduce_scatter_tensor(t, x[: 10 * world].clone())
+    out["reduce_scatter"] = t
+    t = torch.empty(10 * world, dtype=dtype)
+    dist.all_to_all_single(t, x[: 10 * world].clone())
+    out["alltoall"] = t
+    if rank == 0:
+        dist.send(x, dst=1)
+    elif rank == 1:
+        t = torch.empty_like(x)
+        dist.recv(t, src=0)
+        out["send/recv"] = t
+    return {k: v.tolist() for k, v in out.items()}
+
+
+@pytest.mark.timeout(120)
+def test_float64_collectives_equal_gloo():
+    """float64 allreduce (SUM, MAX, PRODUCT), broadcast, allgather, reduce_scatter, alltoall and
+    send/recv give gloo's values (to 1e-12: three ranks may sum in another order)."""
+    import torch
+
+    ours = run_ranks(_collectives, 3, "float64")
+    ref = run_ranks(_collectives, 3, "float64", backend="gloo")
+    for rank, (mine, theirs) in enumerate(zip(ours, ref)):
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            torch.testing.assert_close(torch.tensor(mine[key], dtype=torch.float64), torch.tensor(theirs[key], dtype=torch.float64),
+                                       rtol=1e-12, atol=1e-12, msg=lambda m, key=key, rank=rank: f"rank {rank} {key}: {m}")
+
+
+@pytest.mark.timeout(120)
+def test_int16_collectives_equal_int64_wrapped():
+    """int16 (which gloo refuses) gives the int64 results of the same values, wrapped to 16 bits."""
+    import torch
+
+    ours = run_ranks(_collectives, 2, "int16")
+    wide = run_ranks(_collectives, 2, "int64")
+    for mine, ref in zip(ours, wide):
+        assert {k: torch.tensor(v).to(torch.int16).tolist() for k, v in ref.items()} == mine
+
+
+def _move_only(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for dtype in (torch.uint16, torch.uint32, torch.float8_e4m3fn):
+        x = torch.randn(64, generator=torch.Generator().manual_seed(rank))
+        x = x.to(dtype) if dtype.is_floating_point else (x.abs() * 1000).to(dtype)
+        name = str(dtype).removeprefix("torch.")
+        if rank == 0:
+            dist.send(x, dst=1)
+        else:
+            t = torch.empty_like(x)
+            dist.recv(t, src=0)
+            out[f"recv {name}"] = t.view(torch.uint8).tolist()
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.uint16))
+    except (TypeError, RuntimeError) as exc:
+        out["uint16 sum"] = type(exc).__name__
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_move_only_dtypes_send_like_gloo_and_refuse_reduction():
+    """uint16 / uint32 / float8 go point to point byte for byte as with gloo; reducing them is an
+    error on both backends (hccl: a TypeError naming the dtype, before anything is sent)."""
+    ours = run_ranks(_move_only, 2)
+    ref = run_ranks(_move_only, 2, backend="gloo")
+    assert {k: v for k, v in ours[1].items() if k.startswith("recv")} == {k: v for k, v in ref[1].items() if k.startswith("recv")}
+    assert ours[0]["uint16 sum"] == "TypeError" and ref[0]["uint16 sum"] == "RuntimeError"
+
+
+def _any_source(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        got = {}
+        for _ in range(world - 1):
+            t = torch.empty(3, 5, dtype=torch.float64)
+            src = dist.recv(t, tag=7)
+            got[src] = t.tolist()
+        return got
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+    dist.send(x, dst=0, tag=7)
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_recv_from_any_source_names_the_sender_like_gloo():
+    """``dist.recv(t)`` without ``src`` takes each sender's message once and returns its rank."""
+    ours = run_ranks(_any_source, 3)
+    ref = run_ranks(_any_source, 3, backend="gloo")
+    assert ours[0] == ref[0]
+    assert sorted(ours[0]) == [1, 2]
+
+
+def _all_gather_coalesced(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(rank)
+    inputs = [torch.randn(2, 3, generator=g), torch.randn(0), torch.randn(5, generator=g)]
+    outs = [[torch.zeros_like(t) for t in inputs] for _ in range(world)]
+    dist.all_gather_coalesced(outs, inputs)
+    try:
+        dist.all_gather_coalesced(outs[:1], inputs)  # one output list for 3 ranks
+    except (ValueError, RuntimeError) as exc:
+        bad = str(exc)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the group goes on after the refused call
+    return [[o.tolist() for o in per_rank] for per_rank in outs], bad, t.item()
+
+
+@pytest.mark.timeout(120)
+def test_all_gather_coalesced_equals_gloo():
+    """``all_gather_coalesced`` (``outputs[r][i]`` = rank r's input i, an empty one among them)."""
+    ours = run_ranks(_all_gather_coalesced, 3)
+    ref = run_ranks(_all_gather_coalesced, 3, backend="gloo")
+    assert [o[0] for o in ours] == [o[0] for o in ref]
+    assert "3 output lists" in ours[0][1] and ours[0][2] == 3.0
+
+
+def _irecv_before_isend(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    ops = []
+    got = {}
+    for peer in range(world):
+        if peer == rank:
+            continue
+        got[peer] = torch.empty(300_000, dtype=torch.float64)  # several outbox chunks
+        ops.append(dist.P2POp(dist.irecv, got[peer], peer, tag=peer))
+        x = torch.randn(300_000, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+        ops.append(dist.P2POp(dist.isend, x, peer, tag=rank))
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {p: (v.sum().item(), v[:3].tolist()) for p, v in got.items()}, t.item()
+
+
+@pytest.mark.timeout(120)
+def test_irecv_posted_before_isend_on_every_rank_equals_gloo():
+    """Every rank posts its irecvs before its isends (torch's batch_isend_irecv on CPU): no rank
+    blocks in irecv, and the messages equal gloo's."""
+    ours = run_ranks(_irecv_before_isend, 3)
+    ref = run_ranks(_irecv_before_isend, 3, backend="gloo")
+    assert ours == ref
+
+
+def _nobody_sends(rank, world):
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.recv(torch.empty(4), tag=3)
+        except RuntimeError as exc:
+            return f"{time.monotonic() - t0:.1f} {exc}"
+        finally:
+            store.set("rank0_gave_up", "1")
+        return "no error"
+    store.wait(["rank0_gave_up"], datetime.timedelta(seconds=60))  # alive, sends nothing
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_recv_from_any_source_that_never_comes_times_out_naming_it():
+    """A receive from any source that no rank sends to ends with the group's timeout, not a hang."""
+    res = run_ranks(_nobody_sends, 2, pg_timeout=3, expect_errors=True)
+    status, text = res[0]
+    assert status == "ok", res
+    secs, _, msg = text.partition(" ")
+    assert float(secs) >= 2.5, "the group's 3 s timeout must not fire early"
+    assert "timed out" in msg and "recv from any source" in msg, text

@@ -1,0 +1,52 @@
+"""HcclConfig: every hccl variable read once, validated, errors naming the variable."""
+
+import dataclasses
+import re
+
+import pytest
+
+from hccl.config import HcclConfig
+
+
+def test_defaults():
+    """No variable set: hls2, selection rule, 16 MB slices, shared memory, eager collectives."""
+    c = HcclConfig.from_env({})
+    assert (c.topology, c.algorithm, c.slice_bytes, c.transport) == ("hls2", None, 16 << 20, "shm")
+    assert c.shm_buffer_bytes == 16 << 20 and c.lazy_collectives is False and c.comm_id is None
+
+
+def test_reads_every_variable():
+    """Each variable lands in its field."""
+    c = HcclConfig.from_env({
+        "HCCL_TOPOLOGY": "hls1", "HCCL_ALGO": "ring", "PT_HCCL_SLICE_SIZE_MB": "0.5", "HCCL_TRANSPORT": "MPI",
+        "HCCL_SHM_BUFFER_MB": "1", "HCCL_SOCKET_ADDR": "10.0.0.1", "HCCL_SOCKET_IFNAME": "eth0",
+        "HCCL_HOST_ID": "box3", "PT_HPU_ENABLE_LAZY_COLLECTIVES": "true", "HCCL_COMM_ID": "10.0.0.1:9999",
+    })
+    assert (c.topology, c.algorithm, c.slice_bytes, c.transport) == ("hls1", "ring", 1 << 19, "mpi")
+    assert (c.shm_buffer_bytes, c.socket_addr, c.socket_ifname) == (1 << 20, "10.0.0.1", "eth0")
+    assert (c.host_key(), c.lazy_collectives, c.comm_id) == ("box3", True, "10.0.0.1:9999")
+
+
+def test_torchrun_node_makes_a_host():
+    """Two torchrun nodes on one machine are two hosts; GROUP_RANK alone (no torchrun) is ignored."""
+    node = HcclConfig.from_env({"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "1"})
+    assert node.host_key().endswith("/node1")
+    assert "/node" not in HcclConfig.from_env({"GROUP_RANK": "1"}).host_key()
+
+
+@pytest.mark.parametrize("name,value", [
+    ("HCCL_ALGO", "tree"), ("PT_HCCL_SLICE_SIZE_MB", "-1"), ("PT_HCCL_SLICE_SIZE_MB", "zero"),
+    ("HCCL_TRANSPORT", "infiniband"), ("HCCL_SHM_BUFFER_MB", "0"), ("HCCL_SHM_BUFFER_MB", "9000"),
+    ("PT_HPU_ENABLE_LAZY_COLLECTIVES", "maybe"), ("HCCL_COMM_ID", "nohost"),
+])
+def test_bad_value_names_the_variable(name, value):
+    """A bad value is a ValueError naming the variable and the value."""
+    with pytest.raises(ValueError, match=f"{name}='?{re.escape(value)}"):
+        HcclConfig.from_env({name: value})
+
+
+def test_frozen():
+    """A group's configuration cannot be changed after creation."""
+    c = HcclConfig.from_env({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.algorithm = "ring"
