@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hpu_runtime.bridge import bridge_disabled
+from hpu_runtime import bridge_disabled
 
 __all__ = ["CompositeMixin"]
 

@@ -24,8 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hpu_runtime.bridge import bridge_disabled
-from hpu_runtime.device import get_device
+from hpu_runtime import bridge_disabled, get_device
 
 from ._buffers import meta_words
 from .collectives import CollectivesMixin
@@ -168,7 +167,7 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
 
     def _run_lazy(self, what, kind, seq, nbytes, outputs, body, timing_args) -> HcclWork:
         """``PT_HPU_ENABLE_LAZY_COLLECTIVES``: move the bytes now, time the allreduce inside the
-        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.device)."""
+        pending graph when it is launched (NOTE [lazy collectives] in hpu_runtime.device.card)."""
         self._guarded(what, lambda: body(0, what))
         self._seq = seq + 1
         n = self._world_size

@@ -1,22 +1,35 @@
 """A simulated Intel Gaudi per process: lazy-mode bridge, device timeline, cost model.
 
 Importing this package makes ``"hpu"`` device strings work on the calling thread and starts
-charging every aten op to the simulated device (see :mod:`hpu_runtime.bridge`). All times
-it reports are simulated nanoseconds unless labelled wall-clock.
+charging every aten op to the simulated device (see :mod:`hpu_runtime.bridge.dispatch`). All
+times it reports are simulated nanoseconds unless labelled wall-clock.
+
+Three planes, each a folder whose ``__init__`` says what it owns and what it must not
+import (checked by ``tests/unit/test_layering.py``), plus the tools above them:
+
+* ``device/``: the device model (spec, cost model, streams and timeline, HBM, residency,
+  lazy-graph records, the card's clocks); pure, deterministic;
+* ``bridge/``: PyTorch ops in, graphs out (dispatch modes, :class:`SimDevice`, graph keys,
+  recipe cache, CPU fallback, HPU graphs, compile backend, autocast, configuration);
+* ``api/``: what scripts call (``torch.hpu``-like names, metrics, traces, ``hpex``, the
+  ``habana_frameworks`` and ``habana_dataloader`` folders);
+* ``tools/``: the traced training step and the benchmarks.
+
+``import_hooks.py`` stays at the top: the wheel's ``.pth`` loads that one file by path at
+interpreter start-up (see :mod:`hpu_runtime._packaging.build_backend`).
 
 The habana_frameworks names live here: ``hpu_runtime.mark_step`` (``htcore.mark_step``),
-the ``torch.hpu`` API (also ``hpu_runtime.hpu`` and ``torch.hpu`` itself), and
-``hpu_runtime.metrics.metric_global`` / ``hpu_runtime.metric_global``.
+the ``torch.hpu`` API (also ``hpu_runtime.api.hpu`` and ``torch.hpu`` itself), and
+``hpu_runtime.api.metrics.metric_global`` / ``hpu_runtime.metric_global``.
 """
 
 from __future__ import annotations
 
-from . import import_hooks, metrics
-from .bridge import activate, bridge_disabled, deactivate, is_active
-from .device import SimDevice, StepTimes, get_device, reset_device
-from .device_spec import DeviceSpec, get_device_spec
-from .graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
-from .hpu import (
+import torch
+
+from . import import_hooks
+from .api import hpu, metrics
+from .api.hpu import (
     Event,
     Stream,
     current_device,
@@ -33,8 +46,16 @@ from .hpu import (
     stream,
     synchronize,
 )
-from .memory import HPUOutOfMemoryError
-from .metrics import metric_global, metric_localcontext
+from .api.metrics import metric_global, metric_localcontext
+from .bridge import autocast as _autocast
+from .bridge import compile_backend as _compile_backend
+from .bridge.dispatch import activate, bridge_disabled, deactivate, is_active
+from .bridge.hpu_graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
+from .bridge.runtime import get_device, reset_device
+from .bridge.sim_device import SimDevice
+from .device.memory import HPUOutOfMemoryError
+from .device.spec import DeviceSpec, get_device_spec
+from .device.timeline import StepTimes
 
 __all__ = [
     "activate",
@@ -73,6 +94,20 @@ __all__ = [
     "metric_localcontext",
 ]
 
-import_hooks.install()  # `import habana_frameworks` finds hpu_runtime.habana_frameworks
-import_hooks.warn_if_shadowed()
+
+
+def _register() -> None:
+    """Once per process: ``torch.hpu``, ``torch.autocast("hpu")``, the ``"hpu_backend"``
+    compile backend and the ``habana_frameworks`` import hook."""
+    try:
+        torch._register_device_module("hpu", hpu)
+    except RuntimeError:  # already registered (e.g. by a previous import under another name)
+        pass
+    _autocast.install()
+    _compile_backend.install()
+    import_hooks.install()  # `import habana_frameworks` finds hpu_runtime/api/habana_frameworks
+    import_hooks.warn_if_shadowed()
+
+
+_register()
 activate()

@@ -3,13 +3,13 @@
 
 Gaudi scripts begin with ``import torch, torchvision`` and
 ``import habana_frameworks.torch.core as htcore``. The emulator's versions of the
-``habana_frameworks`` modules live in :mod:`hpu_runtime.habana_frameworks` (the fixed
+``habana_frameworks`` modules live in :mod:`hpu_runtime.api.habana_frameworks` (the fixed
 top-level layout has no ``habana_frameworks/`` folder). This module installs two
 :class:`importlib.abc.MetaPathFinder` objects, and imports only the standard library:
 
 * :class:`HabanaFrameworksFinder` answers for the top-level name ``habana_frameworks`` with
   that folder (and for ``habana_dataloader``, an import-only placeholder); every submodule is then found by Python's ordinary path finder inside it, so
-  each ``habana_frameworks.X`` is a real module file ``hpu_runtime/habana_frameworks/X``.
+  each ``habana_frameworks.X`` is a real module file ``hpu_runtime/api/habana_frameworks/X``.
   Those files are thin: they re-export :mod:`hpu_runtime` objects, so state (the device,
   its timeline) exists once however a name is reached.
 * :class:`TorchvisionFinder` wraps the loading of ``torchvision._meta_registrations`` and
@@ -36,7 +36,11 @@ NOTE [why finders at the end of sys.meta_path, and who installs them]
 * A registration, nothing more: installing changes no environment variable and imports
   nothing until a program asks for ``habana_frameworks`` or ``torchvision``.
 * ``HPU_EMULATOR_HABANA_FRAMEWORKS=0`` makes the ``habana_frameworks`` finder answer nothing
-  (read at each lookup).
+  (read at each lookup, here rather than in ``RuntimeConfig``: this file must import only the
+  standard library).
+* Where this file lives: at the top of ``hpu_runtime``, outside the planes, because the
+  ``.pth`` line loads ``hpu_runtime/import_hooks.py`` by that path; the folders it points at
+  are ``hpu_runtime/api/habana_frameworks`` and ``hpu_runtime/api/habana_dataloader``.
 
 Alternatives rejected: shipping a top-level ``habana_frameworks`` package would overwrite or
 be overwritten by a real install (both own the same files) and breaks the fixed layout; a
@@ -69,19 +73,20 @@ NAME = "habana_frameworks"
 """The top-level package name Gaudi scripts import."""
 
 TOP_LEVEL = ("habana_frameworks", "habana_dataloader")
-"""Top-level names the finder answers, each with the folder of that name in ``hpu_runtime``."""
+"""Top-level names the finder answers, each with the folder of that name in ``hpu_runtime/api``."""
 
 SWITCH = "HPU_EMULATOR_HABANA_FRAMEWORKS"
 """Environment variable: ``0`` turns the ``habana_frameworks`` finder off."""
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
-_HERE = os.path.join(_PKG, NAME)
+_API = os.path.join(_PKG, "api")  # the API plane holds the Gaudi-named folders
+_HERE = os.path.join(_API, NAME)
 _MARK = "_gaudi_emulator_finder"
 _warned = False
 
 
 class HabanaFrameworksFinder(importlib.abc.MetaPathFinder):
-    """Finds the top-level names :data:`TOP_LEVEL` in the folders of those names in ``hpu_runtime``.
+    """Finds the top-level names :data:`TOP_LEVEL` in the folders of those names in ``hpu_runtime/api``.
 
     Only those names are answered; submodules are found through the package's ``__path__``.
     """
@@ -91,7 +96,7 @@ class HabanaFrameworksFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
         if fullname not in TOP_LEVEL or os.environ.get(SWITCH, "1") == "0":
             return None
-        folder = os.path.join(_PKG, fullname)
+        folder = os.path.join(_API, fullname)
         init = os.path.join(folder, "__init__.py")
         if not os.path.isfile(init):
             return None

@@ -1,6 +1,6 @@
 """The bucket-size study: which ``bucket_cap_mb`` at which scale, for one model.
 
-One traced step per (model, batch, mode, device) (:func:`hpu_runtime.tracing.trace_step`,
+One traced step per (model, batch, mode, device) (:func:`hpu_runtime.tools.tracing.trace_step`,
 no data), then every study point (world size x topology x bucket cap x the other DDP and
 Gaudi knobs) through :func:`hccl.sim.ddp_plan.plan_ddp_step` (the planner), locally with a
 progress bar or as Ray tasks. ``--live`` also runs the points that fit this machine as
@@ -117,8 +117,8 @@ def validate(cfg: StudyConfig) -> None:
     """
     from hccl.sim.ddp_plan import COMM_HOOKS
     from hccl.sim.topology import load_topology
-    from hpu_runtime.device_spec import get_device_spec
-    from hpu_runtime.tracing import MODES
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import MODES
     from models.zoo import resolve_factory
 
     resolve_factory(cfg.model, **_model_kwargs(cfg))
@@ -207,8 +207,8 @@ def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
 
 
 def _traces(cfg: StudyConfig) -> dict:
-    from hpu_runtime.device_spec import get_device_spec
-    from hpu_runtime.tracing import trace_step
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     factory = resolve_factory(cfg.model, **_model_kwargs(cfg))
@@ -250,7 +250,7 @@ def _run_on_ray(traces: dict, points: list[Point], model: str, batch_size: int, 
     import ray
     from tqdm import tqdm
 
-    from hpu_runtime.tracing import portable
+    from hpu_runtime.tools.tracing import portable
 
     started = not ray.is_initialized()
     if started:

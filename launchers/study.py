@@ -7,7 +7,7 @@
 
 
 ``trace`` traces ONE training step (forward, backward, optimizer) of a model at full size
-without data (:func:`hpu_runtime.tracing.trace_step`: FakeTensorMode under the same bridge
+without data (:func:`hpu_runtime.tools.tracing.trace_step`: FakeTensorMode under the same bridge
 and cost model as a live run), prints a short summary and writes JSON::
 
     python -m launchers.study trace --model bert-large --batch-size 64 --seq-len 512 \\
@@ -80,8 +80,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hpu_runtime.device_spec import DEVICE_SPECS
-    from hpu_runtime.tracing import MODES, OPTIMIZERS
+    from hpu_runtime.device.spec import DEVICE_SPECS
+    from hpu_runtime.tools.tracing import MODES, OPTIMIZERS
 
     p = argparse.ArgumentParser(prog="python -m launchers.study", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -129,7 +129,7 @@ def _first_mb(text: str) -> float | None:
 
 
 def _add_bucket_parser(sub) -> None:
-    from hpu_runtime.device_spec import DEVICE_SPECS
+    from hpu_runtime.device.spec import DEVICE_SPECS
 
     b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
     _add_model_args(b)
@@ -201,8 +201,9 @@ def trace_json(args: argparse.Namespace) -> dict:
         ValueError: a bad model spec, size, topology or world size (message names it).
     """
     from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
-    from hpu_runtime.device_spec import get_device_spec
-    from hpu_runtime.tracing import summarize, trace_step
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.replay import summarize
+    from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     kwargs = {k: v for k, v in (("seq_len", args.seq_len), ("image_size", args.image_size)) if v is not None}

@@ -3,7 +3,7 @@
 Published figures live in ``models/published_figures.toml`` (each with its primary source:
 MLCommons training results logs, Intel / Habana performance pages). The simulated side is
 the planned DDP step (:func:`hccl.sim.ddp_plan.plan_ddp_step`) of a step traced without data
-(:func:`hpu_runtime.tracing.trace_step`), bf16 autocast and the bucket settings of Habana's
+(:func:`hpu_runtime.tools.tracing.trace_step`), bf16 autocast and the bucket settings of Habana's
 scripts (``bucket_cap_mb=256``, ``gradient_as_bucket_view``), on the card counts published.
 Per-card throughput = batch per card / simulated step time.
 
@@ -62,8 +62,8 @@ def _published(figures, model, device, cards, batch, software) -> dict | None:
 
 def _simulated_per_card(trace_cache: dict, model: str, device: str, cards: int, batch: int, seq_len) -> float:
     from hccl.sim.ddp_plan import plan_ddp_step
-    from hpu_runtime.device_spec import get_device_spec
-    from hpu_runtime.tracing import trace_step
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     key = (model, device, batch, seq_len)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.bench_fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--skip-host", action="store_true", help="leave out the seed host-time table")
     args = p.parse_args(argv)
-    from hpu_runtime.memory import HPUOutOfMemoryError
+    from hpu_runtime.device.memory import HPUOutOfMemoryError
 
     wall0 = time.perf_counter()
     figures = load_figures()

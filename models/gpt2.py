@@ -10,7 +10,7 @@ Why not transformers: in every training forward, ``GPT2Model`` builds its causal
 ``masking_utils._preprocess_mask_arguments``, which reads the position ids on the host to
 detect packed sequences (``find_packed_sequence_indices``: ``(mask[:, -1] == 0).all()``).
 On Gaudi in lazy mode that host read launches the graph in the middle of the forward, and a
-step traced without data (``hpu_runtime.tracing``) cannot take the branch a value decides.
+step traced without data (``hpu_runtime.tools.tracing``) cannot take the branch a value decides.
 This model has no host reads: causal attention is ``scaled_dot_product_attention(...,
 is_causal=True)``.
 """

@@ -37,8 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
-from hpu_runtime.tracing import training_step
-from hpu_runtime.device_spec import DEVICE_SPECS
+from hpu_runtime.tools.tracing import training_step
+from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
             if batch is None or (args.max_steps and steps >= args.max_steps):
                 break
             inputs, targets = split_batch(kind.task, batch)
-            # the same step the tracer times (hpu_runtime.tracing): inputs copied to the
+            # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
             losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
                                          autocast=args.autocast))
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
             json.dump(summary, f, indent=2, default=str)
         log.info("summary written to %s", args.summary)
     if args.trace:
-        from hpu_runtime.trace import merge_trace_files, rank_trace_path, write_rank_trace
+        from hpu_runtime.api.trace import merge_trace_files, rank_trace_path, write_rank_trace
 
         write_rank_trace(args.trace, rank, device.trace_events(rank))
         dist.barrier()

@@ -9,9 +9,9 @@ with the size limits ``[first_bucket_bytes_cap, bucket_bytes_cap]``. The first c
 ``dist._DEFAULT_FIRST_BUCKET_BYTES`` only when ``bucket_cap_mb`` is left at its default;
 an explicit ``bucket_cap_mb`` also caps the first bucket (``_BucketCapacityConfig.create``).
 Frozen parameters are not bucketed and a tied parameter counts once, as in
-:func:`hpu_runtime.tracing.ddp_parameters`.
+:func:`hpu_runtime.tools.tracing.ddp_parameters`.
 
-:func:`plan_ddp_step` replays the traced step (:func:`hpu_runtime.tracing.replay`) and
+:func:`plan_ddp_step` replays the traced step (:func:`hpu_runtime.tools.replay.replay`) and
 inserts what the reducer does in a live run, through the same device code:
 
 * when a gradient is produced, the reducer's autograd hook copies it, divided by the world
@@ -28,7 +28,7 @@ inserts what the reducer does in a live run, through the same device code:
 
 Every rank of a data-parallel job runs the same ops, so every rank is ready for a bucket's
 allreduce at the same simulated time; the planner is given that time for all ranks. The
-result is the steady-state step (see :func:`hpu_runtime.tracing.run_replays`); it equals a
+result is the steady-state step (see :func:`hpu_runtime.tools.replay.run_replays`); it equals a
 live ``torchrun`` run's steady-state step with the same model, batch, flags, world size
 and topology (tested).
 """
@@ -41,11 +41,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hpu_runtime.cost_model import op_cost
-from hpu_runtime.device import SimDevice
-from hpu_runtime.lazy_graph import OpRecord
-from hpu_runtime.timeline import StepTimes
-from hpu_runtime.tracing import StepTrace, replay, replay_device, run_replays
+from hpu_runtime import SimDevice
+from hpu_runtime.device.cost_model import op_cost
+from hpu_runtime.device.lazy_graph import OpRecord
+from hpu_runtime.device.timeline import StepTimes
+from hpu_runtime.tools.replay import replay, replay_device, run_replays
+from hpu_runtime.tools.tracing import StepTrace
 
 from .timing import collective_times
 from .topology import Topology, load_topology
@@ -162,7 +163,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
     """The steady-state DDP step of ``trace`` on ``world_size`` ranks of ``topology``.
 
     Args:
-        trace: a traced step (:func:`hpu_runtime.tracing.trace_step`).
+        trace: a traced step (:func:`hpu_runtime.tools.tracing.trace_step`).
         world_size: data-parallel ranks (one card each).
         topology: a built-in name (``hls1``, ``hls2``, ``hls3``), a topology file, or a
             :class:`~hccl.sim.topology.Topology`.
@@ -173,7 +174,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
         comm_hook: one of :data:`COMM_HOOKS`.
         lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` (default: the trace's setting):
             in lazy mode each allreduce joins the graph instead of cutting it, and runs when
-            the graph does (NOTE [lazy collectives] in :mod:`hpu_runtime.device`).
+            the graph does (NOTE [lazy collectives] in :mod:`hpu_runtime.device.card`).
 
     Returns:
         The :class:`PlannedStep` (simulated ns per card).

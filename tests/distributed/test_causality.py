@@ -42,7 +42,7 @@ def _ddp_future(rank, world):
     import torch.nn.functional as F
 
     import hpu_runtime as hpu
-    from hpu_runtime.tracing import training_step
+    from hpu_runtime.tools.tracing import training_step
 
     dev = _quiet_device()
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ def _inputs(rank: int) -> dict[str, np.ndarray]:
 def _rank(rank: int, world: int) -> dict:
     import os
 
-    from hpu_runtime.device import get_device
+    from hpu_runtime import get_device
 
     dev = get_device()
     x = _inputs(rank)

@@ -23,8 +23,8 @@ def _run(tmp_path, *extra, model="resnet50:debug", batch="4", caps="0.01,0.05,1"
 @pytest.mark.timeout(120)
 def test_bucket_study_writes_files_and_a_consistent_recommendation(tmp_path, capsys):
     from hccl.sim.ddp_plan import ddp_buckets
-    from hpu_runtime.device_spec import get_device_spec
-    from hpu_runtime.tracing import trace_step
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     rc, out = _run(tmp_path)

@@ -27,8 +27,8 @@ CASES = [  # model, batch, bucket_cap_mb, flags, PT_HPU_ENABLE_LAZY_COLLECTIVES
                          ids=[c[0] + ("-lazy-collectives" if c[4] else "") for c in CASES])
 def test_live_steady_step_equals_planned(model, batch, cap, flags, lazy_coll, tmp_path):
     from hccl.sim.ddp_plan import plan_ddp_step
-    from hpu_runtime.device_spec import get_device_spec
-    from hpu_runtime.tracing import trace_step
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     summary = tmp_path / "summary.json"

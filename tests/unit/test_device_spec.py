@@ -1,10 +1,10 @@
-"""Tests of hpu_runtime.device_spec."""
+"""Tests of hpu_runtime.device.spec."""
 
 import dataclasses
 
 import pytest
 
-from hpu_runtime.device_spec import DEVICE_SPECS, DeviceSpec, get_device_spec
+from hpu_runtime.device.spec import DEVICE_SPECS, DeviceSpec, get_device_spec
 
 GIB = 1 << 30
 

@@ -6,18 +6,19 @@ import dataclasses
 
 import pytest
 
-from hpu_runtime.cost_model import OpCost
-from hpu_runtime.device import SimDevice
-from hpu_runtime.device_spec import get_device_spec
+from hpu_runtime.device.cost_model import OpCost
+from hpu_runtime import SimDevice
+from hpu_runtime.device.spec import get_device_spec
 
 
 def _op(ns: int) -> OpCost:
     return OpCost(name="aten.test", engine="TPC", flops=0, bytes_in=0, bytes_out=0, low_precision=False, device_ns=ns)
 
 
-def _dev(lazy: bool = True, max_ops: int = 0, compile_ns: int = 0) -> SimDevice:
+def _dev(lazy: bool = True, max_ops: int = 0, compile_ns: int = 0, **spec_fields) -> SimDevice:
     """A gaudi2 device; compile time 0 unless asked, so timeline arithmetic stays simple."""
-    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=compile_ns, compile_per_op_ns=0)
+    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=compile_ns, compile_per_op_ns=0,
+                               **spec_fields)
     return SimDevice(spec, lazy=lazy, max_compound_ops=max_ops)
 
 
@@ -56,9 +57,7 @@ def test_host_read_waits_for_device():
 
 def test_step_breakdown_overlap_and_exposed_comm():
     """A collective overlapping a later graph is partly hidden; the rest is exposed."""
-    d = _dev()
-    d.spec = dataclasses.replace(d.spec, host_op_ns=6_000, graph_launch_ns=20_000)  # host well ahead
-    d._op_host_ns = d.spec.host_op_ns
+    d = _dev(host_op_ns=6_000, graph_launch_ns=20_000)  # host well ahead
     d.begin_step()
     d.record_op(_op(10_000))
     ready = d.collective_ready_ns()  # launches graph 1
@@ -95,7 +94,7 @@ def test_unknown_device_spec_rejected(bad):
 def test_lazy_collective_runs_inside_the_graph():
     """A lazy collective starts when the ops before it in the graph are done; an op of the
     same graph that reads its output waits for its end; nothing launches at the call."""
-    from hpu_runtime.lazy_graph import OpRecord
+    from hpu_runtime.device.lazy_graph import OpRecord
 
     d = _dev()
     d.begin_step()

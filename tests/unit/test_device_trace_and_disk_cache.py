@@ -10,9 +10,9 @@ import sys
 import torch
 
 import hpu_runtime as hpu
-from hpu_runtime.device import SimDevice
-from hpu_runtime.device_spec import get_device_spec
-from hpu_runtime.trace import merge_trace_files, rank_trace_path, write_rank_trace
+from hpu_runtime import SimDevice
+from hpu_runtime.device.spec import get_device_spec
+from hpu_runtime.api.trace import merge_trace_files, rank_trace_path, write_rank_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,7 +21,7 @@ def test_device_trace_has_host_compute_collective_rows_per_rank(tmp_path):
     for rank in range(2):
         d = SimDevice(get_device_spec("gaudi2"))
         d.enable_trace()
-        from hpu_runtime.cost_model import OpCost
+        from hpu_runtime.device.cost_model import OpCost
 
         d.record_op(OpCost(name="op", engine="TPC", flops=0, bytes_in=0, bytes_out=0,
                            low_precision=False, device_ns=5_000 * (rank + 1)))

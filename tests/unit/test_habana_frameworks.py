@@ -40,7 +40,7 @@ def test_import_before_torch_and_startup_stays_light() -> None:
     """)
     assert proc.returncode == 0, proc.stderr
     dev, avail, where = proc.stdout.split()
-    assert avail == "True" and Path(where).is_relative_to(REPO / "hpu_runtime" / "habana_frameworks")
+    assert avail == "True" and Path(where).is_relative_to(REPO / "hpu_runtime" / "api" / "habana_frameworks")
 
 
 @pytest.mark.timeout(120)
@@ -116,7 +116,7 @@ def test_hccl_import_maps_mpi_env_and_initialize_distributed_hpu() -> None:
 def test_core_names() -> None:
     import habana_frameworks.torch.core as htcore
 
-    from hpu_runtime.device import reset_device
+    from hpu_runtime import reset_device
 
     dev = reset_device("gaudi2")
     x = torch.ones(4, device="hpu")
@@ -140,7 +140,7 @@ def test_hpu_names(tmp_path: Path) -> None:
     import habana_frameworks.torch as ht
     import habana_frameworks.torch.hpu as hthpu
 
-    from hpu_runtime.device import reset_device
+    from hpu_runtime import reset_device
 
     reset_device("gaudi2")
     assert hthpu.is_available() and hthpu.device_count() == 1 and hthpu.current_device() == 0
@@ -176,9 +176,10 @@ def test_hpu_names(tmp_path: Path) -> None:
     assert hthpu.metrics.metric_global("graph_compilation").stats()
     # graphs: the cached model gains Gaudi's methods
     model = torch.nn.Linear(3, 2).to("hpu")
-    cached = ht.hpu.ModuleCacher()(model=model, inplace=True)
+    cacher = ht.hpu.ModuleCacher()
+    cached = cacher(model=model, inplace=True)
     cached.set_iteration_count(4)
-    assert cached._hpu_iteration_count == 4
+    assert cacher.iteration_count == 4
     assert ht.hpu.graphs.wrap_in_hpu_graph is hthpu.wrap_in_hpu_graph
     s = hthpu.Stream()
     with hthpu.stream(s):
@@ -191,7 +192,7 @@ def test_utils_names(spec: str, value: int) -> None:
     import habana_frameworks.torch.utils.experimental as htexp
     from habana_frameworks.torch.utils.library_loader import is_habana_available, load_habana_module
 
-    from hpu_runtime.device import reset_device
+    from hpu_runtime import reset_device
 
     load_habana_module()
     assert is_habana_available()
@@ -220,7 +221,7 @@ def test_hpex_dynamo_and_transformer_engine_names() -> None:
         FusedSGD,
     )
 
-    from hpu_runtime import hpex
+    from hpu_runtime.api import hpex
 
     assert FusedSGD is hpex.FusedSGD and FusedClipNorm is hpex.FusedClipNorm
     enable_compiled_autograd(dynamic=False)

@@ -1,4 +1,4 @@
-"""Gaudi's fused optimizers (hpu_runtime.hpex): numerics against numpy float64 references of
+"""Gaudi's fused optimizers (hpu_runtime.api.hpex): numerics against numpy float64 references of
 the published update rules, and one fused kernel charged per group instead of per-op costs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import hpu_runtime
-from hpu_runtime.device import reset_device
-from hpu_runtime.hpex import FusedAdamW, FusedClipNorm, FusedLamb, FusedLars, FusedResourceApplyMomentum, FusedSGD
+from hpu_runtime import reset_device
+from hpu_runtime.api.hpex import FusedAdamW, FusedClipNorm, FusedLamb, FusedLars, FusedResourceApplyMomentum, FusedSGD
 
 SHAPES = [(7, 5), (5,), (3, 4, 2)]
 STEPS = 4

@@ -9,9 +9,9 @@ import torch
 
 import hpu_runtime as hpu
 from hpu_runtime import metrics
-from hpu_runtime.cost_model import fused_time_ns, op_cost
-from hpu_runtime.device import SimDevice
-from hpu_runtime.device_spec import get_device_spec
+from hpu_runtime.device.cost_model import op_cost
+from hpu_runtime import SimDevice
+from hpu_runtime.device.spec import get_device_spec
 
 
 def _compiles() -> int:
@@ -150,21 +150,25 @@ def test_host_read_of_host_tensor_is_free(dev):
     assert x.sum().item() == 8.0 and not dev.pending
 
 
+# Hand-computed gaudi2 roofline of an elementwise fp32 op over 2**20 elements (4 MiB), from the
+# spec's numbers (device/spec.py), not from the cost model's functions:
+MEM_4MIB_NS = 2_005  # int(4,194,304 B / (2.46e12 B/s x 0.85) x 1e9)
+MEM_8MIB_NS = 4_011  # int(8,388,608 B / (2.46e12 B/s x 0.85) x 1e9)
+TPC_1M_NS = 278  # int(1,048,576 FLOP / (24 TPC x 28.7e12/64 / 2 FLOP/s x 0.70) x 1e9), fp32
+
+
 def test_fusion_removes_intermediate_hbm_traffic():
-    """A chain of elementwise ops costs less in one graph than op by op (intermediates stay on chip)."""
+    """A chain of elementwise ops costs less in one graph than op by op (intermediates stay on
+    chip): only x is read from HBM and only y written; the middle ops are compute-bound."""
     spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=0, compile_per_op_ns=0)
     d = hpu.reset_device(spec)
     try:
         x = torch.randn(1 << 20, device="hpu")
         hpu.mark_step()
         y = ((x * 2 + 1).relu() - 3).abs()
-        unfused = sum(c.device_ns for c in d.pending)
+        assert [c.device_ns for c in d.pending] == [MEM_8MIB_NS] * 5  # alone: read 4 MiB, write 4 MiB
         start, end = d.launch()
-        assert end - start < unfused
-        # only x is read from HBM and only y written: 2 tensors instead of 2 per op
-        one = x.nbytes
-        c = op_cost(spec, torch.ops.aten.abs.default, (y,), {}, y)
-        assert end - start <= 5 * fused_time_ns(spec, c, 2 * one)
+        assert end - start == MEM_4MIB_NS + 3 * TPC_1M_NS + MEM_4MIB_NS
         del y
     finally:
         hpu.reset_device("gaudi2")
@@ -188,14 +192,10 @@ def test_intermediate_writes_follow_the_op_sequence_not_liveness():
         times[keep, rg] = end - start
         del kept, out
     hpu.reset_device("gaudi2")
-    n = (1 << 20) * 4
-    mul = op_cost(spec, torch.ops.aten.mul.Tensor, (torch.empty(1 << 20), 2), {}, torch.empty(1 << 20))
-    add = op_cost(spec, torch.ops.aten.add.Tensor, (torch.empty(1 << 20), 1), {}, torch.empty(1 << 20))
-    # x * 2: reads x, its output stays on chip; t + 1: the read is fused, the output written
-    fused = fused_time_ns(spec, mul, n) + fused_time_ns(spec, add, n)
-    assert times[True, False] == times[False, False] == fused
+    # x * 2: reads x (4 MiB), its output stays on chip; t + 1: the read is fused, the output written
+    assert times[True, False] == times[False, False] == MEM_4MIB_NS + MEM_4MIB_NS
     # requires_grad: t is an activation kept for backward, so it is written too
-    assert times[False, True] == fused_time_ns(spec, mul, 2 * n) + fused_time_ns(spec, add, n)
+    assert times[False, True] == MEM_8MIB_NS + MEM_4MIB_NS
 
 
 def test_autocast_hpu_changes_the_charged_rate(dev):
@@ -246,7 +246,7 @@ def test_metric_names_on_package():
 
 def test_pure_device_record_op_keys_by_cost():
     """The pure API: two different ops with the same name are different recipes."""
-    from hpu_runtime.cost_model import OpCost
+    from hpu_runtime.device.cost_model import OpCost
 
     d = SimDevice(get_device_spec("gaudi2"))
     for ns in (10, 20):

@@ -1,12 +1,12 @@
-"""Tests of hpu_runtime.memory (the HBM model)."""
+"""Tests of hpu_runtime.device.memory (the HBM model)."""
 
 import pickle
 import threading
 
 import pytest
 
-from hpu_runtime.device_spec import get_device_spec
-from hpu_runtime.memory import HBMModel, HPUOutOfMemoryError, nbytes_of
+from hpu_runtime.device.spec import get_device_spec
+from hpu_runtime.device.memory import HBMModel, HPUOutOfMemoryError, nbytes_of
 
 GIB = 1 << 30
 

@@ -1,11 +1,11 @@
-"""Tests of hpu_runtime.metrics (Gaudi-style metric_global / metric_localcontext)."""
+"""Tests of hpu_runtime.api.metrics (Gaudi-style metric_global / metric_localcontext)."""
 
 import threading
 
 import pytest
 
 from hpu_runtime import metrics
-from hpu_runtime.metrics import (
+from hpu_runtime.api.metrics import (
     METRIC_NAMES,
     MetricNotFound,
     metric_global,

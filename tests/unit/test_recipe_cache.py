@@ -1,4 +1,4 @@
-"""Tests of hpu_runtime.recipe_cache: memory level, disk format, eviction, processes."""
+"""Tests of the recipe cache: memory level, disk format, eviction, processes."""
 
 import json
 import logging
@@ -7,25 +7,19 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
-from hpu_runtime.recipe_cache import (
-    ENV_VAR,
-    EVICTION_LOCK_NAME,
-    RECIPE_SUFFIX,
-    DiskRecipeCache,
-    Recipe,
-    RecipeCache,
-    RecipeCacheConfig,
-    RecipeFormatError,
-    _FileLock,
-    decode_recipe,
-    digest_of,
-    encode_recipe,
-    parse_recipe_cache_config,
-)
+from hpu_runtime.bridge.config import RECIPE_CACHE_ENV as ENV_VAR
+from hpu_runtime.bridge.config import RecipeCacheConfig, RuntimeConfig, parse_recipe_cache_config
+from hpu_runtime.bridge.recipe import RECIPE_SUFFIX, Recipe, RecipeFormatError, decode_recipe, digest_of, encode_recipe
+from hpu_runtime.bridge.recipe_cache import RecipeCache
+from hpu_runtime.bridge.recipe_disk import EVICTION_LOCK_NAME, WRITER_THREAD_PREFIX, DiskRecipeCache
+
+DISK_LOGGER = "hpu_runtime.bridge.recipe_disk"
 
 REPO = Path(__file__).resolve().parents[2]
 JOIN_TIMEOUT_S = 60
@@ -61,7 +55,8 @@ def test_parse_config_empty_path_disables_disk():
     """An empty path (Gaudi's default ',false,1024,false') means no disk cache."""
     assert parse_recipe_cache_config(",false,1024,false") is None
     assert parse_recipe_cache_config(" ,true,10") is None
-    assert RecipeCache.from_env({ENV_VAR: ",false,1024,false"}).disk is None
+    assert RuntimeConfig.from_env({ENV_VAR: ",false,1024,false"}).recipe_cache is None
+    assert RecipeCache.from_config(None).disk is None
 
 
 @pytest.mark.parametrize(
@@ -74,10 +69,12 @@ def test_parse_config_malformed_names_variable(value):
 
 
 def test_from_env_malformed_and_unset(tmp_path):
-    """from_env: unset -> memory only; malformed -> ValueError naming the variable."""
-    assert RecipeCache.from_env({}).disk is None
+    """RuntimeConfig.from_env: unset -> memory only; malformed -> ValueError naming the variable."""
+    assert RuntimeConfig.from_env({}).recipe_cache is None
     with pytest.raises(ValueError, match=ENV_VAR):
-        RecipeCache.from_env({ENV_VAR: f"{tmp_path},nope,1"})
+        RuntimeConfig.from_env({ENV_VAR: f"{tmp_path},nope,1"})
+    cfg = RuntimeConfig.from_env({ENV_VAR: f"{tmp_path},true,2"}).recipe_cache
+    assert cfg == RecipeCacheConfig(path=tmp_path, clear_at_start=True, size_mb=2.0)
 
 
 # -- record format -------------------------------------------------------------------------
@@ -166,10 +163,10 @@ def test_corrupt_file_is_a_logged_miss(tmp_path, caplog, damage):
     damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 9,
                "empty": b"", "flip": data[:-1] + bytes([data[-1] ^ 1])}[damage]
     path.write_bytes(damaged)
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger=DISK_LOGGER):
         disk = DiskRecipeCache(_cfg(tmp_path))  # the snapshot reads and rejects the file
     cache = RecipeCache(disk=disk)
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger=DISK_LOGGER):
         assert cache.lookup("g", digest=d) is None
     assert cache.misses == 1
     assert any("corrupt" in r.getMessage() for r in caplog.records)
@@ -216,7 +213,7 @@ def test_eviction_oldest_first_within_limit(tmp_path):
 def test_oversized_recipe_is_skipped(tmp_path, caplog):
     """A recipe bigger than the whole budget is not stored (warning), nothing evicted."""
     disk = DiskRecipeCache(_cfg(tmp_path, size_mb=0.001))
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger=DISK_LOGGER):
         disk.store(digest_of("big"), _recipe(1, pad=5000))
     assert _recipe_files(tmp_path) == []
     assert any("exceeds" in r.getMessage() for r in caplog.records)
@@ -224,14 +221,21 @@ def test_oversized_recipe_is_skipped(tmp_path, caplog):
 
 
 def test_flush_waits_for_background_stores(tmp_path):
-    """After flush() every queued store is on disk; close() stops the thread."""
+    """After flush() every queued store is on disk, written by the writer thread; close()
+    stops that thread."""
+    def writers():
+        return [t for t in threading.enumerate()
+                if t.name.startswith(f"{WRITER_THREAD_PREFIX}:{tmp_path}") and t.is_alive()]
+
     disk = DiskRecipeCache(_cfg(tmp_path))
     for i in range(20):
         disk.store_async(digest_of(str(i)), _recipe(i))
+    assert _recipe_files(tmp_path) == []  # queued, not yet published
     assert disk.flush(timeout=JOIN_TIMEOUT_S)
     assert len(_recipe_files(tmp_path)) == 20
+    assert len(writers()) == 1
     assert disk.close(timeout=JOIN_TIMEOUT_S)
-    assert not disk._thread.is_alive()
+    assert writers() == []
     disk.store_async(digest_of("late"), _recipe(1))  # after close: synchronous
     assert disk.load(digest_of("late")) == _recipe(1)
 
@@ -240,8 +244,10 @@ def test_flush_waits_for_background_stores(tmp_path):
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
-    from hpu_runtime.recipe_cache import RecipeCache, Recipe, digest_of
-    cache = RecipeCache.from_env()
+    from hpu_runtime.bridge.config import RuntimeConfig
+    from hpu_runtime.bridge.recipe import Recipe, digest_of
+    from hpu_runtime.bridge.recipe_cache import RecipeCache
+    cache = RecipeCache.from_config(RuntimeConfig.from_env().recipe_cache)
     keys = [f"graph-{i}" for i in range(5)]
     out = []
     for k in keys:
@@ -295,12 +301,12 @@ def _run_writers(directory, size_mb, n, pad, monitor_limit=None):
     max_seen = 0
     try:
         if monitor_limit is not None:
-            lock = _FileLock(Path(directory) / EVICTION_LOCK_NAME)
-            probe = DiskRecipeCache.__new__(DiskRecipeCache)  # only for _scan()
-            probe.directory = Path(directory)
+            lock = FileLock(Path(directory) / EVICTION_LOCK_NAME)  # the writers' lock
             while any(p.is_alive() for p in procs):
-                with lock:
-                    max_seen = max(max_seen, sum(f[2] for f in probe._scan()))
+                with lock:  # no writer can be between an eviction and its write
+                    sizes = [e.stat().st_size for e in os.scandir(directory)
+                             if e.name.endswith(RECIPE_SUFFIX) and e.is_file(follow_symlinks=False)]
+                max_seen = max(max_seen, sum(sizes))
                 procs[0].join(timeout=0.01)
         out = [results.get(timeout=JOIN_TIMEOUT_S) for _ in procs]
         for p in procs:
@@ -433,7 +439,7 @@ def test_fifo_named_like_a_recipe_is_a_miss_not_a_hang(tmp_path, caplog):
     d = digest_of("fifo")
     probe = DiskRecipeCache(_cfg(tmp_path))
     os.mkfifo(probe.path_for(d))
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger=DISK_LOGGER):
         cache = RecipeCache(disk=DiskRecipeCache(_cfg(tmp_path)))
         assert cache.lookup("fifo", digest=d) is None
         assert probe.load(d) is None
@@ -455,7 +461,7 @@ def test_directory_named_like_a_recipe_does_not_stop_eviction(tmp_path, caplog):
     for p in odd:
         p.mkdir()
         os.utime(p, ns=(0, 0))  # oldest: eviction meets it first
-    with caplog.at_level(logging.WARNING, logger="hpu_runtime.recipe_cache"):
+    with caplog.at_level(logging.WARNING, logger=DISK_LOGGER):
         disk = DiskRecipeCache(_cfg(tmp_path, size_mb=size_mb))
         for i in range(40):
             disk.store(digest_of(str(i)), _recipe(i, pad=2000))

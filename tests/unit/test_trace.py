@@ -1,4 +1,4 @@
-"""Tests of hpu_runtime.trace (Chrome-trace export, per-rank files, merge, CLI)."""
+"""Tests of hpu_runtime.api.trace (Chrome-trace export, per-rank files, merge, CLI)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpu_runtime.trace import (
+from hpu_runtime.api.trace import (
     STREAMS,
     TraceEvent,
     load_trace,
@@ -129,10 +129,10 @@ def test_cli_main_in_process(tmp_path, capsys):
 
 
 def test_cli_module_entry_point(tmp_path):
-    """python -m hpu_runtime.trace merge works as a subprocess."""
+    """python -m hpu_runtime.api.trace merge works as a subprocess."""
     ins = [str(write_rank_trace(tmp_path, r, _rank_events(r))) for r in range(3)]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "hpu_runtime.trace", "merge",
+    proc = subprocess.run([sys.executable, "-m", "hpu_runtime.api.trace", "merge",
                            str(tmp_path / "out.json"), *ins],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr

@@ -10,8 +10,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
-from hpu_runtime.device_spec import get_device_spec
-from hpu_runtime.tracing import summarize, trace_step
+from hpu_runtime.device.spec import get_device_spec
+from hpu_runtime.tools.replay import summarize
+from hpu_runtime.tools.tracing import trace_step
 from launchers import study
 from models.zoo import resolve_factory, step_factory
 

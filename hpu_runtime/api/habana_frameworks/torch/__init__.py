@@ -1,0 +1,62 @@
+"""``habana_frameworks.torch``: importing it starts the simulated Gaudi (``import habana_frameworks.torch as ht``).
+
+As on Gaudi, the import registers the ``"hpu"`` device and ``torch.hpu`` and loads ``core``
+and ``hpu`` (``ht.hpu.memory``, ``ht.hpu.ModuleCacher``...). The simulated device is
+:mod:`hpu_runtime`'s: one card per process, lazy mode unless ``PT_HPU_LAZY_MODE=0``.
+
+Status of every ``habana_frameworks`` name (verified against the imports of Habana's
+Model-References hello_world ``mnist.py``, ResNet-50 ``train.py``/``utils.py``, BERT
+``run_pretraining.py``/``run_squad.py``, optimum-habana's ``GaudiTrainer`` and
+lightning-habana 1.6; "same" = behaves as Gaudi's, with simulated time):
+
+====================================================  =========================================================
+name                                                  status here
+====================================================  =========================================================
+``torch.core.mark_step(device_str="", sync=False)``    same: launches the lazy graph
+``torch.core.is_lazy()``                              same (``PT_HPU_LAZY_MODE`` != ``0``)
+``torch.core.iter_mark_step``, ``step_closure``       same
+``torch.core.hpu_set_env``, ``hpu_initialize``        accepted, nothing to set up (fp8 inference not emulated)
+``torch.core.quantization.*``                         accepted no-ops (fp8 inference not emulated)
+``torch.hpu.is_available/device_count/current_device  same: one simulated card per process
+/set_device/get_device_name/synchronize``
+``torch.hpu.enable/disable_dynamic_shape``,           recorded; shapes are always dynamic here (every new
+``get_dynamic_shape_status``                          shape is a new graph key, as on Gaudi)
+``torch.hpu.is_bf16_supported``, autocast dtypes      same
+``torch.hpu.memory`` (``memory_stats``,               same keys (``Limit``, ``InUse``, ``MaxInUse``...), from
+``memory_allocated``, ``max_memory_allocated``,       the simulated HBM
+``reset_peak_memory_stats``, ``mem_get_info``,
+``memory_summary``)
+``torch.hpu.random`` (``manual_seed[_all]``,          same API; the HPU generator is the host generator
+``seed[_all]``, ``initial_seed``, ``get/set_rng_      (tensors live on the host)
+state[_all]``)
+``torch.hpu.metrics`` (``metric_global``,             same names (``graph_compilation``, ``cpu_fallback``,
+``metric_localcontext``, ``metrics_dump``)            ``recipe_cache``, ``memory_defragmentation``)
+``torch.hpu.graphs`` (``HPUGraph``, ``graph``,        same (see :mod:`hpu_runtime.bridge.hpu_graphs`); the model gains
+``ModuleCacher``, ``wrap_in_hpu_graph``,              ``set_iteration_count``/``capture_start``/``capture_end``
+``make_graphed_callables``)
+``torch.hpu.Stream/Event/stream``                     same (one simulated compute queue)
+``torch.distributed.hccl`` (import;                   same: maps OMPI/PMI variables, registers "hccl";
+``initialize_distributed_hpu``)                       returns ``(world_size, rank, local_rank)``
+``torch.utils.library_loader.load_habana_module``,    same (nothing to load; the emulator is always there)
+``is_habana_available``
+``torch.utils.experimental._get_device_type``,        same values: Gaudi 2, Gaudi2 4, Gaudi3 5 (from
+``synDeviceType``                                     ``HPU_DEVICE_SPEC``)
+``torch.utils.debug``                                 importable; its private debug helpers are not emulated
+``torch.hpex.optimizers.FusedSGD``, ``FusedLars``,    same numerics, one fused kernel each (:mod:`hpu_runtime.api.hpex`)
+``FusedResourceApplyMomentum``, ``FusedLamb``,
+``FusedAdamW``
+``torch.hpex.normalization.FusedClipNorm``            same numerics, one fused kernel
+``torch.dynamo.compile_backend.experimental.          accepted and recorded; backward stays eager autograd
+enable_compiled_autograd``                            (charged op by op) and torch's C++ reducer
+``torch.hpex.experimental.transformer_engine``        ``Linear``/``fp8_autocast``/``recipe`` accepted; layers compute
+                                                      in their own dtype; ``fp8.is_fp8_available()`` is False
+``mediapipe``, top-level ``habana_dataloader``        import-only placeholders (lightning-habana and ResNet-50
+                                                      import them); building a media pipeline raises
+                                                      ``NotImplementedError`` and ResNet-50 falls back to
+                                                      torch's DataLoader as on a machine without them
+====================================================  =========================================================
+"""
+
+import hpu_runtime as _hpu_runtime  # noqa: F401 - starts the bridge, registers "hpu" and torch.hpu
+
+from . import core, hpu  # noqa: E402,F401 - as Gaudi's package does

@@ -1,0 +1,261 @@
+"""The ``torch.hpu``-like API of the simulated Gaudi (also registered as ``torch.hpu``).
+
+One simulated device per process: ``device_count()`` is 1 and ``current_device()`` is 0,
+as in a Gaudi job where each rank is bound to one card. Memory figures come from the HBM
+model (bytes of resident storages, simulated); times from the simulated timeline.
+
+NOTE [streams and events]
+The simulated card has one compute queue: the work of every stream runs on it, in issue
+order, so a stream changes no timing. A :class:`Stream` is nevertheless a stream in its own
+right, as on Gaudi: ``hpu.Stream()`` makes a new one with its own ``stream_id``, distinct
+from the default stream (id 0) and from every other; two handles are equal exactly when
+they name the same stream (same id). ``with hpu.stream(s):`` (or :func:`set_stream`) makes
+``s`` the calling thread's :func:`current_stream`. :meth:`Event.record` is a lazy-mode
+launch point: it launches the pending graph and stamps the time its work ends on the
+compute stream; :meth:`Event.elapsed_time` is the difference in *simulated* milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from ..bridge import autocast as amp
+from ..bridge.runtime import get_device
+from ..bridge.hpu_graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
+
+__all__ = [
+    "is_available",
+    "is_initialized",
+    "device_count",
+    "current_device",
+    "set_device",
+    "synchronize",
+    "mark_step",
+    "get_device_name",
+    "get_amp_supported_dtype",
+    "is_bf16_supported",
+    "memory_allocated",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "mem_get_info",
+    "memory_stats",
+    "Stream",
+    "Event",
+    "stream",
+    "set_stream",
+    "current_stream",
+    "default_stream",
+    "HPUGraph",
+    "graph",
+    "make_graphed_callables",
+    "ModuleCacher",
+    "wrap_in_hpu_graph",
+    "amp",
+]
+
+
+def is_available() -> bool:
+    """Always True: the simulated Gaudi needs no hardware."""
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _lazy_init() -> None:
+    get_device()
+
+
+def device_count() -> int:
+    """Simulated cards visible to this process (one per rank)."""
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: int | str | torch.device) -> None:
+    """Accepted for compatibility; every rank owns exactly one simulated card."""
+
+
+def get_device_name(device: object = None) -> str:
+    """Device name as Gaudi software reports it, e.g. ``"GAUDI2"``."""
+    return get_device().spec.name.upper()
+
+
+def synchronize(device: object = None) -> None:
+    """Launch pending work and make the host wait for every simulated stream."""
+    get_device().synchronize()
+
+
+def mark_step(device_str: str = "", sync: bool = False) -> None:
+    """Launch the accumulated lazy-mode graph (``htcore.mark_step()``)."""
+    dev = get_device()
+    dev.launch("mark_step")
+    if sync:
+        dev.synchronize()
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+# ---- memory ---------------------------------------------------------------------------------
+def memory_allocated(device: object = None) -> int:
+    """Bytes of tensors resident on the simulated HBM now."""
+    return get_device().hbm.live_bytes
+
+
+def max_memory_allocated(device: object = None) -> int:
+    """Peak of :func:`memory_allocated` since start or :func:`reset_peak_memory_stats`."""
+    return get_device().hbm.peak_bytes
+
+
+def reset_peak_memory_stats(device: object = None) -> None:
+    """Set the peak to the current allocation."""
+    get_device().hbm.reset_peak()
+
+
+def mem_get_info(device: object = None) -> tuple[int, int]:
+    """``(free_bytes, total_bytes)`` of the simulated HBM."""
+    return get_device().hbm.mem_get_info()
+
+
+def memory_stats(device: object = None) -> dict[str, int]:
+    """Gaudi-style statistics: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
+    return get_device().hbm.stats().as_dict()
+
+
+# ---- streams and events (see NOTE [streams and events]) --------------------------------------
+class Stream:
+    """A stream of the simulated card (see NOTE [streams and events]).
+
+    Attributes:
+        stream_id: 0 for the default stream, a new positive id for each ``Stream()``.
+    """
+
+    def __init__(self, device: object = None, priority: int = 0, **_kwargs) -> None:
+        self.device = device
+        self.priority = priority
+        self.stream_id = next(_stream_ids)
+
+    def synchronize(self) -> None:
+        """Launch pending work; the host waits for the compute stream."""
+        dev = get_device()
+        with dev.lock:
+            dev.launch("stream_synchronize")
+            dev.wait_host(dev.compute.free_ns)
+
+    def query(self) -> bool:
+        """Whether all work issued so far is done (nothing pending, the host past it)."""
+        dev = get_device()
+        return not dev.pending and dev.host_ns >= dev.compute.free_ns
+
+    def wait_stream(self, other: Stream) -> None:
+        """Accepted: every stream's work runs in order on the one compute queue."""
+
+    def wait_event(self, event: Event) -> None:
+        event.wait(self)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event(enable_timing=True)
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stream):
+            return NotImplemented
+        return self.stream_id == other.stream_id
+
+    def __hash__(self) -> int:
+        return hash((Stream, self.stream_id))
+
+    def __repr__(self) -> str:
+        return f"<hpu.Stream stream_id={self.stream_id} priority={self.priority}>"
+
+
+_stream_ids = itertools.count()
+_DEFAULT_STREAM = Stream()  # the first stream made: stream_id 0
+_current = threading.local()
+
+
+def current_stream(device: object = None) -> Stream:
+    """The calling thread's current stream (the default stream unless one was selected)."""
+    return getattr(_current, "stream", _DEFAULT_STREAM)
+
+
+def default_stream(device: object = None) -> Stream:
+    """The default stream (``stream_id`` 0)."""
+    return _DEFAULT_STREAM
+
+
+def set_stream(s: Stream) -> None:
+    """Make ``s`` the calling thread's current stream."""
+    _current.stream = s
+
+
+@contextmanager
+def stream(s: Stream | None) -> Iterator[Stream | None]:
+    """``with hpu.stream(s):``: ``s`` is the current stream inside the block (None: unchanged)."""
+    if s is None:
+        yield s
+        return
+    prev = current_stream()
+    set_stream(s)
+    try:
+        yield s
+    finally:
+        set_stream(prev)
+
+
+class Event:
+    """A point on the simulated compute stream, with simulated timing."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self.time_ns: int | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Launch pending work and stamp when the compute stream reaches this point."""
+        dev = get_device()
+        with dev.lock:
+            dev.launch("event_record")
+            self.time_ns = max(dev.compute.free_ns, dev.host_ns)
+
+    def synchronize(self) -> None:
+        """The host waits until the event's point."""
+        self._check()
+        get_device().wait_host(self.time_ns)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Later device work waits for this event."""
+        self._check()
+        get_device().stream_wait(self.time_ns)
+
+    def query(self) -> bool:
+        return self.time_ns is not None and get_device().host_ns >= self.time_ns
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Simulated milliseconds from this event to ``end_event``.
+
+        Raises:
+            RuntimeError: if either event was not recorded.
+        """
+        self._check()
+        end_event._check()
+        return (end_event.time_ns - self.time_ns) / 1e6
+
+    def _check(self) -> None:
+        if self.time_ns is None:
+            raise RuntimeError("hpu.Event: the event has not been recorded")

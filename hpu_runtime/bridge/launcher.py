@@ -1,0 +1,229 @@
+"""The pending lazy-mode graph of one card, and its launch through the recipe cache.
+
+Ops accumulate as :class:`~hpu_runtime.device.lazy_graph.OpRecord` (lazy mode, compiled
+regions, HPU-graph capture) or launch one by one (eager mode). A launch keys the graph
+(NOTE [graph key] in :mod:`hpu_runtime.bridge.graph_key`) and looks it up in the recipe
+cache: a miss charges the simulated compile on the host and counts in
+``metric_global("graph_compilation")``; then the graph runs on the card's compute stream
+(:meth:`~hpu_runtime.device.card.Card.run_graph` when lazy collectives joined it), no
+earlier than the end of every collective whose output it touches.
+
+Not thread-safe on its own: :class:`~hpu_runtime.bridge.sim_device.SimDevice` calls it
+under its lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api import metrics
+from ..device.card import Card, CollectiveTiming, GraphCollective
+from ..device.cost_model import OpCost, compile_ns
+from ..device.lazy_graph import OpRecord, graph_op_times
+from ..device.spec import DeviceSpec
+from .graph_key import graph_digest, recipe_name
+from .recipe_cache import Recipe, RecipeCache
+
+__all__ = ["GraphInfo", "Launcher"]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphInfo:
+    """One launched graph: why it was launched, its ops, its start and device time (ns).
+
+    ``op_times_ns`` is each op's share of ``device_ns`` after fusion, in issue order (for a
+    recipe-cache hit the recipe's cached total is charged; the shares are recomputed).
+    """
+
+    reason: str
+    ops: int
+    start_ns: int
+    device_ns: int
+    op_times_ns: tuple[int, ...] = ()
+
+
+class Launcher:
+    """Accumulates ops into the pending graph and launches it on ``card``.
+
+    Args:
+        spec: the device (host costs, compile costs).
+        card: the clocks the graphs run on.
+        recipes: the recipe cache.
+        lazy: lazy mode (``PT_HPU_LAZY_MODE=1``); eager launches each op on its own.
+        max_compound_ops: launch once the pending graph holds this many ops (0 = unlimited).
+
+    Attributes:
+        pending: the roofline costs of the pending graph's ops, in issue order.
+        log: when a list, the events that shape the timeline are appended to it (see
+            :class:`~hpu_runtime.bridge.sim_device.SimDevice`).
+        graph_log: when a list, a :class:`GraphInfo` per launched graph is appended to it.
+        region: the compiled region or capture being recorded, or None.
+        capture: the op list of the HPU graph being captured, or None.
+    """
+
+    def __init__(self, spec: DeviceSpec, card: Card, recipes: RecipeCache, *, lazy: bool,
+                 max_compound_ops: int) -> None:
+        self.spec = spec
+        self.card = card
+        self.recipes = recipes
+        self.lazy = lazy
+        self.max_compound_ops = max_compound_ops
+        self.pending: list[OpCost] = []
+        self.log: list | None = None
+        self.graph_log: list[GraphInfo] | None = None
+        self.region: str | None = None
+        self.capture: list | None = None
+        self.last_recipe: Recipe | None = None
+        self.graphs_launched = 0
+        self.ops_recorded = 0
+        self.compilations = 0
+        self._keys: list = []
+        self._ops: list[OpRecord] = []
+        self._dep_ns = 0  # the pending graph touches a collective's output ready then
+        self._colls: list[GraphCollective] = []  # lazy collectives in the pending graph
+        self._host_start = 0
+        self._op_host_ns = spec.host_op_ns
+
+    # ---- accumulate ------------------------------------------------------------------------
+    def append_op(self, op: OpRecord) -> None:
+        """Add one op record to the pending graph (eager mode: launch it at once)."""
+        card = self.card
+        if card.ready_after:
+            self._dep_ns = max(self._dep_ns, card.dependency_ns(op))
+        if self.log is not None:
+            self.log.append(("op", op))
+        self.ops_recorded += 1
+        pending = self.pending
+        accumulate = self.lazy or self.region is not None
+        if not pending:
+            self._host_start = card.host_ns
+        card.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
+        pending.append(op.cost)
+        self._keys.append(op.key)
+        self._ops.append(op)
+        if not accumulate:
+            self.launch("eager", 0)
+        elif self.max_compound_ops and self.region is None and len(pending) >= self.max_compound_ops:
+            self.launch("max_compound_op_size")
+
+    def append_view(self, key: object) -> None:
+        """A view op: free, but part of the pending graph's key (lazy mode and regions)."""
+        if self.lazy or self.region is not None:
+            self._keys.append(key)
+            if self.log is not None:
+                self.log.append(("view", key))
+
+    def add_collective(self, label: str, timing: CollectiveTiming, serials: tuple[int, ...],
+                       on_timed) -> None:
+        """A lazy collective joins the pending graph after the ops issued so far."""
+        if not self.pending:
+            self._host_start = self.card.host_ns
+        self._colls.append(GraphCollective(len(self._ops), label, timing, serials, on_timed))
+
+    # ---- launch ------------------------------------------------------------------------------
+    def launch(self, reason: str, launch_host_ns: int | None = None) -> tuple[int, int] | None:
+        """Launch the pending graph; its (start, end) on the compute stream, or None if empty.
+
+        ``launch_host_ns`` is the host cost of the launch (default ``graph_launch_ns``; an
+        eager op's launch is part of its ``eager_op_launch_ns``).
+        """
+        card = self.card
+        if launch_host_ns is None:
+            launch_host_ns = self.spec.graph_launch_ns
+        n = len(self.pending)
+        if n == 0:
+            self._keys.clear()
+            if self._colls:  # a graph of lazy collectives only
+                card.host_ns += launch_host_ns
+                colls, self._colls = self._colls, []
+                return card.run_graph(max(card.host_ns, self._dep_ns), [], [], colls, reason)
+            return None
+        if self.log is not None:
+            self.log.append(("launch", reason))
+        recipe, name, times = self._recipe(reason, n)
+        if card.trace is not None and card.host_ns > self._host_start and reason != "eager":
+            card.host_event(f"build graph[{n} ops]", card.host_ns - self._host_start, {}, start=self._host_start)
+        card.host_ns += launch_host_ns
+        ready = max(card.host_ns, self._dep_ns)
+        label = f"{name} ({reason})"
+        if self._colls:
+            if times is None:
+                times = graph_op_times(self.spec, self._ops)
+            colls, self._colls = self._colls, []
+            span = card.run_graph(ready, self._ops, times, colls, label)
+        else:
+            span = card.compute.run(ready, recipe.device_ns, label)
+        if self.graph_log is not None:
+            if times is None:
+                times = graph_op_times(self.spec, self._ops)
+            self.graph_log.append(GraphInfo(reason, n, span[0], recipe.device_ns, tuple(times)))
+        self.graphs_launched += 1
+        self.last_recipe = recipe
+        self.pending = []
+        self._keys = []
+        self._ops = []
+        self._dep_ns = 0
+        card.forget_dependencies_before(span[0])
+        return span
+
+    def _recipe(self, reason: str, n: int) -> tuple[Recipe, str, list[int] | None]:
+        """The pending graph's recipe (compiled and charged on a miss), its name, and the
+        ops' fused times if they were computed."""
+        key = tuple(self._keys)
+        spec = self.spec
+        digest: list[bytes] = []
+
+        def get_digest() -> bytes:  # only on a memory miss with a disk level, or a compile
+            if not digest:
+                digest.append(graph_digest(spec.name, key))
+            return digest[0]
+
+        recipe = self.recipes.lookup(key, digest=get_digest)
+        if recipe is not None:
+            name = recipe.meta.get("name", "recipe")
+            metrics.record_recipe_cache(True, name)
+            return recipe, name, None
+        cns = compile_ns(spec, n)
+        name = recipe_name(get_digest(), n)
+        times = graph_op_times(spec, self._ops)
+        recipe = Recipe(n_ops=n, compile_ns=cns, device_ns=sum(times), meta={"name": name})
+        self.recipes.insert(key, recipe, digest=get_digest)
+        metrics.record_recipe_cache(False, name)
+        metrics.record_compilation(cns)
+        self.compilations += 1
+        self.card.host_event(f"compile {name}", cns, {"ops": n, "reason": reason})
+        self.card.host_ns += cns
+        return recipe, name, times
+
+    # ---- regions: torch.compile graphs and HPU graph capture/replay ------------------------
+    def set_region(self, label: str | None) -> None:
+        """Enter (``label``) or leave (None) a compiled region: ops accumulate with no host cost."""
+        if self.log is not None:
+            self.log.append(("region", label))
+        self.region = label
+        self._op_host_ns = 0 if label is not None else self.spec.host_op_ns
+
+    def begin_capture(self, ops: list) -> None:
+        """Start recording ops into ``ops`` as one HPU graph (ops keep their host cost)."""
+        if self.capture is not None:
+            raise RuntimeError("hpu: an HPU graph capture is already in progress")
+        self.launch("hpu_graph_capture")
+        self.capture = ops
+        self.region = "hpu_graph_capture"
+
+    def end_capture(self) -> Recipe | None:
+        """Finish a capture: launch (compile) the captured graph; returns its recipe."""
+        self.last_recipe = None
+        try:
+            span = self.launch("hpu_graph_capture")
+        finally:
+            self.capture = None
+            self.region = None
+        return self.last_recipe if span is not None else None
+
+    def replay(self, recipe: Recipe | None, label: str) -> tuple[int, int]:
+        """Replay a captured graph: ``graph_replay_ns`` of host time, then its device time."""
+        self.launch("hpu_graph_replay")
+        card = self.card
+        card.host_ns += self.spec.graph_replay_ns
+        return card.compute.run(card.host_ns, recipe.device_ns if recipe else 0, f"{label} replay")

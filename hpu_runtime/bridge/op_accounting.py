@@ -1,0 +1,291 @@
+"""Op accounting: one dispatched aten call becomes an op record of the pending graph.
+
+:meth:`OpAccounting.record` is the bridge's hot path (every aten op of the process goes
+through it): it keys the op (:func:`~hpu_runtime.bridge.graph_key.op_signature`), prices it
+once per (op, signature) with the roofline cost model, finds the device-resident storages it
+reads and makes its outputs resident (NOTE [device residency and HBM] in
+:mod:`hpu_runtime.device.residency`), and appends an
+:class:`~hpu_runtime.device.lazy_graph.OpRecord` to the pending graph. Also here: ops that
+fall back to the CPU, fused kernels (the ``hpex`` optimizers) and the casts an emulated
+bf16 autocast region charges (NOTE [fp32 on the host, bf16 on the device] in
+:mod:`hpu_runtime.bridge.autocast`).
+
+Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
+hands it its lock, which every method here takes around the parts it touches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..api import metrics
+from ..device.card import Card
+from ..device.cost_model import OpCost, charged_nbytes, host_op_time_ns, op_cost, op_time_ns, pcie_ns
+from ..device.lazy_graph import OpRecord
+from ..device.residency import Residency
+from ..device.spec import DeviceSpec
+from .fallback import FallbackPolicy
+from .graph_key import op_signature, output_signature
+from .launcher import Launcher
+
+__all__ = ["FP32_AUTOCAST_OPS", "OpAccounting", "OpInfo", "func_flags"]
+
+_Tensor = torch.Tensor
+_aten = torch.ops.aten
+
+FP32_AUTOCAST_OPS = frozenset({
+    _aten._softmax, _aten._log_softmax, _aten._softmax_backward_data, _aten._log_softmax_backward_data,
+    _aten.nll_loss_forward, _aten.nll_loss_backward, _aten.nll_loss2d_forward, _aten.nll_loss2d_backward,
+    _aten.native_layer_norm, _aten.native_layer_norm_backward, _aten.mse_loss, _aten.exp, _aten.log,
+    _aten.pow, _aten.rsqrt, _aten.reciprocal, _aten.sum, _aten.mean, _aten.cumsum, _aten.norm,
+})
+"""Ops an emulated bf16 autocast region still charges in fp32: softmax, losses, norms and
+reductions, which Gaudi's and PyTorch's autocast keep in fp32 (their fp32 op lists)."""
+
+_NOT_DEVICE_WORK = frozenset({"profiler", "prim", "c10d"})
+"""Op namespaces that are bookkeeping, not device work (``record_function`` markers, the
+``prim.device`` queries autograd makes on fake tensors), and ``c10d``: the collectives of a
+C++ backend (a "gloo" group beside "hccl") reach the dispatcher as ``c10d`` ops, which are
+no compute-stream work; "hccl" records its own collectives on the collective stream."""
+
+_FUNC_FLAGS: dict = {}
+
+
+def func_flags(func) -> tuple[bool, bool, bool, bool]:
+    """(ignored, is_view, allocates_outputs, dynamic_output_shape) of an op overload, cached."""
+    flags = _FUNC_FLAGS.get(func)
+    if flags is None:
+        ignored = func.namespace in _NOT_DEVICE_WORK
+        view = bool(func.is_view)
+        aliased = any(r.alias_info is not None for r in func._schema.returns)
+        dynamic = torch.Tag.dynamic_output_shape in func.tags
+        flags = _FUNC_FLAGS[func] = (ignored, view, not view and not aliased, dynamic)
+    return flags
+
+
+@dataclass(slots=True)
+class OpInfo:
+    """What the device needs to know about one (op, signature), computed once."""
+
+    cost: OpCost
+    view: bool
+    allocates: bool
+    fallback: bool
+    dynamic: bool
+
+
+def out_tensors(out: object) -> list:
+    """The tensors among an op's outputs."""
+    if isinstance(out, _Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [o for o in out if isinstance(o, _Tensor)]
+    return []
+
+
+def _dtypes(args: tuple, kwargs: dict, out: object) -> set:
+    found = set()
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, _Tensor):
+            found.add(a.dtype)
+        elif isinstance(a, (list, tuple)):
+            found.update(x.dtype for x in a if isinstance(x, _Tensor))
+    found.update(o.dtype for o in out_tensors(out))
+    return found
+
+
+class OpAccounting:
+    """Turns dispatched aten calls into op records on one card.
+
+    Args:
+        spec: the device (roofline rates).
+        residency: the card's resident storages.
+        card: the card's clocks (CPU fallbacks charge host time).
+        launcher: the pending graph the records join.
+        fallback: which ops run on the CPU.
+        lock: the facade's lock.
+
+    Attributes:
+        fp32_as_bf16: inside an emulated bf16 autocast region (or the backward after it),
+            fp32 ops are charged as bf16.
+    """
+
+    def __init__(self, spec: DeviceSpec, residency: Residency, card: Card, launcher: Launcher,
+                 fallback: FallbackPolicy, lock: threading.RLock) -> None:
+        self.spec = spec
+        self.residency = residency
+        self.card = card
+        self.launcher = launcher
+        self.fallback = fallback
+        self.lock = lock
+        self.fp32_as_bf16 = False  # see NOTE [fp32 on the host, bf16 on the device] in autocast
+        self._fp32_as_bf16_until_mark_step = False
+        self._emulated_casts: set[int] = set()  # weights whose casts this region has charged
+        self._memo: dict = {}
+        self._in_kernel = 0  # > 0 inside fused_kernel(): the host ops are not charged one by one
+
+    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:
+        """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the hot path)."""
+        flags = _FUNC_FLAGS.get(func) or func_flags(func)
+        if flags[0] or self._in_kernel:
+            return
+        sig = op_signature(args, kwargs)
+        low = self.fp32_as_bf16 and func._overloadpacket not in FP32_AUTOCAST_OPS
+        mk = (func, sig, "fp32-as-bf16") if low else (func, sig)
+        info = self._memo.get(mk)
+        if info is None:
+            _, view, allocates, dynamic = flags
+            info = OpInfo(cost=op_cost(self.spec, func, args, kwargs, out, low), view=view,
+                          allocates=allocates, dynamic=dynamic,
+                          fallback=not view and self.fallback.falls_back(func, _dtypes(args, kwargs, out)))
+            if not dynamic:
+                self._memo[mk] = info
+        if info.dynamic:
+            mk = (func, sig, output_signature(out))
+        with self.lock:
+            if info.view:
+                self.launcher.append_view(mk)
+                return
+            if info.fallback:
+                self._cpu_fallback(func, args, kwargs, out, info.cost)
+                return
+            resident = self.residency.refs
+            if (not info.allocates and args and isinstance(args[0], _Tensor)
+                    and id(args[0].untyped_storage()) not in resident):
+                return  # in place on a host tensor (parameter init, a CPU step counter): host work
+            if low and info.cost.engine == "MME":
+                self._charge_weight_casts(args)
+            reads = []
+            rg = False  # autograd will record this op: its outputs are activations it may keep
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, _Tensor):
+                    rg = rg or a.requires_grad
+                    ref = resident.get(id(a.untyped_storage()))
+                    if ref is not None:
+                        reads.append((ref.serial, charged_nbytes(a, low) if low else a.nbytes))
+                elif isinstance(a, (list, tuple)):
+                    for x in a:
+                        if isinstance(x, _Tensor):
+                            rg = rg or x.requires_grad
+                            ref = resident.get(id(x.untyped_storage()))
+                            if ref is not None:
+                                reads.append((ref.serial, charged_nbytes(x, low) if low else x.nbytes))
+            rg = rg and torch.is_grad_enabled()
+            writes = []
+            allocates = info.allocates
+            register = self.residency.register
+            for o in out_tensors(out):
+                st = o.untyped_storage()
+                ref = register(st) if allocates else resident.get(id(st))
+                writes.append((-1 if ref is None else ref.serial, charged_nbytes(o, low) if low else o.nbytes,
+                               allocates, rg))
+            launcher = self.launcher
+            if launcher.capture is not None:
+                launcher.capture.append((func, args, kwargs, out, allocates))
+            launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes)))
+
+    def _cpu_fallback(self, func, args, kwargs, out, cost: OpCost) -> None:
+        """The op ran "on the CPU": launch, wait, copy inputs down, run on host, copy back."""
+        self.launcher.launch("cpu_fallback")
+        card, spec = self.card, self.spec
+        card.wait_host(card.compute.free_ns)
+        ns = (pcie_ns(spec, cost.bytes_in) + host_op_time_ns(spec, cost.flops, cost.bytes_in + cost.bytes_out)
+              + pcie_ns(spec, cost.bytes_out))
+        name = func._schema.name
+        card.host_event(f"CPU fallback {name}", ns, {"bytes_in": cost.bytes_in, "bytes_out": cost.bytes_out})
+        card.host_ns += ns
+        for o in out_tensors(out):
+            self.residency.register(o.untyped_storage())
+        metrics.record_fallback(name)
+        self.fallback.emit(func, args, kwargs)
+
+    @contextmanager
+    def fused_kernel(self, name: str, reads, writes, flops: int) -> Iterator[None]:
+        """Run the body's tensor ops uncharged and charge them as one fused TPC kernel.
+
+        This is how the ``hpex`` fused optimizers are modelled: the body computes the real
+        numerics with torch ops on the host (``torch.optim`` math), and the device sees one op
+        (one host-side op cost, one graph-key entry) that reads ``reads`` and writes
+        ``writes`` once each, with ``flops`` vector-engine FLOPs (roofline, TPC peak).
+
+        Args:
+            name: kernel name in the graph key and trace, e.g. ``"hpex.FusedSGD"``.
+            reads: tensors the kernel reads, e.g. params, grads, optimizer state (a callable
+                returning them is called after the body, so state created there counts).
+            writes: tensors it writes (same rules); new ones become device-resident.
+            flops: vector FLOPs of the whole kernel.
+
+        Nothing is charged when no read tensor is device-resident (a host-side optimizer).
+        """
+        with self.lock:
+            self._in_kernel += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._in_kernel -= 1
+        reads = list(reads() if callable(reads) else reads)
+        writes = list(writes() if callable(writes) else writes)
+        with self.lock:
+            residency = self.residency
+            resident = residency.refs
+            if not any(id(t.untyped_storage()) in resident for t in reads):
+                return
+            rd = tuple((residency.serial_of(t), t.nbytes) for t in reads if id(t.untyped_storage()) in resident)
+            wr = []
+            for t in writes:
+                new = id(t.untyped_storage()) not in resident
+                wr.append((residency.register(t.untyped_storage()).serial, t.nbytes, new, False))
+            low = reads[0].dtype in (torch.bfloat16, torch.float16)
+            b_in, b_out = sum(n for _, n in rd), sum(w[1] for w in wr)
+            cost = OpCost(name=name, engine="TPC", flops=flops, bytes_in=b_in, bytes_out=b_out, low_precision=low,
+                          device_ns=op_time_ns(self.spec, "TPC", flops, b_in + b_out, low),
+                          compute_ns=op_time_ns(self.spec, "TPC", flops, 0, low))
+            key = (name, tuple((tuple(t.shape), str(t.dtype)) for t in reads))
+            self.launcher.append_op(OpRecord(key, cost, rd, tuple(wr)))
+
+    # ---- emulated autocast (PT_HPU_AUTOCAST_FP32_ON_HOST) --------------------------------------
+    def set_fp32_as_bf16(self, entering: bool) -> None:
+        """An emulated bf16 autocast region starts (True) or ends (False).
+
+        From the start, fp32 ops are charged as bf16; at the end, charging in bf16 goes on
+        through backward (whose ops run in the forward's dtypes) until the next
+        ``mark_step`` launch (:meth:`mark_step_launched`).
+        """
+        with self.lock:
+            log = self.launcher.log
+            if log is not None:
+                log.append(("fp32_as_bf16", entering))
+            if entering:
+                self.fp32_as_bf16, self._fp32_as_bf16_until_mark_step = True, False
+                self._emulated_casts = set()
+            elif self.fp32_as_bf16:
+                self._fp32_as_bf16_until_mark_step = True
+
+    def mark_step_launched(self) -> None:
+        """A non-empty graph was launched by ``mark_step``: a region's backward tail ends."""
+        if self._fp32_as_bf16_until_mark_step:
+            self._fp32_as_bf16_until_mark_step = self.fp32_as_bf16 = False
+
+    def _charge_weight_casts(self, args: tuple) -> None:
+        """Emulated autocast: the casts a faithful region makes of each fp32 weight a matmul
+        uses, once per region (autocast caches them): fp32 -> bf16 in forward and the
+        gradient bf16 -> fp32 in backward, both charged here, at the first use."""
+        for a in args:
+            if (isinstance(a, _Tensor) and a.is_leaf and a.requires_grad and a.dtype == torch.float32):
+                serial = self.residency.register(a.untyped_storage()).serial
+                if serial in self._emulated_casts:
+                    continue
+                self._emulated_casts.add(serial)
+                n = a.numel()
+                for name, nin, nout in (("cast fp32->bf16", 4 * n, 2 * n), ("grad cast bf16->fp32", 2 * n, 4 * n)):
+                    ns = op_time_ns(self.spec, "TPC", n, nin + nout, True)
+                    cost = OpCost(name=f"emulated autocast {name}", engine="TPC", flops=n, bytes_in=nin,
+                                  bytes_out=nout, low_precision=True, device_ns=ns,
+                                  compute_ns=op_time_ns(self.spec, "TPC", n, 0, True))
+                    self.launcher.append_op(OpRecord(("emulated cast", name, n), cost))

@@ -1,0 +1,244 @@
+"""The clocks of one simulated card: host cursor, compute and collective streams, steps.
+
+NOTE [simulated timeline]
+All times are integer *simulated* nanoseconds; nothing here reads a wall clock, so the same
+script gives the same timeline on any machine. Three cursors advance:
+
+* ``host_ns``: the host thread. In lazy mode each dispatched op costs ``host_op_ns`` of host
+  time to accumulate; launching a graph costs ``graph_launch_ns`` plus, on a recipe-cache
+  miss, the simulated compile time; a host read (``.item()``, ``.cpu()``) or a synchronize
+  makes the host wait for the device (:meth:`Card.wait_host`). Host<->device copies
+  (``.to("hpu")`` of a host tensor, ``.cpu()`` of a device tensor) cost PCIe time on the host.
+* the compute stream: a launched graph starts at ``max(host_ns, compute.free_ns)`` and runs
+  for the fused time of its ops (see NOTE [fusion inside a graph] in ``cost_model``).
+* the collective stream: a collective is ready at ``max(host_ns, compute.free_ns,
+  collective.free_ns)`` once the graph producing its input has been launched (a collective
+  is a lazy-mode launch point), and its duration comes from the network model. ``Work.wait()``
+  makes the compute stream wait for the collective's end, as a stream wait on Gaudi does.
+
+A *step* (:meth:`Card.begin_step` / :meth:`Card.end_step`) reports its length and how much
+of it the compute and collective streams were busy; communication not hidden under compute
+is "exposed".
+
+NOTE [collective dependencies]
+A collective writes storages (named by serial, see :mod:`hpu_runtime.device.residency`):
+until it ends, no graph that reads or writes them starts and no host read of them returns,
+however the caller waits (``Work.wait()``, the future, or not at all).
+:meth:`Card.record_collective` remembers the end per serial (``ready_after``); a graph's
+ops are checked against it (:meth:`Card.dependency_ns`); once a graph starts after a
+collective's end, that collective binds no later work and is forgotten.
+
+NOTE [lazy collectives]
+With ``PT_HPU_ENABLE_LAZY_COLLECTIVES=true`` (Intel's bridge then loads its lazy-collectives
+process group) an allreduce does not launch the accumulated graph: it joins it
+(:meth:`~hpu_runtime.bridge.sim_device.SimDevice.add_graph_collective`), and the graph is
+launched when the work is waited on or at the next launch point. Inside the launched graph
+(:meth:`Card.run_graph`) the collective becomes ready when the ops issued before it are
+done; ops of the graph that use its output wait for its end. Its duration comes from the
+network model with every rank ready at the same time (true of data-parallel ranks, which
+run the same graph); the real bytes move when it is called.
+
+Not thread-safe on its own: the owner (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
+calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .cost_model import pcie_ns
+from .lazy_graph import OpRecord
+from .spec import DeviceSpec
+from .timeline import Stream, StepTimes, TraceEvent, step_breakdown
+
+__all__ = ["Card", "GraphCollective", "latest_end"]
+
+CollectiveTiming = Callable[[int], tuple[int, int, str]]
+"""``timing(ready_ns) -> (start_ns, end_ns, algorithm)``, from the network model."""
+
+
+@dataclass(slots=True)
+class GraphCollective:
+    """A lazy collective inside a graph, after the graph's first ``position`` ops."""
+
+    position: int
+    label: str
+    timing: CollectiveTiming
+    serials: tuple[int, ...]
+    on_timed: Callable | None
+
+
+def latest_end(op: OpRecord, ends: dict[int, int]) -> int:
+    """The latest end (ns) in ``ends`` of a storage ``op`` reads or writes; 0 if none."""
+    latest = 0
+    for serial, _ in op.reads:
+        latest = max(latest, ends.get(serial, 0))
+    for w in op.writes:
+        latest = max(latest, ends.get(w[0], 0))
+    return latest
+
+
+class Card:
+    """The host cursor and streams of one simulated card (see NOTE [simulated timeline]).
+
+    Args:
+        spec: the card's constants (copy costs).
+
+    Attributes:
+        host_ns: the host cursor, simulated ns.
+        compute, collective: the card's two streams.
+        ready_after: storage serial -> end (ns) of the collective that writes it
+            (NOTE [collective dependencies]).
+        trace: when a list, every host, compute and collective span from
+            :meth:`enable_trace` on, as ``(stream, start_ns, dur_ns, label[, args])``.
+    """
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.host_ns = 0
+        self.compute = Stream("compute")
+        self.collective = Stream("collective")
+        self.ready_after: dict[int, int] = {}
+        self.trace: list | None = None
+        self._step_start_ns = 0
+        self._step_host_start = 0
+
+    # ---- host ------------------------------------------------------------------------------
+    def host_event(self, label: str, dur_ns: int, args: dict, start: int | None = None) -> None:
+        """Put a host span in the trace (if tracing); does not move the cursor."""
+        if self.trace is not None and dur_ns > 0:
+            self.trace.append(("host", self.host_ns if start is None else start, dur_ns, label, args))
+
+    def wait_host(self, until_ns: int) -> None:
+        """The host waits until ``until_ns`` (no-op if it is already later)."""
+        if until_ns > self.host_ns:
+            self.host_event("wait", until_ns - self.host_ns, {})
+            self.host_ns = until_ns
+
+    def copy_h2d(self, nbytes: int) -> None:
+        """Host time of one host->device copy of ``nbytes`` over PCIe."""
+        ns = self.spec.h2d_copy_ns + pcie_ns(self.spec, nbytes)
+        self.host_event("H2D copy", ns, {"bytes": nbytes})
+        self.host_ns += ns
+
+    def read_back(self, nbytes: int, serial: int = -1) -> None:
+        """A host read of launched work: wait for the compute stream (and for the collective
+        that writes ``serial``), then copy ``nbytes`` down over PCIe."""
+        self.wait_host(max(self.compute.free_ns, self.ready_after.get(serial, 0)))
+        if nbytes:
+            ns = self.spec.host_read_ns + pcie_ns(self.spec, nbytes)
+            self.host_event("D2H copy", ns, {"bytes": nbytes})
+            self.host_ns += ns
+
+    # ---- collectives (NOTE [collective dependencies]) ---------------------------------------
+    def collective_ready_ns(self) -> int:
+        """When a collective issued now can start (its input's graph must be launched first)."""
+        return max(self.host_ns, self.compute.free_ns, self.collective.free_ns)
+
+    def record_collective(self, label: str, start_ns: int, end_ns: int, serials: Sequence[int] = ()) -> None:
+        """Occupy the collective stream from ``start_ns`` to ``end_ns``; ``serials`` are the
+        storages it writes."""
+        self.collective.run(start_ns, end_ns - start_ns, label)
+        self.collective.free_ns = max(self.collective.free_ns, end_ns)
+        ready_after = self.ready_after
+        for serial in serials:
+            if end_ns > ready_after.get(serial, 0):
+                ready_after[serial] = end_ns
+
+    def dependency_ns(self, op: OpRecord) -> int:
+        """The end of the latest collective writing a storage ``op`` touches; 0 if none."""
+        return latest_end(op, self.ready_after) if self.ready_after else 0
+
+    def forget_dependencies_before(self, start_ns: int) -> None:
+        """A graph started at ``start_ns``: collectives that ended before bind no later work."""
+        if self.ready_after:
+            self.ready_after = {s: e for s, e in self.ready_after.items() if e > start_ns}
+
+    def stream_wait(self, until_ns: int) -> None:
+        """The compute stream waits for an event at ``until_ns`` (e.g. a collective's end)."""
+        self.compute.free_ns = max(self.compute.free_ns, until_ns)
+
+    # ---- graphs ----------------------------------------------------------------------------
+    def run_graph(self, ready_ns: int, ops: Sequence[OpRecord], times: Sequence[int],
+                  collectives: Sequence[GraphCollective], label: str) -> tuple[int, int]:
+        """Run a graph with lazy collectives inside it (NOTE [lazy collectives]); its span.
+
+        Each collective becomes ready when the ops issued before it are done and runs on the
+        collective stream; an op that reads or writes its output waits for its end (the
+        compute stream idles meanwhile).
+
+        Args:
+            ready_ns: when the graph may start (launched, its inputs' collectives ended).
+            ops: the graph's ops in issue order; ``times``: their fused device times.
+            collectives: in issue order, each after its ``position`` first ops.
+            label: the graph's name on the compute stream.
+        """
+        start = max(ready_ns, self.compute.free_ns)
+        t = seg = start
+        done: dict[int, int] = {}
+        ci = 0
+        for k in range(len(ops) + 1):
+            while ci < len(collectives) and collectives[ci].position <= k:
+                c = collectives[ci]
+                ci += 1
+                cstart, cend, algo = c.timing(max(t, self.collective.free_ns))
+                self.record_collective(c.label, cstart, cend, c.serials)
+                for serial in c.serials:
+                    done[serial] = cend
+                if c.on_timed is not None:
+                    c.on_timed(cstart, cend, algo)
+            if k == len(ops):
+                break
+            if done:
+                dep = latest_end(ops[k], done)
+                if dep > t:
+                    if t > seg:
+                        self.compute.run(seg, t - seg, label)
+                    seg = t = dep
+            t += times[k]
+        if t > seg:
+            self.compute.run(seg, t - seg, label)
+        self.compute.free_ns = max(self.compute.free_ns, t)
+        return start, t
+
+    # ---- steps ---------------------------------------------------------------------------
+    def now_ns(self) -> int:
+        """The latest point any cursor has reached (simulated ns)."""
+        return max(self.host_ns, self.compute.free_ns, self.collective.free_ns)
+
+    def begin_step(self) -> None:
+        """Start a step window at the card's current end."""
+        self._step_start_ns = self.now_ns()
+        self._step_host_start = self.host_ns
+        self._trim(self._step_start_ns)
+
+    def end_step(self) -> StepTimes:
+        """Close the step window (pending work must be launched first) and return its breakdown.
+
+        The window ends when every stream has drained; the host does not wait (the next
+        step's host work may overlap this step's device work, as on Gaudi).
+        """
+        lo, hi = self._step_start_ns, self.now_ns()
+        times = step_breakdown(self.compute, self.collective, lo, hi, self.host_ns - self._step_host_start)
+        self._step_start_ns = hi
+        self._step_host_start = self.host_ns
+        self._trim(hi)
+        return times
+
+    def _trim(self, before_ns: int) -> None:
+        for s in (self.compute, self.collective):
+            s.intervals = [iv for iv in s.intervals if iv[1] > before_ns]
+
+    # ---- trace ---------------------------------------------------------------------------
+    def enable_trace(self) -> None:
+        """Keep every host, compute and collective span from now on."""
+        if self.trace is None:
+            self.trace = []
+            self.compute.trace = self.trace
+            self.collective.trace = self.trace
+
+    def trace_events(self, rank: int = 0) -> list[TraceEvent]:
+        """The recorded spans as :class:`~hpu_runtime.device.timeline.TraceEvent` of ``rank``."""
+        return [TraceEvent(rank=rank, stream=s[0], name=s[3], start_ns=s[1], dur_ns=s[2],
+                           args=s[4] if len(s) > 4 else {}) for s in (self.trace or [])]

@@ -1,0 +1,221 @@
+"""HBM model: live and peak device bytes of one simulated Gaudi card.
+
+Pure accounting (no torch, no host allocation). The bridge calls ``check_alloc`` before it
+lets the host allocate the CPU tensor that backs an HPU tensor, so an allocation larger than
+the simulated HBM fails with ``HPUOutOfMemoryError`` without touching host memory, then
+``allocate``/``free`` as storages come and go.
+
+NOTE [what the HBM model counts]: bytes of tensor storages placed on the device, exactly as
+requested (no allocator rounding, no workspace, no fragmentation). Real Gaudi reserves part
+of HBM for the runtime; pass ``reserved_bytes`` to model that. Simulated, not measured.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .spec import DeviceSpec
+
+__all__ = ["HBMModel", "HBMStats", "HPUOutOfMemoryError", "nbytes_of"]
+
+_GIB = float(1 << 30)
+
+
+def _fmt(nbytes: int) -> str:
+    return f"{nbytes} bytes ({nbytes / _GIB:.2f} GiB)"
+
+
+class HPUOutOfMemoryError(RuntimeError):
+    """An allocation would exceed the simulated HBM.
+
+    Attributes:
+        requested_bytes: size of the refused allocation.
+        live_bytes: bytes already allocated on the device.
+        capacity_bytes: usable HBM of the device.
+        device: device string, e.g. "hpu:0".
+    """
+
+    def __init__(self, *, requested_bytes: int, live_bytes: int, capacity_bytes: int,
+                 device: str) -> None:
+        self.requested_bytes = requested_bytes
+        self.live_bytes = live_bytes
+        self.capacity_bytes = capacity_bytes
+        self.device = device
+        free = max(capacity_bytes - live_bytes, 0)
+        super().__init__(
+            f"HPU out of memory on {device}: tried to allocate {_fmt(requested_bytes)}; "
+            f"live {_fmt(live_bytes)}, capacity {_fmt(capacity_bytes)}, "
+            f"free {_fmt(free)} (simulated HBM; nothing was allocated on the host)")
+
+    def __reduce__(self):  # keep it picklable across processes
+        return (_rebuild_oom, (self.requested_bytes, self.live_bytes, self.capacity_bytes,
+                               self.device))
+
+
+def _rebuild_oom(requested: int, live: int, capacity: int, device: str) -> HPUOutOfMemoryError:
+    return HPUOutOfMemoryError(requested_bytes=requested, live_bytes=live,
+                               capacity_bytes=capacity, device=device)
+
+
+def nbytes_of(shape: Iterable[int], itemsize: int) -> int:
+    """Bytes of a dense tensor of ``shape`` with elements of ``itemsize`` bytes.
+
+    Raises:
+        ValueError: on a negative dimension or a non-positive itemsize.
+    """
+    if itemsize <= 0:
+        raise ValueError(f"itemsize must be > 0, got {itemsize}")
+    n = 1
+    for dim in shape:
+        if dim < 0:
+            raise ValueError(f"negative dimension {dim} in shape {tuple(shape)}")
+        n *= int(dim)
+    return n * itemsize
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HBMStats:
+    """Snapshot of one device's HBM accounting (names follow ``hpu.memory_stats()``)."""
+
+    limit_bytes: int
+    """Usable capacity ("Limit")."""
+    in_use_bytes: int
+    """Live bytes ("InUse")."""
+    max_in_use_bytes: int
+    """Peak live bytes since the last reset ("MaxInUse")."""
+    num_allocs: int
+    """Allocations accounted ("NumAllocs")."""
+    num_frees: int
+    """Frees accounted ("NumFrees")."""
+    max_alloc_bytes: int
+    """Largest single allocation ("MaxAllocSize")."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The Gaudi-style ``memory_stats()`` dictionary."""
+        return {"Limit": self.limit_bytes, "InUse": self.in_use_bytes,
+                "MaxInUse": self.max_in_use_bytes, "NumAllocs": self.num_allocs,
+                "NumFrees": self.num_frees, "ActiveAllocs": self.num_allocs - self.num_frees,
+                "MaxAllocSize": self.max_alloc_bytes}
+
+
+class HBMModel:
+    """HBM accounting of one simulated device. Thread-safe.
+
+    Args:
+        capacity_bytes: HBM size in bytes (> 0), e.g. ``DeviceSpec.hbm_bytes``.
+        reserved_bytes: bytes held back for the runtime (>= 0, < capacity).
+        device: name used in error messages, e.g. "hpu:0".
+
+    Raises:
+        ValueError: on a non-positive capacity or a reservation outside [0, capacity).
+    """
+
+    def __init__(self, *, capacity_bytes: int, reserved_bytes: int = 0,
+                 device: str = "hpu:0") -> None:
+        if not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be an int > 0, got {capacity_bytes!r}")
+        if not isinstance(reserved_bytes, int) or not 0 <= reserved_bytes < capacity_bytes:
+            raise ValueError(
+                f"reserved_bytes must be an int in [0, capacity_bytes={capacity_bytes}), "
+                f"got {reserved_bytes!r}")
+        self.device = device
+        self.total_bytes = capacity_bytes
+        """Physical HBM in bytes."""
+        self.capacity_bytes = capacity_bytes - reserved_bytes
+        """Usable HBM in bytes (total minus reserved)."""
+        self._lock = threading.RLock()  # re-entrant: frees may come from GC callbacks
+        self._live = 0
+        self._peak = 0
+        self._allocs = 0
+        self._frees = 0
+        self._max_alloc = 0
+
+    @classmethod
+    def from_spec(cls, spec: DeviceSpec, *, device_index: int = 0,
+                  reserved_bytes: int = 0) -> HBMModel:
+        """HBM model of a card described by ``spec`` (capacity ``spec.hbm_bytes``)."""
+        return cls(capacity_bytes=spec.hbm_bytes, reserved_bytes=reserved_bytes,
+                   device=f"hpu:{device_index}")
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes currently allocated."""
+        return self._live
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest ``live_bytes`` since construction or ``reset_peak()``."""
+        return self._peak
+
+    @property
+    def free_bytes(self) -> int:
+        """Usable bytes not allocated."""
+        return self.capacity_bytes - self._live
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """``(free_bytes, total_bytes)`` as ``hpu.mem_get_info()`` returns."""
+        with self._lock:
+            return self.capacity_bytes - self._live, self.total_bytes
+
+    @staticmethod
+    def _validate(nbytes: int) -> None:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
+
+    def _check_locked(self, nbytes: int) -> None:
+        if self._live + nbytes > self.capacity_bytes:
+            raise HPUOutOfMemoryError(requested_bytes=nbytes, live_bytes=self._live,
+                                      capacity_bytes=self.capacity_bytes, device=self.device)
+
+    def check_alloc(self, nbytes: int) -> None:
+        """Raise if ``nbytes`` more would not fit; changes nothing.
+
+        Raises:
+            HPUOutOfMemoryError: naming requested, live and capacity bytes.
+            ValueError: if nbytes is negative or not an int.
+        """
+        self._validate(nbytes)
+        with self._lock:
+            self._check_locked(nbytes)
+
+    def allocate(self, nbytes: int) -> None:
+        """Check and account an allocation of ``nbytes`` (atomic).
+
+        Raises:
+            HPUOutOfMemoryError: if it does not fit; nothing is accounted then.
+        """
+        self._validate(nbytes)
+        with self._lock:
+            self._check_locked(nbytes)
+            self._live += nbytes
+            self._allocs += 1
+            self._max_alloc = max(self._max_alloc, nbytes)
+            self._peak = max(self._peak, self._live)
+
+    def free(self, nbytes: int) -> None:
+        """Account the release of ``nbytes``.
+
+        Raises:
+            ValueError: if that is more than is live (a double free in the caller).
+        """
+        self._validate(nbytes)
+        with self._lock:
+            if nbytes > self._live:
+                raise ValueError(
+                    f"{self.device}: freeing {nbytes} bytes but only {self._live} are live")
+            self._live -= nbytes
+            self._frees += 1
+
+    def reset_peak(self) -> None:
+        """Set the peak to the current live bytes (``reset_peak_memory_stats``)."""
+        with self._lock:
+            self._peak = self._live
+
+    def stats(self) -> HBMStats:
+        """Snapshot of the counters."""
+        with self._lock:
+            return HBMStats(limit_bytes=self.capacity_bytes, in_use_bytes=self._live,
+                            max_in_use_bytes=self._peak, num_allocs=self._allocs,
+                            num_frees=self._frees, max_alloc_bytes=self._max_alloc)

@@ -1,0 +1,92 @@
+"""Which tensor storages are on the simulated HBM, and the serials that name them.
+
+NOTE [device residency and HBM]
+Tensors are CPU tensors; the device tracks which *storages* are on the simulated HBM: the
+outputs of ops the bridge charges, tensors moved with ``.to("hpu")`` and factories with
+``device="hpu"``. Each is held by a weak reference to its storage, so HBM is freed exactly
+when the storage dies (also when autograd releases saved activations). ``.to("hpu")`` of a
+storage that is not resident is a host->device PCIe copy; ``.cpu()``/``.item()`` of a
+resident one is a host read (launch, wait, device->host copy); of a host tensor it is free.
+An in-place op on a host tensor (parameter initialisation before ``model.to("hpu")``, a
+CPU-resident optimizer step counter) is host work and is not charged. Ops that create new
+tensors are charged whatever their inputs, since a script written for Gaudi computes on
+device tensors (a simplification: CPU-side compute on host tensors is charged too).
+
+Each resident storage gets a *serial*, an integer handed out once and never reused (a
+Python ``id`` is reused as soon as an object dies): op records name storages by serial
+(NOTE [op records and storage serials] in :mod:`hpu_runtime.device.lazy_graph`).
+
+Not thread-safe on its own: the owner (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
+calls it under its lock. Storages are duck-typed (``nbytes()``, weak-referenceable), so
+this module needs no torch import.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from .memory import HBMModel
+
+__all__ = ["StorageRef", "Residency"]
+
+
+class StorageRef(weakref.ref):
+    """Weak reference to a resident storage: its ``id`` (``key``), HBM bytes and serial."""
+
+    __slots__ = ("key", "nbytes", "serial")
+
+
+class Residency:
+    """The resident storages of one card, by ``id`` of the storage, and their HBM bytes.
+
+    Args:
+        hbm: the card's HBM model; :meth:`register` allocates in it (and raises its
+            out-of-memory error), a storage's death frees it.
+
+    Attributes:
+        refs: ``id(storage) -> StorageRef`` of every resident storage (read it directly on
+            hot paths: ``refs.get(id(t.untyped_storage()))``).
+    """
+
+    __slots__ = ("hbm", "refs", "_next_serial")
+
+    def __init__(self, hbm: HBMModel) -> None:
+        self.hbm = hbm
+        self.refs: dict[int, StorageRef] = {}
+        self._next_serial = 0
+
+    def register(self, storage) -> StorageRef:
+        """Make ``storage`` resident (allocating its bytes on the HBM) unless it is; its ref.
+
+        Raises:
+            HPUOutOfMemoryError: if it does not fit in the remaining HBM.
+        """
+        key = id(storage)
+        ref = self.refs.get(key)
+        if ref is None:
+            nbytes = storage.nbytes()
+            self.hbm.allocate(nbytes)
+            ref = StorageRef(storage, self._on_free)
+            ref.key = key
+            ref.nbytes = nbytes
+            ref.serial = self._next_serial
+            self._next_serial += 1
+            self.refs[key] = ref
+        return ref
+
+    def is_resident(self, t) -> bool:
+        """Whether tensor ``t``'s storage is on the simulated HBM."""
+        return id(t.untyped_storage()) in self.refs
+
+    def serial_of(self, t) -> int:
+        """The serial of tensor ``t``'s resident storage, or -1 if it is not resident."""
+        ref = self.refs.get(id(t.untyped_storage()))
+        return -1 if ref is None else ref.serial
+
+    def _on_free(self, ref: StorageRef) -> None:
+        if self.refs.get(ref.key) is ref:
+            del self.refs[ref.key]
+            try:
+                self.hbm.free(ref.nbytes)
+            except ValueError:  # accounting restarted (reset_device) while the storage lived
+                pass

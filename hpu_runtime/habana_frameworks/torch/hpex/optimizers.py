@@ -1,5 +1,0 @@
-"""``habana_frameworks.torch.hpex.optimizers``: fused optimizers (see :mod:`hpu_runtime.hpex`)."""
-
-from hpu_runtime.hpex import FusedAdamW, FusedLamb, FusedLars, FusedResourceApplyMomentum, FusedSGD  # noqa: F401
-
-__all__ = ["FusedSGD", "FusedLars", "FusedResourceApplyMomentum", "FusedLamb", "FusedAdamW"]

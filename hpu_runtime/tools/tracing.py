@@ -1,0 +1,318 @@
+"""One training step of a model at full size, traced without data (the traced step).
+
+:func:`training_step` is the step every driver runs (``models.train`` live, the tracer here):
+inputs copied to the device, forward and loss, ``zero_grad(set_to_none=True)``, backward,
+``mark_step()``, ``optimizer.step()``, ``mark_step()``.
+
+:func:`trace_step` runs that step under torch's ``FakeTensorMode`` (shapes and dtypes only:
+no storage is allocated and nothing is computed) with the lazy-mode bridge charging a
+private :class:`~hpu_runtime.bridge.sim_device.SimDevice`, whose event log (NOTE [op records and storage
+serials] in :mod:`hpu_runtime.device.lazy_graph`) becomes a :class:`StepTrace`. Post-accumulate-grad
+hooks mark when each parameter's gradient is produced. One warm-up step first creates the
+optimizer state, so the traced step is a steady-state step.
+
+Why here, in ``tools/``: the tracer drives the bridge (its dispatch modes, on a private
+device lent the process's place with :func:`~hpu_runtime.bridge.runtime.using_device`), the
+API (``mark_step``, the ``hpex`` optimizers) and the device model together, so it sits
+above all three planes, with the planner side that consumes its traces
+(:mod:`hpu_runtime.tools.replay`, ``hccl.sim.ddp_plan``, the study CLIs). The live driver
+``models.train`` imports :func:`training_step` from here so both run the same step.
+
+Simulated times are integer ns; ``wall_s`` fields are wall-clock seconds on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..bridge import dispatch as bridge
+from ..bridge.runtime import config, get_device, using_device
+from ..bridge.sim_device import SimDevice
+from ..device.lazy_graph import OpRecord
+from ..device.spec import DeviceSpec
+from .replay import replay_device
+
+__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_parameters", "portable", "trace_step",
+           "training_step"]
+
+MODES = ("lazy", "eager", "compile")
+"""Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
+(forward and backward as compiled regions: one recipe each with no per-op host cost, the
+optimizer eager)."""
+
+
+def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer, *,
+                  autocast: bool = False, compiled: bool = False) -> torch.Tensor:
+    """One training step on the simulated Gaudi; returns the loss (detached, on the device).
+
+    Args:
+        model: the (DDP-wrapped or plain) model, its parameters on ``"hpu"``.
+        inputs: host tensors; each is copied to the device (``.to("hpu")``, charged as PCIe).
+        loss_fn: ``loss_fn(model(*inputs)) -> scalar loss``.
+        optimizer: any ``torch.optim`` optimizer over the model's parameters.
+        autocast: forward and loss under ``torch.autocast("hpu", dtype=torch.bfloat16)``,
+            as Habana's ``--autocast`` recipes run (see :mod:`hpu_runtime.bridge.autocast`).
+        compiled: forward+loss and backward each run as one compiled region (the
+            ``"compile"`` mode of :data:`MODES`).
+    """
+    from ..api.hpu import mark_step
+
+    device = get_device()
+
+    def region(label: str):
+        return device.compiled_region(label) if compiled else contextlib.nullcontext()
+
+    dev = [t.to("hpu") for t in inputs]
+    with region("torch.compile forward"), torch.autocast("hpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = loss_fn(model(*dev))
+    device.mark(("phase", "forward_end"))
+    optimizer.zero_grad(set_to_none=True)
+    with region("torch.compile backward"):
+        loss.backward()
+    device.mark(("phase", "backward_end"))
+    mark_step()
+    optimizer.step()
+    mark_step()
+    return loss.detach()
+
+
+@dataclass(frozen=True, slots=True)
+class ParamInfo:
+    """A trainable parameter in DDP's order.
+
+    Attributes:
+        name: qualified name (the first, for a parameter tied to several modules).
+        numel: elements.
+        dtype: e.g. ``"torch.float32"``.
+        nbytes: bytes of its gradient.
+        grad_serial: storage serial of its gradient in the traced step's event log.
+    """
+
+    name: str
+    numel: int
+    dtype: str
+    nbytes: int
+    grad_serial: int
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """``dtype`` as a ``torch.dtype``."""
+        return getattr(torch, self.dtype.removeprefix("torch."))
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """A traced steady-state training step (see module docstring).
+
+    Attributes:
+        spec: the device the costs were computed for.
+        mode: one of :data:`MODES`.
+        autocast: forward and loss ran under bf16 autocast.
+        lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` was on when traced (recorded for
+            the planner; the trace itself has no collectives).
+        batch_size: per-card batch.
+        events: the step's event log, in order (see :class:`~hpu_runtime.bridge.sim_device.SimDevice`).
+        params: trainable parameters in DDP's order.
+        frozen: names of parameters that do not require grad (DDP skips them).
+        peak_hbm_bytes: simulated HBM high-water mark over the traced steps, bytes.
+        wall_s: wall-clock seconds the trace took on this machine.
+    """
+
+    spec: DeviceSpec
+    mode: str
+    lazy_collectives: bool
+    batch_size: int
+    autocast: bool
+    events: list
+    params: list[ParamInfo]
+    frozen: list[str] = field(default_factory=list)
+    peak_hbm_bytes: int = 0
+    wall_s: float = 0.0
+
+
+def portable(trace: StepTrace) -> StepTrace:
+    """A copy of ``trace`` that pickles (to ship to other processes, e.g. Ray tasks).
+
+    Graph-key entries hold torch op objects, which do not pickle; they only identify
+    recipes, so each distinct entry becomes a distinct int. Timing is unchanged.
+    """
+    ids: dict = {}
+    events = []
+    for ev in trace.events:
+        if ev[0] == "op":
+            op = ev[1]
+            events.append(("op", OpRecord(ids.setdefault(op.key, len(ids)), op.cost, op.reads, op.writes)))
+        elif ev[0] == "view":
+            events.append(("view", ids.setdefault(ev[1], len(ids))))
+        else:
+            events.append(ev)
+    return dataclasses.replace(trace, events=events)
+
+
+def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``(name, parameter)`` in the order DDP's reducer indexes them.
+
+    As ``DistributedDataParallel._build_params_for_reducer`` (torch 2.13): modules in
+    ``named_modules()`` order, each module's own parameters that require grad, a parameter
+    shared by several modules (tied) counted once at its first occurrence.
+    """
+    seen: set[int] = set()
+    out = []
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append((f"{mname}.{pname}" if mname else pname, p))
+    return out
+
+
+@contextlib.contextmanager
+def _fake_tensors_look_real():
+    """Hide fake tensors from transformers' ``is_tracing`` while tracing.
+
+    transformers takes other code paths when it sees a FakeTensor (it materialises the
+    causal mask it skips for real tensors), so the traced step would not run the ops a live
+    step runs. Nothing else is changed; without transformers this does nothing.
+    """
+    import sys
+
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if original is None:
+        yield
+        return
+    utils.is_fake_tensor = lambda x: False
+    try:
+        yield
+    finally:
+        utils.is_fake_tensor = original
+
+
+@contextlib.contextmanager
+def _traced_device(dev: SimDevice):
+    """Route the bridge to ``dev`` on this thread (the process's own device is untouched)."""
+    was_active = bridge.is_active()
+    if was_active:
+        bridge.deactivate()
+    try:
+        with using_device(dev):
+            yield
+    finally:
+        if was_active:
+            bridge.activate()
+
+
+OPTIMIZERS = ("sgd", "adamw", "fused-sgd", "fused-adamw", "fused-lamb")
+"""Optimizers a traced step can use: torch's SGD (momentum) and AdamW, and Gaudi's fused
+``hpex`` ones (:mod:`hpu_runtime.api.hpex`), which run as one kernel per parameter group."""
+
+
+def _optimizer(name: str, params, lr: float, momentum: float):
+    from ..api import hpex
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "fused-sgd":
+        return hpex.FusedSGD(params, lr=lr, momentum=momentum)
+    if name == "fused-adamw":
+        return hpex.FusedAdamW(params, lr=lr)
+    if name == "fused-lamb":
+        return hpex.FusedLamb(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+
+
+def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: DeviceSpec,
+               mode: str = "lazy", lazy_collectives: bool = False, optimizer: str = "sgd",
+               lr: float = 0.05, momentum: float = 0.9, autocast: bool = False) -> StepTrace:
+    """Trace one steady-state training step of ``factory(batch_size)`` without data.
+
+    Args:
+        factory: ``factory(batch_size) -> (model, inputs, loss_fn)``; called under
+            ``FakeTensorMode``, so it must build everything with torch factories.
+        batch_size: per-card batch.
+        spec: the simulated device.
+        mode: ``"lazy"``, ``"eager"`` or ``"compile"`` (see :data:`MODES`).
+        lazy_collectives: recorded in the trace for the planner.
+        optimizer: one of :data:`OPTIMIZERS` (``"sgd"``: momentum, as ``models.train``).
+        autocast: bf16 autocast of forward and loss (as :func:`training_step`).
+
+    Returns:
+        The :class:`StepTrace`; compile costs are left out (a steady-state step hits the
+        recipe cache).
+
+    Raises:
+        ValueError: unknown mode or optimizer, non-positive batch, or a factory that does
+            not return ``(nn.Module, tuple of tensors, callable)``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
+    wall0 = time.perf_counter()
+    dev = replay_device(spec, mode, fallback=config().fallback)
+    with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
+        made = factory(batch_size)
+        if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
+                or not callable(made[2])):
+            raise ValueError("a step factory must return (model: nn.Module, inputs: tuple of tensors, "
+                             f"loss_fn: callable), got {type(made).__name__}")
+        model, inputs, loss_fn = made
+        inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+        if not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise ValueError("a step factory's inputs must all be tensors")
+        named = ddp_parameters(model)
+        frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+        bridge.activate()
+        try:
+            for t in (*model.parameters(), *model.buffers()):  # on the device (fake tensors
+                dev.make_resident(t)                            # cannot be swapped by .to())
+            opt = _optimizer(optimizer, [p for _, p in named], lr, momentum)
+            index = {id(p): i for i, (_, p) in enumerate(named)}
+            grad_serial: dict[int, int] = {}
+
+            def hook(p: torch.Tensor) -> None:
+                i = index[id(p)]
+                grad_serial[i] = dev.serial_of(p.grad)
+                dev.mark(("grad_ready", i))
+
+            handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
+            run = _step_runner(mode, model, inputs, loss_fn, opt, autocast)
+            with _fake_tensors_look_real():
+                run()  # warm-up: optimizer state
+                dev.begin_step()
+                dev.hbm.reset_peak()
+                dev.log = []
+                run()
+                dev.end_step()
+            events, dev.log = dev.log, None
+            for h in handles:
+                h.remove()
+        finally:
+            bridge.deactivate()
+    params = [ParamInfo(name=n, numel=p.numel(), dtype=str(p.dtype), nbytes=p.numel() * p.element_size(),
+                        grad_serial=grad_serial.get(i, -1)) for i, (n, p) in enumerate(named)]
+    return StepTrace(spec=spec, mode=mode, lazy_collectives=lazy_collectives, batch_size=batch_size, autocast=autocast,
+                     events=events, params=params, frozen=frozen, peak_hbm_bytes=dev.hbm.peak_bytes,
+                     wall_s=time.perf_counter() - wall0)
+
+
+def _step_runner(mode: str, model, inputs, loss_fn, opt, autocast: bool) -> Callable[[], None]:
+    def fresh_inputs() -> tuple:  # a new host batch every step, as a data loader gives
+        bridge.deactivate()  # the bridge only: the fake mode below it stays on
+        try:
+            return tuple(t.clone() for t in inputs)
+        finally:
+            bridge.activate()
+
+    return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast,
+                                 compiled=mode == "compile")
