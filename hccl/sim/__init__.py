@@ -9,5 +9,7 @@ topology, never a wall clock.
 
 Must not import: torch.distributed, the data plane (:mod:`hccl.transport`), the torch face
 (:mod:`hccl.process_group`), ``launchers`` or ``models``. (:mod:`.ddp_plan` replays a traced
-step through :mod:`hpu_runtime`'s device model, the one import of another package.)
+step through :mod:`hpu_runtime`'s device model, and takes DDP's bucket assignment from
+``torch.distributed`` itself, without opening a process group; ``tests/unit/test_hccl_layering.py``
+checks these rules.)
 """
