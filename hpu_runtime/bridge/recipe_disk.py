@@ -42,9 +42,9 @@ NOTE [disk recipe cache protocol]:
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import logging
+import multiprocessing.util
 import os
 import stat
 import threading
@@ -99,7 +99,10 @@ class DiskRecipeCache:
         self._snapshot: dict[bytes, Recipe] = self._take_snapshot()
         self._writer = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"{WRITER_THREAD_PREFIX}:{self.directory}")
-        atexit.register(self._close_at_exit)
+        # NOTE [flush at exit]: multiprocessing's exit hook, not atexit: it runs at a normal
+        # interpreter exit *and* when a rank started by fork or a fork server returns (such a
+        # child leaves through os._exit, which skips atexit and would drop unpublished recipes).
+        self._at_exit = multiprocessing.util.Finalize(self, self._close_at_exit, exitpriority=10)
 
     # -- reading -----------------------------------------------------------------------
     def path_for(self, digest: bytes) -> Path:
@@ -196,7 +199,7 @@ class DiskRecipeCache:
             self._closed = True  # from now on store_async writes on the calling thread
         drained = self.flush(timeout)
         self._writer.shutdown(wait=drained)  # nothing left to wait for unless it timed out
-        atexit.unregister(self._close_at_exit)
+        self._at_exit.cancel()
         return drained
 
     def clear(self) -> None:

@@ -476,3 +476,28 @@ def test_directory_named_like_a_recipe_does_not_stop_eviction(tmp_path, caplog):
     assert _recipe_files(tmp_path) == sorted(odd)
     assert any("not a regular file" in r.getMessage() or "a directory" in r.getMessage()
                for r in caplog.records)
+
+
+def _store_and_return(directory: str, n: int) -> None:
+    """A forked rank that stores recipes and returns without closing its cache."""
+    disk = DiskRecipeCache(RecipeCacheConfig(path=Path(directory), clear_at_start=False, size_mb=16))
+    for i in range(n):
+        disk.store_async(digest_of(f"forked-{i}"), _recipe(i))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_forked_rank_that_just_returns_publishes_its_recipes(tmp_path, method):
+    """A rank started by fork or a fork server leaves through os._exit (no atexit); its pending
+    recipes are still published (NOTE [flush at exit] in recipe_disk.py)."""
+    ctx = mp.get_context(method)
+    p = ctx.Process(target=_store_and_return, args=(str(tmp_path), 4))
+    p.start()
+    p.join(JOIN_TIMEOUT_S)
+    assert p.exitcode == 0
+    assert len(_recipe_files(tmp_path)) == 4
+    reader = DiskRecipeCache(RecipeCacheConfig(path=tmp_path, clear_at_start=False, size_mb=16))
+    try:
+        assert all(reader.lookup(digest_of(f"forked-{i}")) is not None for i in range(4))
+    finally:
+        reader.close()
