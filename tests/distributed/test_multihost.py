@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -148,3 +150,30 @@ def test_hccl_algo_ring_moves_bytes_around_a_ring_across_hosts():
         assert out["allreduce_err"] < 1e-9, out
         assert out["gather_ok"], out
         assert out["peers"] == [(r + 1) % 4], out
+
+
+def _small_then_dead(rank: int, world: int):
+    x = torch.randn(64, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+    got = x.clone()
+    dist.all_reduce(got)  # a pure-TCP phase of 512 B: NOTE [inline small phases]
+    if rank == 1:
+        os._exit(3)
+    try:
+        dist.all_reduce(torch.ones(16))
+    except RuntimeError as exc:
+        return got.tolist(), str(exc)
+    return got.tolist(), "no error"
+
+
+@pytest.mark.timeout(90)
+def test_small_phases_between_hosts_run_inline_and_a_dead_peer_is_named():
+    """One rank per host: a small allreduce (sent and received on the calling thread) equals
+    numpy's; then rank 1 dies and rank 0's next collective names it instead of hanging."""
+    res = run_ranks(_small_then_dead, 2, pg_timeout=60, timeout=80, expect_errors=True,
+                    env={"RANKS_PER_HOST": "1", "HCCL_HOST_ID": "host{host}"})
+    assert res[1] == ("missing", 3)
+    status, (got, err) = res[0]
+    assert status == "ok"
+    xs = [torch.randn(64, generator=torch.Generator().manual_seed(r), dtype=torch.float64).numpy() for r in range(2)]
+    np.testing.assert_array_equal(np.asarray(got), xs[0] + xs[1])
+    assert "rank 1" in err and "timed out" not in err, err
