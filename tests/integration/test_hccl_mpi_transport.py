@@ -114,7 +114,6 @@ def test_mpi_transport_outside_mpiexec_says_how_to_start(tmp_path: Path) -> None
 
 # ---- rank side (under mpiexec) ---------------------------------------------------------------
 def _rank_main(mode: str, init_file: str) -> None:
-    import time
     from datetime import timedelta
 
     import torch
