@@ -105,7 +105,7 @@ def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
         return None, "MPI not available (no mpiexec or mpi4py): pip install -e '.[mpi]'"
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "HCCL_TRANSPORT"))}
     env.update(HCCL_TRANSPORT="mpi", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))

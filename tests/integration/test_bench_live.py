@@ -1,6 +1,7 @@
 """``python -m hccl.tools.bench --live``: real ranks report the planner's simulated figures plus wall time."""
 
 import csv
+import shutil
 import subprocess
 import sys
 
@@ -33,3 +34,20 @@ def test_bench_live_bad_algorithm(capsys):
 
     assert main(["--live", "--ranks", "2", "--size", "1KB", "--algorithm", "tree"]) == 2
     assert "unknown algorithm 'tree'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_bench_transport_prints_every_backend_and_size():
+    """``python -m hccl.tools.bench_transport`` on 2 ranks: one row per size, shared memory,
+    MPI (when mpiexec is installed) and gloo columns, finite positive figures."""
+    cmd = [sys.executable, "-m", "hccl.tools.bench_transport", "--ranks", "2", "--iters", "1", "--timeout", "150"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("|") and "B |" in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["1 KB", "1 MB", "16 MB", "64 MB"], proc.stdout
+    for r in rows:
+        cells = [c.strip() for c in r.split("|")[2:5]]
+        figures = [float(c.split()[0]) for c in cells if c != "n/a"]
+        assert len(figures) >= 2 and all(f > 0 for f in figures), r
+    if shutil.which("mpiexec"):
+        assert all("n/a" not in r.split("|")[3] for r in rows), proc.stdout
