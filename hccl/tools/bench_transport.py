@@ -6,7 +6,9 @@ or bus bandwidth (larger sizes) of each backend and their ratio. When mpi4py and
 ``mpiexec`` are installed (``pip install -e '.[mpi]'``) it then runs ``mpiexec -n RANKS
 python -m hccl.tools.bench_transport --mpi-worker ...``, which measures "hccl" with
 ``HCCL_TRANSPORT=mpi`` the same way, and adds that column; without MPI it says so and
-prints the rest. These are *wall-clock* figures of the emulator's data movement on this
+prints the rest. ``--hosts H`` splits the ranks into H emulated hosts (``HCCL_HOST_ID``), so the
+"hccl" column measures the multi-host path (the schedule executor: shared memory inside a
+host, TCP between hosts) and the MPI column is left out. These are *wall-clock* figures of the emulator's data movement on this
 machine, not simulated Gaudi times.
 
 Bus bandwidth follows hccl_demo/nccl-tests: ``busbw = algbw x 2(n-1)/n`` for allreduce,
@@ -63,8 +65,11 @@ def _iters(nbytes: int, iters: int) -> int:
     return iters if nbytes <= (1 << 20) else max(3, iters // 4)
 
 
-def _worker(rank: int, world: int, init_file: str, iters: int, queue) -> None:
+def _worker(rank: int, world: int, init_file: str, iters: int, queue, hosts: int = 1) -> None:
     import hpu_runtime
+
+    if hosts > 1:  # consecutive ranks share an emulated host; hosts talk over TCP
+        os.environ["HCCL_HOST_ID"] = f"bench-host{rank * hosts // world}"
 
     hpu_runtime.deactivate()  # measure the transport, not the bridge
     dist.init_process_group("hccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -128,6 +133,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--timeout", type=float, default=600.0, help="wall seconds before giving up (per run)")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="split the ranks into this many emulated hosts (HCCL_HOST_ID): the hccl column is then "
+                        "the multi-host path (shared memory inside a host, TCP between hosts); no MPI column")
     p.add_argument("--mpi-worker", nargs=2, metavar=("INIT_FILE", "OUT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.mpi_worker:
@@ -135,6 +143,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     if args.ranks < 2:
         raise SystemExit("--ranks must be >= 2")
+    if args.hosts < 1 or args.ranks % args.hosts:
+        raise SystemExit(f"--hosts must divide --ranks ({args.ranks}); got {args.hosts}")
     # one intra-op thread per rank, as torchrun sets: ranks spinning on shared memory must
     # not compete with OpenMP worker threads for the cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -142,7 +152,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=_worker, args=(r, args.ranks, init_file, args.iters, queue)) for r in range(args.ranks)]
+        procs = [ctx.Process(target=_worker, args=(r, args.ranks, init_file, args.iters, queue, args.hosts)) for r in range(args.ranks)]
         for pr in procs:
             pr.start()
         deadline = time.monotonic() + args.timeout
@@ -154,11 +164,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if alive or any(pr.exitcode for pr in procs) or queue.empty():
             raise SystemExit(f"benchmark failed: exit codes {[pr.exitcode for pr in procs]}")
         rows = queue.get()
-    mpi_times, why = _run_mpi(args.ranks, args.iters, args.timeout)
+    if args.hosts > 1:
+        mpi_times, why = None, f"not measured with --hosts {args.hosts} (the MPI transport has no emulated hosts)"
+    else:
+        mpi_times, why = _run_mpi(args.ranks, args.iters, args.timeout)
     n = args.ranks
     factor = 2 * (n - 1) / n
     out = []
-    print(f"allreduce, {n} ranks on this host, wall-clock (not simulated) figures")
+    where = f"in {args.hosts} emulated hosts" if args.hosts > 1 else "on this host"
+    print(f"allreduce, {n} ranks {where}, wall-clock (not simulated) figures")
     if mpi_times is None:
         print(f"hccl (MPI transport): {why}")
     table = []
@@ -180,8 +194,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rec["hccl_mpi_busbw_gbps"] = bw[1]
         table.append([label, *cells, *ratios])
         out.append(rec)
-    print(tabulate(table, headers=["size", "hccl (shm)", "hccl (MPI)", "gloo", "shm vs gloo", "MPI vs gloo",
-                                   "MPI vs shm"], tablefmt="github", colalign=("right",) * 7))
+    mine = "hosts" if args.hosts > 1 else "shm"
+    print(tabulate(table, headers=["size", f"hccl ({mine})", "hccl (MPI)", "gloo", f"{mine} vs gloo", "MPI vs gloo",
+                                   f"MPI vs {mine}"], tablefmt="github", colalign=("right",) * 7))
     sys.stdout.flush()
     return out
 

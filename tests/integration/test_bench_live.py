@@ -51,3 +51,18 @@ def test_bench_transport_prints_every_backend_and_size():
         assert len(figures) >= 2 and all(f > 0 for f in figures), r
     if shutil.which("mpiexec"):
         assert all("n/a" not in r.split("|")[3] for r in rows), proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_bench_transport_measures_the_multi_host_path():
+    """``--hosts 2``: the hccl column is the two-host path (TCP between hosts), MPI is left out
+    with a reason; a --hosts that does not divide --ranks is refused."""
+    cmd = [sys.executable, "-m", "hccl.tools.bench_transport", "--ranks", "2", "--hosts", "2", "--iters", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 ranks in 2 emulated hosts" in proc.stdout and "hccl (hosts)" in proc.stdout, proc.stdout
+    assert "not measured with --hosts 2" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("|") and "B |" in line]
+    assert len(rows) == 4 and all(float(r.split("|")[2].split()[0]) > 0 for r in rows), proc.stdout
+    bad = subprocess.run(cmd[:3] + ["--ranks", "3", "--hosts", "2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--hosts must divide --ranks (3)" in bad.stderr
