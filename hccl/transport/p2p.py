@@ -1,10 +1,13 @@
 """Point-to-point send/recv between ranks of one host, through per-peer shared-memory outboxes.
 
 NOTE [p2p outboxes]
-Each segment holds one outbox per local peer (``P2P_SLOT_BYTES``, a 64-byte header then
-data). Rank s writes a message chunk into its outbox for d and bumps its ``sent[d]`` word;
-rank d copies the chunk out and bumps its ``taken[s]`` word; s writes the next chunk only
-when ``taken`` caught up with ``sent``. A send never blocks the caller: :class:`SendOp`
+Each segment holds one outbox per local peer (``P2P_SLOT_BYTES``), split into
+``_SLOTS`` = 2 halves, each a 64-byte header then data. Rank s writes message chunk k (its
+``sent[d]`` count) into half ``k % 2`` of its outbox for d and bumps ``sent[d]``; rank d
+copies chunk k out of that half and bumps its ``taken[s]`` word; s writes a chunk only while
+fewer than two are waiting (``sent - taken < 2``). So the sender fills one half while the
+receiver empties the other: a large message streams instead of stopping and waiting at
+every chunk. A send never blocks the caller: :class:`SendOp`
 posts what fits and the rest is pushed whenever this rank waits (in a receive, in
 ``Work.wait()``, or before its next collective), so ``isend``/``irecv`` pairs in any order
 make progress, as with MPI or NCCL. Every wait has the group's timeout. The header carries
@@ -27,7 +30,15 @@ from .shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
 __all__ = ["SendOp", "RecvOp", "P2PMismatchError"]
 
 _HDR_BYTES = 64
-_CHUNK = P2P_SLOT_BYTES - _HDR_BYTES
+_SLOTS = 2
+_HALF = P2P_SLOT_BYTES // _SLOTS
+_CHUNK = _HALF - _HDR_BYTES
+
+
+def _half(outbox: torch.Tensor, k: int) -> torch.Tensor:
+    """Half ``k % 2`` of an outbox: where chunk number ``k`` of that sender-receiver pair lives."""
+    i = k % _SLOTS
+    return outbox[i * _HALF : (i + 1) * _HALF]
 
 
 class P2PMismatchError(RuntimeError):
@@ -60,15 +71,16 @@ class SendOp:
         total = self.header[1]
         while not self.done:
             sent = int(me.ctrl[P2P_SENT_W + dst])
-            if int(peer.ctrl[P2P_TAKEN_W + self.arena.rank]) < sent:
-                return False  # the receiver has not taken the previous chunk yet
+            if int(peer.ctrl[P2P_TAKEN_W + self.arena.rank]) <= sent - _SLOTS:
+                return False  # both halves hold chunks the receiver has not taken yet
             chunk = min(_CHUNK, total - self.off)
-            slot = me.p2p_slot[dst]
+            slot = _half(me.p2p_slot[dst], sent)
             self.header[2], self.header[3] = self.off, chunk
             slot[:_HDR_BYTES].view(torch.int64).copy_(torch.tensor(self.header, dtype=torch.int64))
             if chunk:
                 slot[_HDR_BYTES : _HDR_BYTES + chunk].copy_(self.data[self.off : self.off + chunk])
             me.ctrl[P2P_SENT_W + dst] = sent + 1
+            self.arena.note_progress()
             self.off += chunk
             self.done = self.off >= total
         return True
@@ -77,7 +89,8 @@ class SendOp:
         """Block until every chunk is posted (other queued sends progress meanwhile)."""
         while not self.progress():
             sent = int(self.arena.me.ctrl[P2P_SENT_W + self.dst])
-            self.arena.wait_word(self.arena.segments[self.dst], P2P_TAKEN_W + self.arena.rank, sent, self.what, progress)
+            self.arena.wait_word(self.arena.segments[self.dst], P2P_TAKEN_W + self.arena.rank, sent - _SLOTS + 1,
+                                 self.what, progress)
 
 
 class RecvOp:
@@ -110,8 +123,9 @@ class RecvOp:
             if src in skip:
                 continue
             seg = arena.segments[src]
-            if int(seg.ctrl[P2P_SENT_W + arena.rank]) > int(me.ctrl[P2P_TAKEN_W + src]):
-                if int(seg.p2p_slot[arena.rank][:_HDR_BYTES].view(torch.int64)[0]) == self.tag:
+            taken = int(me.ctrl[P2P_TAKEN_W + src])
+            if int(seg.ctrl[P2P_SENT_W + arena.rank]) > taken:
+                if int(_half(seg.p2p_slot[arena.rank], taken)[:_HDR_BYTES].view(torch.int64)[0]) == self.tag:
                     self.src = src
                     return True
         return False
@@ -134,7 +148,7 @@ class RecvOp:
             taken = int(me.ctrl[P2P_TAKEN_W + src])
             if int(peer.ctrl[P2P_SENT_W + arena.rank]) <= taken:
                 return False
-            slot = peer.p2p_slot[arena.rank]
+            slot = _half(peer.p2p_slot[arena.rank], taken)
             h_tag, h_total, h_off, h_chunk, h_ns, h_dtype, h_numel, _ = slot[:_HDR_BYTES].view(torch.int64).tolist()
             if self.off == 0:
                 self.sent_ns = h_ns
@@ -151,6 +165,7 @@ class RecvOp:
             if h_chunk:
                 self.data[h_off : h_off + h_chunk].copy_(slot[_HDR_BYTES : _HDR_BYTES + h_chunk])
             me.ctrl[P2P_TAKEN_W + src] = taken + 1
+            arena.note_progress()
             self.off = h_off + h_chunk
             self.done = self.off >= total
         return True
