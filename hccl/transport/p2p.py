@@ -1,13 +1,10 @@
 """Point-to-point send/recv between ranks of one host, through per-peer shared-memory outboxes.
 
 NOTE [p2p outboxes]
-Each segment holds one outbox per local peer (``P2P_SLOT_BYTES``), split into
-``_SLOTS`` = 2 halves, each a 64-byte header then data. Rank s writes message chunk k (its
-``sent[d]`` count) into half ``k % 2`` of its outbox for d and bumps ``sent[d]``; rank d
-copies chunk k out of that half and bumps its ``taken[s]`` word; s writes a chunk only while
-fewer than two are waiting (``sent - taken < 2``). So the sender fills one half while the
-receiver empties the other: a large message streams instead of stopping and waiting at
-every chunk. A send never blocks the caller: :class:`SendOp`
+Each segment holds one outbox per local peer (``P2P_SLOT_BYTES``, a 64-byte header then
+data). Rank s writes a message chunk into its outbox for d and bumps its ``sent[d]`` word;
+rank d copies the chunk out and bumps its ``taken[s]`` word; s writes the next chunk only
+when ``taken`` caught up with ``sent``. A send never blocks the caller: :class:`SendOp`
 posts what fits and the rest is pushed whenever this rank waits (in a receive, in
 ``Work.wait()``, or before its next collective), so ``isend``/``irecv`` pairs in any order
 make progress, as with MPI or NCCL. Every wait has the group's timeout. The header carries
@@ -30,15 +27,7 @@ from .shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
 __all__ = ["SendOp", "RecvOp", "P2PMismatchError"]
 
 _HDR_BYTES = 64
-_SLOTS = 2
-_HALF = P2P_SLOT_BYTES // _SLOTS
-_CHUNK = _HALF - _HDR_BYTES
-
-
-def _half(outbox: torch.Tensor, k: int) -> torch.Tensor:
-    """Half ``k % 2`` of an outbox: where chunk number ``k`` of that sender-receiver pair lives."""
-    i = k % _SLOTS
-    return outbox[i * _HALF : (i + 1) * _HALF]
+_CHUNK = P2P_SLOT_BYTES - _HDR_BYTES
 
 
 class P2PMismatchError(RuntimeError):
@@ -71,10 +60,10 @@ class SendOp:
         total = self.header[1]
         while not self.done:
             sent = int(me.ctrl[P2P_SENT_W + dst])
-            if int(peer.ctrl[P2P_TAKEN_W + self.arena.rank]) <= sent - _SLOTS:
-                return False  # both halves hold chunks the receiver has not taken yet
+            if int(peer.ctrl[P2P_TAKEN_W + self.arena.rank]) < sent:
+                return False  # the receiver has not taken the previous chunk yet
             chunk = min(_CHUNK, total - self.off)
-            slot = _half(me.p2p_slot[dst], sent)
+            slot = me.p2p_slot[dst]
             self.header[2], self.header[3] = self.off, chunk
             slot[:_HDR_BYTES].view(torch.int64).copy_(torch.tensor(self.header, dtype=torch.int64))
             if chunk:
@@ -89,8 +78,7 @@ class SendOp:
         """Block until every chunk is posted (other queued sends progress meanwhile)."""
         while not self.progress():
             sent = int(self.arena.me.ctrl[P2P_SENT_W + self.dst])
-            self.arena.wait_word(self.arena.segments[self.dst], P2P_TAKEN_W + self.arena.rank, sent - _SLOTS + 1,
-                                 self.what, progress)
+            self.arena.wait_word(self.arena.segments[self.dst], P2P_TAKEN_W + self.arena.rank, sent, self.what, progress)
 
 
 class RecvOp:
@@ -123,9 +111,8 @@ class RecvOp:
             if src in skip:
                 continue
             seg = arena.segments[src]
-            taken = int(me.ctrl[P2P_TAKEN_W + src])
-            if int(seg.ctrl[P2P_SENT_W + arena.rank]) > taken:
-                if int(_half(seg.p2p_slot[arena.rank], taken)[:_HDR_BYTES].view(torch.int64)[0]) == self.tag:
+            if int(seg.ctrl[P2P_SENT_W + arena.rank]) > int(me.ctrl[P2P_TAKEN_W + src]):
+                if int(seg.p2p_slot[arena.rank][:_HDR_BYTES].view(torch.int64)[0]) == self.tag:
                     self.src = src
                     return True
         return False
@@ -148,7 +135,7 @@ class RecvOp:
             taken = int(me.ctrl[P2P_TAKEN_W + src])
             if int(peer.ctrl[P2P_SENT_W + arena.rank]) <= taken:
                 return False
-            slot = _half(peer.p2p_slot[arena.rank], taken)
+            slot = peer.p2p_slot[arena.rank]
             h_tag, h_total, h_off, h_chunk, h_ns, h_dtype, h_numel, _ = slot[:_HDR_BYTES].view(torch.int64).tolist()
             if self.off == 0:
                 self.sent_ns = h_ns
