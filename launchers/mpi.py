@@ -24,16 +24,27 @@ NOTE [naming the failed rank]
     until their timeout. A rank killed by a signal cannot report itself: Hydra then prints
     the dead process's PID and kills the others; every rank logs ``rank R of N is pid P``
     at start-up so that PID can be mapped to its rank.
+
+NOTE [last words before MPI_Abort]
+    Hydra's proxy reads each rank's stderr through a pipe, and ``MPI_Abort`` makes it kill
+    the job at once: a line still in the pipe is lost (CI lost "target did not finish" this
+    way on a loaded machine). Before aborting, a rank flushes its log and waits until the
+    pipe behind stderr is empty (``FIONREAD`` on a pipe counts the unread bytes), for at most
+    :data:`_DRAIN_LIMIT_S` wall seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import socket
+import stat
 import sys
+import termios
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +62,7 @@ from launchers.target import Target, add_target_arguments, exit_code, target_fro
 __all__ = [
     "MPIUnavailableError",
     "Rendezvous",
+    "abort_job",
     "agree_rendezvous",
     "build_parser",
     "import_mpi",
@@ -63,6 +75,7 @@ logger = logging.getLogger("launchers.mpi")
 INSTALL_HINT = "pip install -e '.[mpi]'  (brings mpi4py and MPICH's mpiexec)"
 _HOST_BYTES = 256  # fixed width of a host name/address on the wire (bytes, NUL padded)
 _MPICH_SHM_PREFIX = "/dev/shm/mpich_shm_"
+_DRAIN_LIMIT_S = 2.0  # longest wait (wall seconds) for Hydra to read our last stderr line
 
 
 class MPIUnavailableError(RuntimeError):
@@ -231,11 +244,32 @@ def _check_env(env: RankEnv, rank: int, size: int) -> None:
         )
 
 
+def _unread_bytes(fd: int) -> int:
+    """Bytes written to the pipe behind ``fd`` and not yet read (0 if ``fd`` is no pipe)."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return 0
+        buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int.from_bytes(buf, sys.byteorder, signed=True)
+
+
+def abort_job(comm: Any, code: int, limit_s: float = _DRAIN_LIMIT_S) -> None:
+    """Flushes the log, lets Hydra read it, then ``MPI_Abort(code)`` (see NOTE [last words])."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and (_unread_bytes(2) > 0 or _unread_bytes(1) > 0):
+        time.sleep(0.01)
+    comm.Abort(code)
+
+
 def _abort_after(comm: Any, rank: int, seconds: float) -> threading.Timer:
     def fire() -> None:
         logger.error("rank %d: target did not finish within %.0f s; aborting the job", rank, seconds)
-        logging.shutdown()
-        comm.Abort(124)
+        abort_job(comm, 124)
 
     timer = threading.Timer(seconds, fire)
     timer.daemon = True
@@ -293,10 +327,7 @@ def run(target: Target, args: argparse.Namespace, MPI: Any) -> int:
         dead = _dead_peers(rdv, rank)
         cause = f" after rank(s) {dead} died" if dead else ""
         logger.error("rank %d failed (exit code %d)%s; aborting the MPI job", rank, code, cause)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        comm.Abort(code)
+        abort_job(comm, code)
     return code
 
 
@@ -314,8 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(target, args, MPI)
     except ValueError as exc:
         logger.error("rank %d: %s", MPI.COMM_WORLD.Get_rank(), exc)
-        logging.shutdown()
-        MPI.COMM_WORLD.Abort(2)
+        abort_job(MPI.COMM_WORLD, 2)
         return 2
 
 
