@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from models.zoo import step_factory
 
-    from .device_spec import get_device_spec
+    from ..device.spec import get_device_spec
     from .replay import summarize
     from .tracing import trace_step
 
