@@ -89,7 +89,7 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
                        address=listen_address(config.socket_addr, config.socket_ifname))
         store.set(f"hccl/tcp/{rank}", mesh.address)
         mesh.connect({p: store.get(f"hccl/tcp/{p}").decode() for p in peers})
-        coll = ScheduleCollectives(HostsTransport(layout, arena, mesh), planner, names, arena=arena, mesh=mesh)
+        coll = ScheduleCollectives(HostsTransport(layout, arena, mesh), planner, names, arena=arena)
         return Rendezvous(layout, coll)
     except BaseException:
         if mesh is not None:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from .interface import Transport
+from .p2p import byte_view
 from .plan import CopyStep, Plan, PlanRequest, Planner, RecvStep, SendStep, phases
 from .reduce_ops import combine, combine_out, finish
 from .shm import META_FIELDS, ShmArena
@@ -39,11 +40,6 @@ __all__ = ["ScheduleCollectives", "check_rows", "run_plan"]
 
 _N_META = len(META_FIELDS)
 _READY = META_INDEX["ready_ns"]
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The flat ``uint8`` view of a flat contiguous tensor (no copy)."""
-    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
 def check_rows(rows: list[list[int]], names: Sequence[int], what: str) -> list[list[int]]:
@@ -83,7 +79,7 @@ def run_plan(transport: Transport, plan: Plan, work: torch.Tensor, op: int, tag:
     or combined with reduce op ``op``.
     """
     for steps in phases(plan.steps):
-        sends = [(s.peer, _bytes(work[s.offset : s.offset + s.count])) for s in steps if isinstance(s, SendStep)]
+        sends = [(s.peer, byte_view(work[s.offset : s.offset + s.count])) for s in steps if isinstance(s, SendStep)]
         recv_steps = [s for s in steps if isinstance(s, RecvStep)]
         total = sum(s.count for s in recv_steps)
         nbytes = total * work.element_size()
@@ -94,7 +90,7 @@ def run_plan(transport: Transport, plan: Plan, work: torch.Tensor, op: int, tag:
         for s in recv_steps:
             parts.append(buf[off : off + s.count])
             off += s.count
-        transport.exchange(sends, [(s.peer, _bytes(p)) for s, p in zip(recv_steps, parts)], tag, what)
+        transport.exchange(sends, [(s.peer, byte_view(p)) for s, p in zip(recv_steps, parts)], tag, what)
         for s in steps:
             if isinstance(s, CopyStep) and s.count:
                 work[s.dst_offset : s.dst_offset + s.count].copy_(work[s.src_offset : s.src_offset + s.count].clone())
@@ -142,18 +138,16 @@ class ScheduleCollectives:
         planner: builds this rank's plan for a request (from the face, with ``hccl.sim``).
         names: the global rank of each group rank (error messages name global ranks).
         arena: the host's shared-memory arena (point-to-point), or None.
-        mesh: the TCP connections to other hosts, or None (kept for the face's checks).
     """
 
     def __init__(self, transport: Transport, planner: Planner, names: Sequence[int] | None = None,
-                 arena: ShmArena | None = None, mesh=None) -> None:
+                 arena: ShmArena | None = None) -> None:
         self.transport = transport
         self.planner = planner
         self.rank = transport.rank
         self.world_size = n = transport.world_size
         self.names = list(names) if names is not None else list(range(n))
         self.arena = arena
-        self.mesh = mesh
         self._scratch = [torch.empty(0, dtype=torch.uint8)]
 
     # ---- building blocks --------------------------------------------------------------
@@ -166,7 +160,7 @@ class ScheduleCollectives:
         if extra:
             table[me, _N_META : _N_META + len(extra)] = torch.tensor(extra, dtype=torch.int64)
         peers = [p for p in range(n) if p != me]
-        self.transport.exchange([(p, _bytes(table[me])) for p in peers], [(p, _bytes(table[p])) for p in peers],
+        self.transport.exchange([(p, byte_view(table[me])) for p in peers], [(p, byte_view(table[p])) for p in peers],
                                 meta[0], what)
         rows = table.tolist()
         splits = check_rows(rows, self.names, what)

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 import torch
 
 from .p2p import RecvOp, SendOp
+from .reduce_ops import DTYPE_CODES
 from .shm import ShmArena
 from .tcp import TcpMesh, tensor_bytes_view
 
 __all__ = ["HostLayout", "HostsTransport"]
 
 _TAG = -0x48434C  # the outboxes' tag for collective traffic (user point-to-point tags are >= 0)
-_BYTES = 6  # wire dtype code of uint8 (hccl.transport.reduce_ops.DTYPE_CODES)
+_BYTES = DTYPE_CODES[torch.uint8]  # the outboxes move raw bytes
 _INLINE_BYTES = 16 << 10
 """NOTE [inline small phases]: a phase whose messages all cross TCP and whose sends to each
 peer total at most this many bytes runs on the calling thread: every rank first sends (the
@@ -71,19 +72,8 @@ class HostLayout:
         return self.local_ranks.index(self.rank)
 
     @property
-    def leaders(self) -> tuple[int, ...]:
-        return tuple(h[0] for h in self.hosts)
-
-    @property
-    def is_leader(self) -> bool:
-        return self.local_index == 0
-
-    @property
     def world_size(self) -> int:
         return sum(len(h) for h in self.hosts)
-
-    def host_of(self, rank: int) -> int:
-        return next(i for i, h in enumerate(self.hosts) if rank in h)
 
 
 class HostsTransport:
@@ -125,26 +115,20 @@ class HostsTransport:
             else:
                 local_recvs.setdefault(i, deque()).append(RecvOp(self.arena, i, into, _TAG, _BYTES, what))
         mesh = self.mesh
-        if (mesh is not None and not local_sends and not local_recvs
-                and all(sum(x.numel() * x.element_size() for x in xs) <= _INLINE_BYTES for xs in remote_sends.values())):
-            try:
-                for peer, items in remote_sends.items():
-                    for x in items:
-                        mesh.send(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
-                for peer, items in remote_recvs.items():
-                    for x in items:
-                        mesh.recv(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
-            except BaseException:
-                mesh.close()  # as below: the peers learn of the failure at once
-                raise
-            return
+        inline = (mesh is not None and not local_sends and not local_recvs
+                  and all(sum(x.numel() * x.element_size() for x in xs) <= _INLINE_BYTES
+                          for xs in remote_sends.values()))
         errors: list[BaseException] = []
-        threads = []
-        for peer, items in remote_sends.items():
-            threads.append(_start(errors, lambda p=peer, xs=items: [mesh.send(p, _WIRE_TAG, tag, tensor_bytes_view(x)) for x in xs]))
-        for peer, items in remote_recvs.items():
-            threads.append(_start(errors, lambda p=peer, xs=items: [mesh.recv(p, _WIRE_TAG, tag, tensor_bytes_view(x)) for x in xs]))
+        threads: list[threading.Thread] = []
         try:
+            if inline:  # NOTE [inline small phases]: every send, then every receive
+                for peer, items in remote_sends.items():
+                    _send_all(mesh, peer, items, tag)
+                for peer, items in remote_recvs.items():
+                    _recv_all(mesh, peer, items, tag)
+                return
+            threads = [_start(errors, _send_all, mesh, peer, items, tag) for peer, items in remote_sends.items()]
+            threads += [_start(errors, _recv_all, mesh, peer, items, tag) for peer, items in remote_recvs.items()]
             if local_sends or local_recvs:
                 def done() -> bool:
                     for queue in (local_sends, local_recvs):
@@ -165,21 +149,19 @@ class HostsTransport:
 
                 awaited = sorted(set(local_sends) | set(local_recvs))
                 self.arena.wait_until(done, what, awaited)
-            while threads:  # a failed transfer drops the connections, so no thread outlives it
-                threads[0].join(0.05)
-                threads = [t for t in threads if t.is_alive()]
-                if errors:
-                    break
+            pending = threads
+            while pending and not errors:
+                pending[0].join(0.05)
+                pending = [t for t in pending if t.is_alive()]
+            if errors:
+                raise errors[0]
         except BaseException:
-            errors.append(None)  # type: ignore[arg-type]
+            if mesh is not None:
+                mesh.close()  # the peers learn of the failure at once; no thread outlives it
             raise
         finally:
-            if errors and mesh is not None:
-                mesh.close()
             for t in threads:
                 t.join()
-        if errors:
-            raise errors[0]
 
     def abort(self, reason: str) -> None:
         """Raise this rank's abort flag for its host and drop its TCP connections."""
@@ -192,10 +174,21 @@ class HostsTransport:
             self.mesh.close()
 
 
-def _start(errors: list[BaseException], fn) -> threading.Thread:
+def _send_all(mesh: TcpMesh, peer: int, items: list[torch.Tensor], tag: int) -> None:
+    for x in items:
+        mesh.send(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
+
+
+def _recv_all(mesh: TcpMesh, peer: int, items: list[torch.Tensor], tag: int) -> None:
+    for x in items:
+        mesh.recv(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
+
+
+def _start(errors: list[BaseException], fn, *args) -> threading.Thread:
+    """``fn(*args)`` on a daemon thread; what it raises is appended to ``errors``."""
     def body() -> None:
         try:
-            fn()
+            fn(*args)
         except BaseException as exc:  # noqa: BLE001 - re-raised by exchange()
             errors.append(exc)
 

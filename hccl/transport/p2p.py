@@ -24,7 +24,7 @@ import torch
 from .reduce_ops import CODE_DTYPES
 from .shm import P2P_SENT_W, P2P_SLOT_BYTES, P2P_TAKEN_W, ShmArena
 
-__all__ = ["SendOp", "RecvOp", "P2PMismatchError"]
+__all__ = ["SendOp", "RecvOp", "P2PMismatchError", "byte_view"]
 
 _HDR_BYTES = 64
 _CHUNK = P2P_SLOT_BYTES - _HDR_BYTES
@@ -34,7 +34,8 @@ class P2PMismatchError(RuntimeError):
     """A receive does not match the message sent (size, dtype or tag)."""
 
 
-def _byte_view(flat: torch.Tensor) -> torch.Tensor:
+def byte_view(flat: torch.Tensor) -> torch.Tensor:
+    """The flat ``uint8`` view of a flat contiguous tensor (no copy)."""
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
@@ -48,7 +49,7 @@ class SendOp:
     def __init__(self, arena: ShmArena, dst: int, flat: torch.Tensor, tag: int, dtype_code: int, sim_send_ns: int, what: str) -> None:
         self.arena = arena
         self.dst = dst
-        self.data = _byte_view(flat)
+        self.data = byte_view(flat)
         self.header = [tag, self.data.numel(), 0, 0, sim_send_ns, dtype_code, flat.numel(), 0]
         self.what = what
         self.off = 0
@@ -94,7 +95,7 @@ class RecvOp:
         self.arena = arena
         self.src = src
         self.flat = flat
-        self.data = _byte_view(flat)
+        self.data = byte_view(flat)
         self.tag = tag
         self.dtype_code = dtype_code
         self.what = what

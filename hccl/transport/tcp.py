@@ -83,7 +83,7 @@ class TcpMesh:
 
     Args:
         rank: this process's group rank.
-        peers: group ranks of the other leaders.
+        peers: group ranks to connect with (every rank of the other hosts).
         token: the job token every peer must present (from the rendezvous store).
         timeout_s: limit for connecting and for every send/receive, wall seconds.
         address: the address to listen on (:func:`listen_address`; default loopback).

@@ -20,7 +20,7 @@ def _layout_and_collectives(rank: int, world: int) -> dict:
     pg = dist.group.WORLD
     return {
         "hosts": [list(h) for h in pg.layout.hosts],
-        "tcp": pg._coll.mesh is not None,
+        "tcp": pg._coll.transport.mesh is not None,
         "failures": _all_collectives(rank, world),
     }
 
@@ -39,7 +39,7 @@ def _intruder(rank: int, world: int) -> dict:
     pg = dist.group.WORLD
     out = {}
     if rank == 0:
-        host, port = pg._coll.mesh.address.rsplit(":", 1)
+        host, port = pg._coll.transport.mesh.address.rsplit(":", 1)
         assert host == "127.0.0.1"  # loopback unless told otherwise
         s = socket.create_connection((host, int(port)), timeout=10)
         s.sendall(b"HCCLTCP1" + (1).to_bytes(8, "little") + b"not-the-token".ljust(48, b"\0"))
@@ -50,7 +50,7 @@ def _intruder(rank: int, world: int) -> dict:
     t = torch.full((1000,), float(rank))
     dist.all_reduce(t)
     out["sum"] = t[0].item()
-    out["refused"] = pg._coll.mesh.refused if pg._coll.mesh is not None else 0
+    out["refused"] = pg._coll.transport.mesh.refused if pg._coll.transport.mesh is not None else 0
     return out
 
 

@@ -58,7 +58,8 @@ def assert_no_new_shm(before: set[str], within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
     while shm_names() - before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not shm_names() - before, "shared-memory segments left behind"
+    left = shm_names() - before
+    assert not left, f"shared-memory segments left behind: {sorted(left)}"
 
 
 def assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from tests.integration.launch_helpers import REPO, clean_env, shm_names
+from tests.integration.launch_helpers import REPO, assert_no_new_shm, clean_env, shm_names
 
 # one rank of a group of WORLD ranks: rendezvous over the parent's TCPStore, then (if it
 # gets that far) say so in the store and either hang in an allreduce or in a store wait
@@ -71,7 +71,7 @@ def test_rank_killed_inside_the_rendezvous_leaves_no_segment():
         _wait_keys(store, ["hccl/seg/0"], procs)  # its segment exists: it is inside the rendezvous
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(30)
-        assert not shm_names() - before, f"segments left behind: {sorted(shm_names() - before)}"
+        assert_no_new_shm(before)
     finally:
         _reap(procs)
 
@@ -89,7 +89,7 @@ def test_ranks_terminated_inside_the_rendezvous_leave_no_segment():
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(30)
-        assert not shm_names() - before, f"segments left behind: {sorted(shm_names() - before)}"
+        assert_no_new_shm(before)
     finally:
         _reap(procs)
 
@@ -106,6 +106,6 @@ def test_rank_killed_after_the_rendezvous_leaves_no_segment_and_peer_fails():
         procs[1].send_signal(signal.SIGKILL)
         assert procs[0].wait(60) == 3
         assert "rank 1" in store.get("test/error/0").decode()
-        assert not shm_names() - before, f"segments left behind: {sorted(shm_names() - before)}"
+        assert_no_new_shm(before)
     finally:
         _reap(procs)
