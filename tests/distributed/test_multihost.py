@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from tests.dist_utils import run_ranks
 from tests.distributed.test_collectives import _all_collectives
+from tests.distributed.test_ddp import _compare_backends, check_ddp_matches_gloo
 
 TWO_HOSTS = {"RANKS_PER_HOST": "2", "HCCL_HOST_ID": "host{host}", "HCCL_SHM_BUFFER_MB": "0.25"}
 
@@ -33,6 +34,12 @@ def test_collectives_across_two_hosts_match_numpy():
     assert [r["tcp"] for r in res] == [True, True, True, True]  # every rank reaches the other host
     failures = [f for r in res for f in r["failures"]]
     assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.timeout(240)
+def test_ddp_across_two_hosts_matches_gloo():
+    """DDP on 4 ranks in 2 emulated hosts (every DDP mode) ends with gloo's parameters."""
+    check_ddp_matches_gloo(run_ranks(_compare_backends, 4, timeout=220, env=TWO_HOSTS))
 
 
 def _intruder(rank: int, world: int) -> dict:
