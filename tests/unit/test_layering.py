@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_imports import imports_of as source_imports
+
 PKG = Path(__file__).resolve().parents[2] / "hpu_runtime"
 PLANES = ("device", "bridge", "api", "tools")
 HABANA_HCCL = "api/habana_frameworks/torch/distributed/hccl.py"
@@ -40,11 +42,6 @@ def _rel(path: Path) -> str:
     return path.relative_to(PKG).as_posix()
 
 
-def _module_name(path: Path) -> str:
-    parts = ("hpu_runtime", *path.relative_to(PKG).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _is_module(name: str) -> bool:
     if not name.startswith("hpu_runtime"):
         return False
@@ -54,22 +51,15 @@ def _is_module(name: str) -> bool:
 
 def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
     """``(line, module)`` of every import in the file (or in ``source`` as if it were that
-    file), at any depth, relative ones resolved."""
-    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    file), at any depth, relative ones resolved; ``from m import n`` is ``m.n`` when that is
+    a module, else ``m``."""
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.append((node.lineno, sub if _is_module(sub) else base))
+    for line, base, names in source_imports(path, source=source):
+        if not names:
+            found.append((line, base))
+        for name in names:
+            sub = f"{base}.{name}"
+            found.append((line, sub if _is_module(sub) else base))
     return found
 
 
