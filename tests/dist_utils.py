@@ -21,12 +21,13 @@ import queue as queue_mod
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch.multiprocessing as mp
 
-__all__ = ["run_ranks", "RankFailure"]
+__all__ = ["run_ranks", "RankFailure", "giving_up", "stay_silent"]
 
 
 class RankFailure(AssertionError):
@@ -131,3 +132,25 @@ def run_ranks(
     if errors:
         raise RankFailure("\n".join(errors))
     return [results[r][1] for r in range(world_size)]
+
+
+# ---- a silent peer: alive, but in no collective until the waiting rank has given up ------------
+_GAVE_UP = "test/rank0_gave_up"
+
+
+@contextmanager
+def giving_up() -> Iterator[None]:
+    """Around the waiting rank's call: when it ends (raised or not), release the silent peers."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    finally:
+        dist.distributed_c10d._get_default_store().set(_GAVE_UP, "1")
+
+
+def stay_silent(limit_s: float = 60.0) -> None:
+    """A silent peer: joins nothing until the waiting rank has given up (a store wait, not a sleep)."""
+    import torch.distributed as dist
+
+    dist.distributed_c10d._get_default_store().wait([_GAVE_UP], timedelta(seconds=limit_s))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist_utils import run_ranks
+from tests.dist_utils import giving_up, run_ranks, stay_silent
 
 
 def _bad_arguments(rank: int, world: int) -> dict:
@@ -89,17 +88,15 @@ def test_dead_peer_is_named():
 
 
 def _silent_peer(rank: int, world: int) -> str:
-    store = dist.distributed_c10d._get_default_store()
-    if rank == 1:  # alive, but joins no collective until rank 0 has given up on it
-        store.wait(["rank0_gave_up"], datetime.timedelta(seconds=60))
+    if rank == 1:
+        stay_silent()
         return "waited"
     t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(10))
-    except RuntimeError as exc:
-        return f"{time.monotonic() - t0:.1f} {type(exc).__name__}: {exc}"
-    finally:
-        store.set("rank0_gave_up", "1")
+    with giving_up():
+        try:
+            dist.all_reduce(torch.ones(10))
+        except RuntimeError as exc:
+            return f"{time.monotonic() - t0:.1f} {type(exc).__name__}: {exc}"
     return "no error"
 
 

@@ -129,17 +129,17 @@ def _rank_main(mode: str, init_file: str) -> None:
     dist.init_process_group("hccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=2 if mode == "timeout" else 30))
     if mode == "timeout":  # rank 1 never joins the barrier
+        from tests.dist_utils import giving_up, stay_silent
+
         error = "no error"
-        store = dist.distributed_c10d._get_default_store()
-        if rank == 1:  # alive, joins nothing until rank 0 has given up on it
-            store.wait(["rank0_gave_up"], timedelta(seconds=60))
+        if rank == 1:
+            stay_silent()
         else:
-            try:
-                dist.barrier()
-            except Exception as exc:  # noqa: BLE001 - reported to the test
-                error = f"{type(exc).__name__}: {exc}"
-            finally:
-                store.set("rank0_gave_up", "1")
+            with giving_up():
+                try:
+                    dist.barrier()
+                except Exception as exc:  # noqa: BLE001 - reported to the test
+                    error = f"{type(exc).__name__}: {exc}"
         result_file.write_text(json.dumps({"error": error}))
         return
     pg = dist.group.WORLD
