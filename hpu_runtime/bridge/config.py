@@ -31,15 +31,21 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+def _parse_bool(text: str, error: str) -> bool:
+    """``text`` as a yes/no word (1/0, true/false, yes/no, on/off); else ValueError(error)."""
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(error)
+
+
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name, "").strip().lower()
     if not raw:
         return default
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{name}={raw!r} must be 0 or 1 (or true/false)")
+    return _parse_bool(raw, f"{name}={raw!r} must be 0 or 1 (or true/false)")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -78,14 +84,8 @@ class RecipeCacheConfig:
         return int(self.size_mb * _BYTES_PER_MB)
 
 
-def _parse_bool(text: str, what: str, value: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError(
-        f"{RECIPE_CACHE_ENV}={value!r} is malformed: {what} must be true or false, got {text!r}")
+def _field_bool(text: str, what: str, value: str) -> bool:
+    return _parse_bool(text, f"{RECIPE_CACHE_ENV}={value!r} is malformed: {what} must be true or false, got {text!r}")
 
 
 def _is_number(text: str) -> bool:
@@ -118,14 +118,14 @@ def parse_recipe_cache_config(value: str) -> RecipeCacheConfig | None:
     on_nfs = False
     if (len(parts) >= 4 and parts[-1].strip().lower() in _TRUE | _FALSE
             and _is_number(parts[-2].strip())):
-        on_nfs = _parse_bool(parts[-1], "recipe_cache_on_nfs", value)
+        on_nfs = _field_bool(parts[-1], "recipe_cache_on_nfs", value)
         parts = parts[:-1]
     if len(parts) < 3:
         raise ValueError(
             f"{RECIPE_CACHE_ENV}={value!r} is malformed: expected 'path,clear_at_start,size_MB', "
             f"e.g. '/tmp/recipe_cache,false,1024'")
     path = ",".join(parts[:-2]).strip()
-    clear_at_start = _parse_bool(parts[-2], "clear_at_start", value)
+    clear_at_start = _field_bool(parts[-2], "clear_at_start", value)
     size = parts[-1].strip()
     if not _is_number(size):
         raise ValueError(

@@ -191,8 +191,7 @@ class Launcher:
         metrics.record_recipe_cache(False, name)
         metrics.record_compilation(cns)
         self.compilations += 1
-        self.card.host_event(f"compile {name}", cns, {"ops": n, "reason": reason})
-        self.card.host_ns += cns
+        self.card.spend_host(f"compile {name}", cns, {"ops": n, "reason": reason})
         return recipe, name, times
 
     # ---- regions: torch.compile graphs and HPU graph capture/replay ------------------------

@@ -197,8 +197,7 @@ class OpAccounting:
         ns = (pcie_ns(spec, cost.bytes_in) + host_op_time_ns(spec, cost.flops, cost.bytes_in + cost.bytes_out)
               + pcie_ns(spec, cost.bytes_out))
         name = func._schema.name
-        card.host_event(f"CPU fallback {name}", ns, {"bytes_in": cost.bytes_in, "bytes_out": cost.bytes_out})
-        card.host_ns += ns
+        card.spend_host(f"CPU fallback {name}", ns, {"bytes_in": cost.bytes_in, "bytes_out": cost.bytes_out})
         for o in out_tensors(out):
             self.residency.register(o.untyped_storage())
         metrics.record_fallback(name)

@@ -49,10 +49,13 @@ __all__ = ["GraphInfo", "SimDevice", "StepTimes", "Stream"]
 _Tensor = torch.Tensor
 
 
-def _delegate(path: str, doc: str) -> property:
-    """A property reading (and writing) ``self.<part>.<name>`` for ``path = "part.name"``."""
+def _delegate(path: str, doc: str, *, writable: bool = False) -> property:
+    """A property reading ``self.<part>.<name>`` for ``path = "part.name"`` (and writing it,
+    if ``writable``: only the event logs, which tools switch on and off)."""
     part, name = path.split(".")
     get = operator.attrgetter(path)
+    if not writable:
+        return property(get, doc=doc)
 
     def set_(self, value) -> None:
         setattr(getattr(self, part), name, value)
@@ -85,19 +88,15 @@ class SimDevice:
     host_ns = _delegate("card.host_ns", "The host cursor, simulated ns.")
     compute = _delegate("card.compute", "The compute stream.")
     collective = _delegate("card.collective", "The collective stream.")
-    trace = _delegate("card.trace", "Recorded spans (after :meth:`enable_trace`), or None.")
     lazy = _delegate("launcher.lazy", "Lazy mode (else eager).")
     max_compound_ops = _delegate("launcher.max_compound_ops", "Ops per graph before a forced launch (0: no limit).")
     recipes = _delegate("launcher.recipes", "The recipe cache.")
     pending = _delegate("launcher.pending", "Costs of the pending graph's ops, in issue order.")
-    log = _delegate("launcher.log", "The event log (see the class docstring), or None.")
-    graph_log = _delegate("launcher.graph_log", "Launched graphs (a list to fill), or None.")
-    last_recipe = _delegate("launcher.last_recipe", "The recipe of the last launched graph.")
+    log = _delegate("launcher.log", "The event log (see the class docstring), or None.", writable=True)
+    graph_log = _delegate("launcher.graph_log", "Launched graphs (a list to fill), or None.", writable=True)
     graphs_launched = _delegate("launcher.graphs_launched", "Graphs launched so far.")
     ops_recorded = _delegate("launcher.ops_recorded", "Ops recorded so far.")
     compilations = _delegate("launcher.compilations", "Recipe-cache misses (simulated compiles) so far.")
-    fallback = _delegate("ops.fallback", "The CPU-fallback policy.")
-    fp32_as_bf16 = _delegate("ops.fp32_as_bf16", "Whether fp32 ops are charged as bf16 now.")
 
     def __init__(self, spec: DeviceSpec, *, lazy: bool = True, max_compound_ops: int = 0,
                  recipes: RecipeCache | None = None, fallback: FallbackPolicy | None = None) -> None:
@@ -116,7 +115,7 @@ class SimDevice:
     # ---- residency and HBM -------------------------------------------------------------------
     def is_resident(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is on the simulated HBM."""
-        return id(t.untyped_storage()) in self.residency.refs
+        return self.residency.is_resident(t)
 
     def serial_of(self, t: torch.Tensor) -> int:
         """The serial of ``t``'s resident storage, or -1 if it is not on the simulated HBM."""

@@ -110,31 +110,32 @@ class Card:
         if self.trace is not None and dur_ns > 0:
             self.trace.append(("host", self.host_ns if start is None else start, dur_ns, label, args))
 
+    def spend_host(self, label: str, ns: int, args: dict) -> None:
+        """The host works ``ns`` simulated ns from now on ``label`` (a traced span)."""
+        self.host_event(label, ns, args)
+        self.host_ns += ns
+
     def wait_host(self, until_ns: int) -> None:
         """The host waits until ``until_ns`` (no-op if it is already later)."""
         if until_ns > self.host_ns:
-            self.host_event("wait", until_ns - self.host_ns, {})
-            self.host_ns = until_ns
+            self.spend_host("wait", until_ns - self.host_ns, {})
 
     def copy_h2d(self, nbytes: int) -> None:
         """Host time of one host->device copy of ``nbytes`` over PCIe."""
-        ns = self.spec.h2d_copy_ns + pcie_ns(self.spec, nbytes)
-        self.host_event("H2D copy", ns, {"bytes": nbytes})
-        self.host_ns += ns
+        self.spend_host("H2D copy", self.spec.h2d_copy_ns + pcie_ns(self.spec, nbytes), {"bytes": nbytes})
 
     def read_back(self, nbytes: int, serial: int = -1) -> None:
         """A host read of launched work: wait for the compute stream (and for the collective
         that writes ``serial``), then copy ``nbytes`` down over PCIe."""
         self.wait_host(max(self.compute.free_ns, self.ready_after.get(serial, 0)))
         if nbytes:
-            ns = self.spec.host_read_ns + pcie_ns(self.spec, nbytes)
-            self.host_event("D2H copy", ns, {"bytes": nbytes})
-            self.host_ns += ns
+            self.spend_host("D2H copy", self.spec.host_read_ns + pcie_ns(self.spec, nbytes), {"bytes": nbytes})
 
     # ---- collectives (NOTE [collective dependencies]) ---------------------------------------
     def collective_ready_ns(self) -> int:
-        """When a collective issued now can start (its input's graph must be launched first)."""
-        return max(self.host_ns, self.compute.free_ns, self.collective.free_ns)
+        """When a collective issued now can start (its input's graph must be launched first):
+        :meth:`now_ns`."""
+        return self.now_ns()
 
     def record_collective(self, label: str, start_ns: int, end_ns: int, serials: Sequence[int] = ()) -> None:
         """Occupy the collective stream from ``start_ns`` to ``end_ns``; ``serials`` are the

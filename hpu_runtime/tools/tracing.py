@@ -196,7 +196,8 @@ def _fake_tensors_look_real():
 
 @contextlib.contextmanager
 def _traced_device(dev: SimDevice):
-    """Route the bridge to ``dev`` on this thread (the process's own device is untouched)."""
+    """Route the bridge to ``dev`` inside the block (a process-wide swap, see :func:`using_device`;
+    the process's own device is untouched and restored after)."""
     was_active = bridge.is_active()
     if was_active:
         bridge.deactivate()
