@@ -2,12 +2,12 @@
 
 import csv
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from hccl.tools.bench import run
+from tests.integration.launch_helpers import run as run_cmd
 
 
 def test_bench_live_matches_planner(tmp_path):
@@ -15,7 +15,7 @@ def test_bench_live_matches_planner(tmp_path):
     out = tmp_path / "live.csv"
     cmd = [sys.executable, "-m", "hccl.tools.bench", "--test", "all_reduce", "--size_range", "4KB", "8KB",
            "--ranks", "2", "--topology", "hls2", "--live", "--csv", str(out), "--timeout", "240"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_cmd(cmd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "live ranks" in proc.stdout and "(ms,measured)" in proc.stdout
     rows = list(csv.DictReader(open(out)))
@@ -41,7 +41,7 @@ def test_bench_transport_prints_every_backend_and_size():
     """``python -m hccl.tools.bench_transport`` on 2 ranks: one row per size, shared memory,
     MPI (when mpiexec is installed) and gloo columns, finite positive figures."""
     cmd = [sys.executable, "-m", "hccl.tools.bench_transport", "--ranks", "2", "--iters", "1", "--timeout", "150"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+    proc = run_cmd(cmd, timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("|") and "B |" in line]
     assert [r.split("|")[1].strip() for r in rows] == ["1 KB", "1 MB", "16 MB", "64 MB"], proc.stdout
@@ -58,11 +58,11 @@ def test_bench_transport_measures_the_multi_host_path():
     """``--hosts 2``: the hccl column is the two-host path (TCP between hosts), MPI is left out
     with a reason; a --hosts that does not divide --ranks is refused."""
     cmd = [sys.executable, "-m", "hccl.tools.bench_transport", "--ranks", "2", "--hosts", "2", "--iters", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+    proc = run_cmd(cmd, timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 ranks in 2 emulated hosts" in proc.stdout and "hccl (hosts)" in proc.stdout, proc.stdout
     assert "not measured with --hosts 2" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("|") and "B |" in line]
     assert len(rows) == 4 and all(float(r.split("|")[2].split()[0]) > 0 for r in rows), proc.stdout
-    bad = subprocess.run(cmd[:3] + ["--ranks", "3", "--hosts", "2"], capture_output=True, text=True, timeout=60)
+    bad = run_cmd(cmd[:3] + ["--ranks", "3", "--hosts", "2"], timeout=60)
     assert bad.returncode != 0 and "--hosts must divide --ranks (3)" in bad.stderr

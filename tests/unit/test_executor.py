@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from hccl._buffers import meta_words
 from hccl.plans import to_plan
 from hccl.sim.schedule import build_schedule
 from hccl.sim.topology import load_topology
 from hccl.transport.executor import ScheduleCollectives, check_rows
-from hccl.transport.shm_engine import KIND_CODES, CollectiveMismatchError
+from hccl.transport.shm_engine import CollectiveMismatchError
 
 SLICE = 256  # bytes: several pipelined slices
 
@@ -68,7 +69,7 @@ def _run(n, topo, algo, fn):
 
 
 def _meta(kind, numel, op=1, root=0):
-    return [0, KIND_CODES[kind], 9, numel, op, root, 0, 0, 0, 0, 0]
+    return meta_words(0, kind, 9, numel, op, root)
 
 
 @pytest.fixture(scope="module")
