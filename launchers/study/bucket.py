@@ -13,14 +13,15 @@ Outputs (``write_outputs``): ``study.csv``, ``study.json`` (``rows`` and
 
 Times are simulated ns per card; ``wall_*_s`` fields are wall-clock seconds.
 
-Length: about 460 lines, over the project's 400: the study's configuration, validation, the
-point sweep, the recommendation rule and the output files are one user-facing command whose
-parts change together; the plot already comes from matplotlib and the printed table
-(``launchers.study``) from tabulate.
+Length: about 560 lines, over the project's 400: the study's configuration, validation, the
+point sweep, the recommendation rule, the output files and its command line are one user-facing
+command whose parts change together; the plot already comes from matplotlib and the printed
+table from tabulate.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import itertools
@@ -32,7 +33,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
+from ._args import add_model_args, boolean, env_mode, first_mb, list_of, positive_float, positive_int
+
+__all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
 
 _MB = 1024 * 1024
@@ -460,3 +463,88 @@ def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def add_parser(sub) -> None:
+    """Add the ``bucket`` subcommand to ``sub`` (an argparse subparsers object)."""
+    from hpu_runtime.device.spec import DEVICE_SPECS
+
+    b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
+    add_model_args(b)
+    b.add_argument("--world-sizes", type=list_of(positive_int, "--world-sizes"), default=(8,))
+    b.add_argument("--bucket-cap-mb", type=list_of(positive_float, "--bucket-cap-mb"),
+                   default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
+    b.add_argument("--topology", type=list_of(str, "--topology"), default=("hls2",),
+                   help="hls1, hls2, hls3 or topology files, comma-separated")
+    b.add_argument("--first-bucket-mb", type=list_of(first_mb, "--first-bucket-mb"), default=(None,),
+                   help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB ('default' = 1 MB); torch 2.13 uses it"
+                        " only with DDP's default cap")
+    b.add_argument("--comm-hook", type=list_of(str, "--comm-hook"), default=("none",), help="none, fp16, bf16")
+    b.add_argument("--lazy-collectives", type=list_of(boolean, "--lazy-collectives"), nargs="?",
+                   const=(True,), default=(False,), help="PT_HPU_ENABLE_LAZY_COLLECTIVES: false,true")
+    b.add_argument("--gradient-as-bucket-view", type=list_of(boolean, "--gradient-as-bucket-view"), nargs="?",
+                   const=(True,), default=(False,))
+    b.add_argument("--static-graph", type=list_of(boolean, "--static-graph"), nargs="?", const=(True,), default=(False,))
+    b.add_argument("--mode", type=list_of(str, "--mode"), default=None, help="lazy, eager, compile (default:"
+                   " PT_HPU_LAZY_MODE)")
+    b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=("gaudi2",),
+                   help=f"{', '.join(sorted(DEVICE_SPECS))}")
+    b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
+    b.add_argument("--live", action="store_true",
+                   help="also run the points whose world size fits this machine as real DDP jobs")
+    b.add_argument("--live-max-ranks", type=positive_int, default=None,
+                   help="largest world size run live (default: this machine's cores)")
+    b.add_argument("--launcher", default="torchrun", choices=["torchrun", "ray"], help="for --live")
+    b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
+    b.add_argument("--sweep-only", action="store_true",
+                   help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
+    b.add_argument("--no-progress", action="store_true")
+
+
+def bucket_main(args: argparse.Namespace) -> dict:
+    """Run the ``bucket`` command; returns ``{"rows", "recommendation", "paths"}``.
+
+    Raises:
+        ValueError: bad input, before any work starts (:func:`run_study`
+            validates first).
+    """
+    cfg = StudyConfig(
+        model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
+        world_sizes=args.world_sizes,
+        bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology, first_bucket_mb=args.first_bucket_mb,
+        comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
+        gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
+        modes=args.mode or (env_mode(),), device_specs=args.device_spec, precision=args.precision,
+        in_the_wild=not args.sweep_only)
+    rows = run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
+                        progress=not args.no_progress)
+    if args.live:
+        limit = args.live_max_ranks or (os.cpu_count() or 1)
+        for row in rows:
+            if row["world_size"] <= limit and row["mode"] != "compile":
+                row["live_step_ns"] = live_step_ns(cfg, row, launcher=args.launcher)
+    recs = recommend(rows)
+    paths = write_outputs(args.out, cfg, rows, recs)
+    return {"rows": rows, "recommendation": recs, "paths": paths}
+
+
+def print_result(result: dict) -> None:
+    """Print the study's table and recommendation."""
+    rows = result["rows"]
+    from tabulate import tabulate
+
+    live = any("live_step_ns" in r for r in rows)
+    table = [[r["world_size"], r["setting"] if r["setting"] != "sweep" else "", f"{r['bucket_cap_mb']:g}",
+              r["num_buckets"], r["graph_launches"], f"{r['step_ns'] / 1e6:.3f}", f"{r['exposed_comm_ns'] / 1e6:.3f}",
+              f"{r['samples_per_s_per_card']:,.0f}"] + ([f"{r['live_step_ns'] / 1e6:.3f}" if "live_step_ns" in r
+                                                         else ""] if live else [])
+             for r in rows]
+    headers = ["cards", "setting", "cap MB", "buckets", "launches", "step ms", "exposed ms", "samples/s/card"]
+    print(tabulate(table, headers=headers + (["live step ms"] if live else []), tablefmt="github"))
+    print()
+    for r in result["recommendation"]:
+        print(f"{r['world_size']} cards ({r['mode']}, {r['topology']}): best bucket_cap_mb={r['best_bucket_cap_mb']:g},"
+              f" {gain_text(r)}. {r['why']}")
+    print("\nwritten: " + ", ".join(str(p) for p in result["paths"].values()))

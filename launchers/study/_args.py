@@ -1,0 +1,71 @@
+"""Argument parsers the study commands share (numbers, lists, booleans, the model flags)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+__all__ = ["positive_int", "positive_float", "env_mode", "env_flag", "add_model_args", "list_of", "boolean",
+           "first_mb"]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def env_mode() -> str:
+    raw = os.environ.get("PT_HPU_LAZY_MODE", "1").strip() or "1"
+    if raw not in ("0", "1"):
+        raise SystemExit(f"PT_HPU_LAZY_MODE={raw!r} must be 0 or 1")
+    return "lazy" if raw == "1" else "eager"
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model flags every study command shares."""
+    p.add_argument("--model", required=True,
+                   help="registered name (name:flavour for a flavour) or package.module:factory")
+    p.add_argument("--batch-size", type=positive_int, required=True, help="per-card batch")
+    p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sample (text models)")
+    p.add_argument("--image-size", type=positive_int, default=None, help="pixels per side (image models)")
+
+
+def list_of(kind, name: str):
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{name}: empty list")
+        return tuple(kind(t) for t in items)
+    return parse
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def first_mb(text: str) -> float | None:
+    return None if text.strip().lower() in ("default", "none") else positive_float(text)
