@@ -237,3 +237,4 @@ class bridge_disabled:  # noqa: N801 - used like a function: `with bridge_disabl
     def __exit__(self, *exc) -> None:
         for g in reversed(self._guards):
             g.__exit__(*exc)
+

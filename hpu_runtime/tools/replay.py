@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..bridge.fallback import FallbackPolicy
+from ..bridge.launcher import CapturedGraph
 from ..bridge.sim_device import SimDevice
 from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
@@ -29,9 +30,10 @@ __all__ = ["StepSummary", "replay", "replay_device", "run_replays", "summarize"]
 
 def replay_device(spec: DeviceSpec, mode: str, *, fallback: FallbackPolicy | None = None) -> SimDevice:
     """A fresh device for a steady-state step: ``spec`` with free compiles (every graph of a
-    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile;
+    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile
+    (``hpu_graphs`` is lazy mode with HPU graphs);
     ``fallback``: the CPU-fallback policy (default: Gaudi's dtypes and ops only)."""
-    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=(mode == "lazy"),
+    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=mode in ("lazy", "hpu_graphs"),
                      fallback=fallback)
 
 
@@ -50,8 +52,8 @@ def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], N
         on_grad_ready: called with the parameter index (DDP order) right after the op that
             produces that gradient, as DDP's autograd hook would run.
         on_backward_end: called when backward returns (where DDP finalizes its buckets).
-        rewrite: maps each op record before it is charged; also told the phase
-            (``"forward"``, ``"backward"``, ``"optimizer"``).
+        rewrite: maps each op record before it is charged, those of a replayed HPU graph
+            too; also told the phase (``"forward"``, ``"backward"``, ``"optimizer"``).
     """
     phase = "forward"
     for ev in trace.events:
@@ -69,6 +71,9 @@ def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], N
             dev.read_serial(ev[1], ev[2])
         elif kind == "region":
             dev.set_region(ev[1])
+        elif kind == "replay":
+            dev.replay(CapturedGraph(ev[1] if rewrite is None else tuple(rewrite(op, phase) for op in ev[1])),
+                       ev[2])
         elif kind == "mark":
             payload = ev[1]
             if payload[0] == "grad_ready":

@@ -38,13 +38,34 @@ from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
 from .replay import replay_device
 
-__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_parameters", "portable", "trace_step",
-           "training_step"]
+__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_parameters", "portable", "prepare_model",
+           "respec", "trace_step", "training_step"]
 
-MODES = ("lazy", "eager", "compile")
-"""Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
-(forward and backward as compiled regions: one recipe each with no per-op host cost, the
-optimizer eager)."""
+MODES = ("lazy", "hpu_graphs", "eager", "compile")
+"""Execution modes: ``PT_HPU_LAZY_MODE=1``; lazy mode with the model's forward and backward
+as HPU graphs (:func:`prepare_model`: captured once, then replayed with no per-op host
+cost; loss, DDP's hooks and the optimizer stay lazy); ``PT_HPU_LAZY_MODE=0``; and
+``torch.compile`` (forward and backward as compiled regions: one recipe each with no per-op
+host cost, the optimizer eager)."""
+
+
+def prepare_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """``model`` set up for ``mode`` (before DDP wraps it), as a Gaudi script does.
+
+    ``"hpu_graphs"``: the model's forward (and so its backward) is cached as HPU graphs per
+    input signature, as the seed "HPU Graphs for Training" recommends for training:
+    ``ModuleCacher(max_graphs=10)(model=model, inplace=True)``. Other modes: unchanged.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if mode == "hpu_graphs":
+        from ..bridge.hpu_graphs import ModuleCacher
+
+        ModuleCacher(max_graphs=10)(model=model, inplace=True)
+    return model
 
 
 def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer, *,
@@ -143,16 +164,49 @@ def portable(trace: StepTrace) -> StepTrace:
     recipes, so each distinct entry becomes a distinct int. Timing is unchanged.
     """
     ids: dict = {}
+
+    def plain(op: OpRecord) -> OpRecord:
+        return dataclasses.replace(op, key=ids.setdefault(op.key, len(ids)))
+
     events = []
     for ev in trace.events:
         if ev[0] == "op":
-            op = ev[1]
-            events.append(("op", OpRecord(ids.setdefault(op.key, len(ids)), op.cost, op.reads, op.writes)))
+            events.append(("op", plain(ev[1])))
+        elif ev[0] == "replay":
+            events.append(("replay", tuple(plain(op) for op in ev[1]), ev[2]))
         elif ev[0] == "view":
             events.append(("view", ids.setdefault(ev[1], len(ids))))
         else:
             events.append(ev)
     return dataclasses.replace(trace, events=events)
+
+
+def respec(trace: StepTrace, spec: DeviceSpec) -> StepTrace:
+    """``trace`` with every op priced on ``spec`` (the same ops, FLOPs and bytes): a what-if
+    on the device's rates, efficiencies and host costs without tracing again.
+
+    The host costs, kernel overhead and HBM size are read from the spec when the trace is
+    replayed, so they follow too; the HBM peak is the traced one (bytes do not change).
+    """
+    from ..device.cost_model import recost
+
+    costs: dict = {}
+
+    def priced(op: OpRecord) -> OpRecord:
+        cost = costs.get(id(op.cost))
+        if cost is None:
+            cost = costs[id(op.cost)] = recost(spec, op.cost)
+        return dataclasses.replace(op, cost=cost)
+
+    events = []
+    for ev in trace.events:
+        if ev[0] == "op":
+            events.append(("op", priced(ev[1])))
+        elif ev[0] == "replay":
+            events.append(("replay", tuple(priced(op) for op in ev[1]), ev[2]))
+        else:
+            events.append(ev)
+    return dataclasses.replace(trace, spec=spec, events=events)
 
 
 def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -209,14 +263,34 @@ def _traced_device(dev: SimDevice):
             bridge.activate()
 
 
-OPTIMIZERS = ("sgd", "adamw", "fused-sgd", "fused-adamw", "fused-lamb")
-"""Optimizers a traced step can use: torch's SGD (momentum) and AdamW, and Gaudi's fused
-``hpex`` ones (:mod:`hpu_runtime.api.hpex`), which run as one kernel per parameter group."""
+OPTIMIZERS = ("sgd", "adamw", "fused-sgd", "fused-adamw", "fused-lamb", "fused-lars", "none")
+"""Optimizers a traced step can use: torch's SGD (momentum) and AdamW; Gaudi's fused
+``hpex`` ones (:mod:`hpu_runtime.api.hpex`), which run as one kernel per parameter group
+(``fused-lars``: ``FusedLars`` over ``FusedResourceApplyMomentum``, as Habana's MLPerf
+ResNet-50 builds it, LARS on every weight but batch-norm and bias); and ``none``: no update
+and no ``zero_grad``, so gradients accumulate: a gradient-accumulation micro-step."""
 
 
-def _optimizer(name: str, params, lr: float, momentum: float):
+class _Accumulate:
+    """The optimizer of a gradient-accumulation micro-step: nothing to update, nothing zeroed."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
+def _optimizer(name: str, named, lr: float, momentum: float):
     from ..api import hpex
 
+    params = [p for _, p in named]
+    if name == "none":
+        return _Accumulate()
+    if name == "fused-lars":
+        skip = ("bn", "bias", "downsample.1", "norm")
+        base = hpex.FusedResourceApplyMomentum(params, lr=lr, momentum=momentum, weight_decay=5e-5)
+        return hpex.FusedLars(base, [not any(k in n for k in skip) for n, _ in named])
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
     if name == "adamw":
@@ -240,7 +314,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             ``FakeTensorMode``, so it must build everything with torch factories.
         batch_size: per-card batch.
         spec: the simulated device.
-        mode: ``"lazy"``, ``"eager"`` or ``"compile"`` (see :data:`MODES`).
+        mode: one of :data:`MODES`.
         lazy_collectives: recorded in the trace for the planner.
         optimizer: one of :data:`OPTIMIZERS` (``"sgd"``: momentum, as ``models.train``).
         autocast: bf16 autocast of forward and loss (as :func:`training_step`).
@@ -273,11 +347,12 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             raise ValueError("a step factory's inputs must all be tensors")
         named = ddp_parameters(model)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+        prepare_model(model, mode)
         bridge.activate()
         try:
             for t in (*model.parameters(), *model.buffers()):  # on the device (fake tensors
                 dev.make_resident(t)                            # cannot be swapped by .to())
-            opt = _optimizer(optimizer, [p for _, p in named], lr, momentum)
+            opt = _optimizer(optimizer, named, lr, momentum)
             index = {id(p): i for i, (_, p) in enumerate(named)}
             grad_serial: dict[int, int] = {}
 

@@ -97,16 +97,18 @@ def tied_frozen_factory(batch_size: int):
     return model, (ids,), lambda out: F.cross_entropy(out.reshape(-1, 500), ids.reshape(-1))
 
 
-def _ddp_rebuilt_sizes(factory, batch: int, cap_mb: float, tmp_path) -> list[int]:
+def _ddp_rebuilt_sizes(factory, batch: int, cap_mb: float, tmp_path, autocast: bool = False) -> list[int]:
     """Run DDP itself (gloo, one rank) for three iterations; its rebuilt bucket sizes in bytes."""
     torch.manual_seed(0)
     model, inputs, loss_fn = factory(batch)
-    store = dist.FileStore(str(tmp_path / f"store{cap_mb}"), 1)
+    store = dist.FileStore(str(tmp_path / f"store{cap_mb}{autocast}"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
         for _ in range(3):  # buckets are rebuilt at the second forward, logged after it
-            loss_fn(ddp(*inputs)).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = loss_fn(ddp(*inputs))
+            loss.backward()
         sizes = ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]
     finally:
         dist.destroy_process_group()
@@ -133,6 +135,38 @@ def test_bucket_assignment_equals_ddps_own(name, tmp_path):
         if name == "tied-frozen":
             assert {p.name for p in trace.params} == {"emb.weight", "mid.weight", "mid.bias"}
             assert trace.frozen == ["frozen.weight", "frozen.bias"]
+    finally:
+        hpu_runtime.activate()
+
+
+def _bert_tied_frozen(batch_size: int):
+    """A BERT encoder of hidden 768 (bert-base's layer shapes), its decoder tied to the word
+    embeddings and its position embeddings frozen."""
+    model, inputs, loss_fn = step_factory("bert-large", batch_size=batch_size, vocab_size=4096, layers=2, hidden=768,
+                                          heads=12, intermediate=3072, seq_len=64)
+    for name, p in model.named_parameters():
+        if "position_embeddings" in name:
+            p.requires_grad_(False)
+    return model, inputs, loss_fn
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_transformer_tied_frozen_buckets_equal_ddps_own(autocast, tmp_path):
+    """DDP's rebuilt buckets follow the order its autograd hooks fired in the first backward;
+    the traced buckets follow the order the tracer's hooks fired, gradients ready at the
+    same simulated time included: equal at 1, 5 and 25 MB (several parameters per bucket)."""
+    import hpu_runtime
+
+    hpu_runtime.deactivate()  # DDP runs on plain CPU tensors here
+    try:
+        trace = trace_step(_bert_tied_frozen, 2, spec=GAUDI2, autocast=autocast)
+        assert "model.bert.embeddings.position_embeddings.weight" in trace.frozen
+        for cap in (1.0, 5.0, 25.0):
+            ours = [b.nbytes for b in ddp_buckets(trace, cap)]
+            theirs = _ddp_rebuilt_sizes(_bert_tied_frozen, 2, cap, tmp_path, autocast)
+            assert ours == theirs, (cap, ours, theirs)
+            assert cap == 25.0 or len(ours) > 2
     finally:
         hpu_runtime.activate()
 
