@@ -27,6 +27,7 @@ import torch.distributed as dist
 from hpu_runtime import bridge_disabled, get_device
 
 from ._buffers import meta_words
+from ._opaque import opaque_to_dynamo
 from .collectives import CollectivesMixin
 from .composite import CompositeMixin
 from .config import HcclConfig
@@ -45,6 +46,7 @@ class HcclError(RuntimeError):
     """The process group cannot be used (an earlier collective failed)."""
 
 
+@opaque_to_dynamo
 class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist.ProcessGroup):
     """The emulated HCCL backend for one group of ranks (shared memory inside a host; the
     time plane's schedules over shared memory and TCP between hosts, or over MPI with

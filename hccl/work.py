@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from ._opaque import opaque_to_dynamo
+
 __all__ = ["CollectiveRecord", "HcclWork"]
 
 
@@ -43,6 +45,7 @@ class CollectiveRecord:
         return self.end_ns - self.start_ns
 
 
+@opaque_to_dynamo
 class HcclWork(dist.Work):
     """A finished collective (see module docstring)."""
 
