@@ -1,7 +1,8 @@
 """Graph keys: what makes two lazy-mode graphs "the same recipe".
 
 NOTE [graph key]
-A launched graph is keyed by the sequence of its ops, each as ``(op, signature)`` where the
+A launched graph is keyed by the sequence of its ops, each as ``(op name, signature)`` (the
+name, e.g. ``"aten.addmm.default"``: a string hashes faster than the op object) where the
 signature holds, per argument, ``(shape, dtype)`` for a tensor and the value itself for
 anything else (Python scalars, int lists, dtypes, devices, ``None``). So, as on Gaudi:
 

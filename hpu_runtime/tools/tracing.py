@@ -139,8 +139,8 @@ class StepTrace:
 def portable(trace: StepTrace) -> StepTrace:
     """A copy of ``trace`` that pickles (to ship to other processes, e.g. Ray tasks).
 
-    Graph-key entries hold torch op objects, which do not pickle; they only identify
-    recipes, so each distinct entry becomes a distinct int. Timing is unchanged.
+    Graph-key entries only identify recipes, and may hold arguments that do not pickle (a
+    user op's objects), so each distinct entry becomes a distinct int. Timing is unchanged.
     """
     ids: dict = {}
     events = []
@@ -259,8 +259,9 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
     Raises:
         ValueError: unknown mode or optimizer, non-positive batch, a factory that does not
             return ``(nn.Module, tuple of tensors, callable)``, a DDP cap outside compile
-            mode or one smaller than its first bucket (DDPOptimizer refuses it), or a compile
-            mode model of which dynamo compiled nothing.
+            mode or one smaller than its first bucket (DDPOptimizer refuses it), a model
+            torch.compile leaves uncompiled under DDP (one of torch's own modules, e.g. a bare
+            ``nn.Sequential``), or a compile-mode model of which dynamo compiled nothing.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -310,9 +311,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                 dev.end_step()
             events, dev.log = dev.log, None
             if mode == "compile" and not any(ev[0] == "region" for ev in events):
-                raise ValueError("compile mode: dynamo compiled no graph of this model (an nn.Module whose"
-                                 " forward is in torch itself, e.g. a bare nn.Sequential, is not traced under"
-                                 " DDP); wrap it in a module of your own")
+                raise ValueError("compile mode: dynamo compiled no graph of this model")
             for h in handles:
                 h.remove()
         finally:
@@ -362,7 +361,13 @@ def _compiled(model: torch.nn.Module, split: tuple[int, int] | None):
     torch._dynamo.reset()
     backend = hpu_backend
     if split is not None:
+        from torch._dynamo import trace_rules
         from torch._dynamo.backends.distributed import DDPOptimizer
+
+        if trace_rules.check(type(model).forward):
+            raise ValueError(f"under DDP, torch.compile leaves {type(model).__name__} uncompiled: dynamo skips the"
+                             " forward of torch's own modules (torch/nn) when DDP calls it; wrap the model in a"
+                             " module of your own")
 
         backend = DDPOptimizer(bucket_bytes_cap=split[1], backend_compile_fn=hpu_backend,
                                first_bucket_cap=split[0]).compile_fn

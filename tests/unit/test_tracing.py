@@ -195,6 +195,13 @@ def test_compile_mode_under_ddp_breaks_the_graph_at_bucket_boundaries():
     with pytest.raises(ValueError, match="DDPOptimizer"):
         trace_step(factory, 4, spec=GAUDI2, mode="compile", ddp_bucket_cap_mb=0.5)
 
+    def bare(batch_size):  # live, DDP calls nn.Sequential.forward and dynamo skips torch's own modules
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+        return model, (torch.randn(batch_size, 8),), lambda out: out.sum()
+
+    with pytest.raises(ValueError, match="uncompiled"):
+        trace_step(bare, 4, spec=GAUDI2, mode="compile", ddp_bucket_cap_mb=1)
+
 
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="unknown mode"):
