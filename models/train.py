@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
 from hpu_runtime.bridge.config import RuntimeConfig
-from hpu_runtime.tools.tracing import training_step
+from hpu_runtime.tools.tracing import ddp_graph_split, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Train; return the summary dict (rank 0 also writes it to ``--summary``).
 
     Raises:
-        ValueError: bad flag values (unknown device spec, non-positive sizes).
+        ValueError: bad flag values (unknown device spec, non-positive sizes, a compile-mode
+            bucket cap below torch's first bucket).
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
         os.environ["HCCL_TOPOLOGY"] = args.topology
     if args.mode is None:
         args.mode = "lazy" if RuntimeConfig.from_env().lazy else "eager"
+    if args.mode == "compile":  # torch's DDPOptimizer refuses a cap below its first bucket: say so now
+        ddp_graph_split(args.bucket_cap_mb)
     os.environ["PT_HPU_LAZY_MODE"] = "1" if args.mode in ("lazy", "hpu_graphs") else "0"
     device = hpu.reset_device(args.device_spec)
     if args.trace:

@@ -29,9 +29,9 @@ C++ into Python and back (torch's, about 2 us here, out of our hands), and
 (graph-key entry, memoized cost, storages read and written, one op record). The dispatch
 body runs with torch-function handling off: it reads tensor attributes (``shape``,
 ``dtype``, ``untyped_storage()``...) several times per op, and with :class:`HpuFunctionMode`
-on the stack each read would be a ``__torch_function__`` call (about 2 us each: this once
-made the digits MLP's step 4.8x plain PyTorch's). Nothing in the dispatch body is
-user-facing, so nothing there needs the function mode. ``python -m
+on the stack each read would be a ``__torch_function__`` call (about 2 us each, for reads
+that otherwise cost 0.1 us). Nothing in the dispatch body is user-facing, so nothing there
+needs the function mode. ``python -m
 hpu_runtime.tools.bench_overhead`` measures the whole (wall-clock, against plain PyTorch).
 
 The hccl transport runs its own tensor ops under :func:`bridge_disabled` so the bridge never
