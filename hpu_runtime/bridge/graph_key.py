@@ -70,12 +70,24 @@ def output_signature(out: object) -> tuple:
     return ()
 
 
+_ENTRY_TEXT: dict = {}
+_ENTRY_TEXT_LIMIT = 1 << 16
+
+
 def graph_digest(spec_name: str, key: tuple) -> bytes:
-    """Stable SHA-256 of a graph key for ``spec_name`` (the same in every process)."""
-    h = hashlib.sha256(spec_name.encode())
-    h.update(b"\0")
-    h.update(repr(key).encode())
-    return h.digest()
+    """Stable SHA-256 of a graph key for ``spec_name`` (the same in every process): of the
+    ``repr`` of each entry, one per line. Entries recur from graph to graph (a graph that
+    recompiles every step for a new constant differs in a few), so their text is kept."""
+    texts = _ENTRY_TEXT
+    if len(texts) >= _ENTRY_TEXT_LIMIT:
+        texts.clear()
+    parts = [spec_name.encode()]
+    for entry in key:
+        text = texts.get(entry)
+        if text is None:
+            text = texts[entry] = repr(entry).encode()
+        parts.append(text)
+    return hashlib.sha256(b"\n".join(parts)).digest()
 
 
 def recipe_name(digest: bytes, n_ops: int) -> str:
