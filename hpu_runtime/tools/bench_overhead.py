@@ -81,8 +81,8 @@ def _time(step, steps: int, *, bridge: bool) -> float:
         hpu.activate()
 
 
-def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
-    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio."""
+def _steps(hidden: int, batch: int):
+    """A fresh device, and the plain and the bridged step of the MLP of width ``hidden``."""
     import hpu_runtime as hpu
 
     hpu.reset_device("gaudi2")
@@ -90,6 +90,12 @@ def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -
     plain_step = _step_fn(hidden, bridge=False, batch=batch)
     hpu.activate()
     bridge_step = _step_fn(hidden, bridge=True, batch=batch)
+    return plain_step, bridge_step
+
+
+def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
+    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio."""
+    plain_step, bridge_step = _steps(hidden, batch)
     plain, bridged = [], []
     for _ in range(rounds):
         plain.append(_time(plain_step, steps, bridge=False))
@@ -124,11 +130,7 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
 
     import hpu_runtime as hpu
 
-    hpu.reset_device("gaudi2")
-    hpu.deactivate()
-    plain_step = _step_fn(hidden, bridge=False, batch=batch)
-    hpu.activate()
-    bridge_step = _step_fn(hidden, bridge=True, batch=batch)
+    plain_step, bridge_step = _steps(hidden, batch)
     fmode, dmode = _noop_modes()
     variants = {"plain": (), "no-op function mode": (fmode,), "no-op dispatch mode": (dmode,),
                 "both no-op modes": (fmode, dmode)}
