@@ -27,14 +27,24 @@ Use it for timing studies and long runs of big models; keep it off to test bf16 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.amp import autocast_mode
 
 from .runtime import config, get_device
 
-__all__ = ["autocast", "install"]
+__all__ = ["autocast", "hpu_region", "install"]
 
 _installed = False
+_regions = threading.local()
+
+
+def hpu_region() -> torch.dtype | None:
+    """The dtype of the calling thread's innermost enabled ``torch.autocast("hpu")`` region, or
+    None outside one (``torch.hpu.is_autocast_hpu_enabled`` / ``get_autocast_hpu_dtype``)."""
+    stack = getattr(_regions, "stack", None)
+    return stack[-1] if stack else None
 
 
 def install() -> None:
@@ -47,12 +57,15 @@ def install() -> None:
 
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
         self._hpu_emulated = False
+        self._hpu_region = None
         if isinstance(device_type, str) and device_type.startswith("hpu"):
             device_type = "cpu"
             if dtype is None:
                 dtype = torch.bfloat16
             if dtype == torch.float32:  # an fp32 "autocast" region (Lightning's precision "32")
                 enabled = False         # is plain fp32, as on Gaudi; CPU autocast would warn
+            if enabled:
+                self._hpu_region = dtype
             if enabled and dtype in (torch.bfloat16, torch.float16) and config().autocast_fp32_on_host:
                 self._hpu_emulated, enabled = True, False
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
@@ -60,11 +73,18 @@ def install() -> None:
     enter, exit_ = cls.__enter__, cls.__exit__
 
     def __enter__(self):
+        region = getattr(self, "_hpu_region", None)
+        if region is not None:
+            if not hasattr(_regions, "stack"):
+                _regions.stack = []
+            _regions.stack.append(region)
         if getattr(self, "_hpu_emulated", False):
             get_device().set_fp32_as_bf16(True)
         return enter(self)
 
     def __exit__(self, *exc):
+        if getattr(self, "_hpu_region", None) is not None:
+            _regions.stack.pop()
         if getattr(self, "_hpu_emulated", False):
             get_device().set_fp32_as_bf16(False)
         return exit_(self, *exc)

@@ -47,6 +47,7 @@ _CPU = torch.device("cpu")
 _T = torch.Tensor
 _aten = torch.ops.aten
 _LOCAL_SCALAR = _aten._local_scalar_dense.default
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _is_hpu(value: object) -> bool:
@@ -64,7 +65,7 @@ def _is_cpu(value: object) -> bool:
 def _read_back(args) -> None:
     """A host read of ``args[0]``: launch, wait and copy back if it lives on the device."""
     t = args[0] if args else None
-    if isinstance(t, torch.Tensor):
+    if isinstance(t, torch.Tensor) and not _is_functorch_wrapped(t):  # under vmap: no storage, no host read
         dev = get_device()
         if dev.is_resident(t):
             dev.host_read(t.nbytes, t)
