@@ -4,7 +4,7 @@
 Gaudi scripts begin with ``import torch, torchvision`` and
 ``import habana_frameworks.torch.core as htcore``. The emulator's versions of the
 ``habana_frameworks`` modules live in :mod:`hpu_runtime.api.habana_frameworks` (the fixed
-top-level layout has no ``habana_frameworks/`` folder). This module installs two
+top-level layout has no ``habana_frameworks/`` folder). This module installs three
 :class:`importlib.abc.MetaPathFinder` objects, and imports only the standard library:
 
 * :class:`HabanaFrameworksFinder` answers for the top-level name ``habana_frameworks`` with
@@ -18,6 +18,9 @@ top-level layout has no ``habana_frameworks/`` folder). This module installs two
   two op schemas). Before ``_meta_registrations`` runs, the two schemas are defined *if and
   only if* torchvision's own ops did not load; after ``torchvision`` is imported,
   ``torchvision.ops.nms`` is made usable. With a working torchvision nothing changes.
+* :class:`OptimumTrainerFinder` wraps the loading of optimum-habana's trainer module only:
+  after it runs, its throughput figures read the simulated clock
+  (:mod:`hpu_runtime.api.optimum_clock`). Off with ``HPU_EMULATOR_HABANA_FRAMEWORKS=0``.
 
 NOTE [why finders at the end of sys.meta_path, and who installs them]
 * Never shadow a real installation: the ``habana_frameworks`` finder is *appended* to
@@ -62,6 +65,7 @@ import warnings
 __all__ = [
     "NAME",
     "HabanaFrameworksFinder",
+    "OptimumTrainerFinder",
     "TorchvisionFinder",
     "install",
     "installed_finders",
@@ -157,18 +161,38 @@ class TorchvisionFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+class OptimumTrainerFinder(importlib.abc.MetaPathFinder):
+    """After ``optimum.habana.transformers.trainer`` loads, its throughput figures read the
+    simulated Gaudi clock (:mod:`hpu_runtime.api.optimum_clock`). Nothing else is touched."""
+
+    _gaudi_emulator_finder = "optimum"
+    TARGET = "optimum.habana.transformers.trainer"
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
+        if fullname != self.TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _WrappedLoader(
+            spec.loader, after=lambda m: importlib.import_module("hpu_runtime.api.optimum_clock").patch_trainer_module(m))
+        return spec
+
+
 def installed_finders() -> dict[str, importlib.abc.MetaPathFinder]:
     """The emulator's finders in ``sys.meta_path``, by what they find."""
     return {getattr(f, _MARK): f for f in sys.meta_path if isinstance(getattr(f, _MARK, None), str)}
 
 
 def install() -> None:
-    """Append the two finders to ``sys.meta_path`` once per interpreter (idempotent, cheap)."""
+    """Add the finders to ``sys.meta_path`` once per interpreter (idempotent, cheap)."""
     have = installed_finders()
     if "habana_frameworks" not in have:
         sys.meta_path.append(HabanaFrameworksFinder())  # last: any real install wins
     if "torchvision" not in have:
         sys.meta_path.insert(0, TorchvisionFinder())  # first: it wraps the path finder's own spec
+    if "optimum" not in have and os.environ.get(SWITCH, "1") != "0":
+        sys.meta_path.insert(0, OptimumTrainerFinder())  # first, for the same reason
 
 
 def _ours(where: str | None) -> bool:

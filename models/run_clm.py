@@ -45,6 +45,7 @@ class ModelArguments:
     n_layer: int = field(default=2, metadata={"help": "transformer layers"})
     n_embd: int = field(default=64, metadata={"help": "hidden size"})
     n_head: int = field(default=2, metadata={"help": "attention heads"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout probability (0: runs comparable bit for bit)"})
     use_fused_adam: bool = field(default=True, metadata={"help": "GaudiConfig.use_fused_adam"})
     use_fused_clip_norm: bool = field(default=True, metadata={"help": "GaudiConfig.use_fused_clip_norm"})
     use_torch_autocast: bool = field(default=False, metadata={"help": "GaudiConfig.use_torch_autocast"})
@@ -92,12 +93,14 @@ class TextBlocks(torch.utils.data.Dataset):
 def build_model(args: ModelArguments, block_size: int) -> torch.nn.Module:
     if args.model_type == "gpt2":
         cfg = GPT2Config(vocab_size=VOCAB, n_positions=block_size, n_embd=args.n_embd, n_layer=args.n_layer,
-                         n_head=args.n_head, use_cache=False)
+                         n_head=args.n_head, use_cache=False, resid_pdrop=args.dropout, embd_pdrop=args.dropout,
+                         attn_pdrop=args.dropout)
         return GPT2LMHeadModel(cfg)
     if args.model_type == "bert":
         cfg = BertConfig(vocab_size=VOCAB, hidden_size=args.n_embd, num_hidden_layers=args.n_layer,
                          num_attention_heads=args.n_head, intermediate_size=4 * args.n_embd,
-                         max_position_embeddings=block_size)
+                         max_position_embeddings=block_size, hidden_dropout_prob=args.dropout,
+                         attention_probs_dropout_prob=args.dropout)
         return BertForMaskedLM(cfg)
     raise ValueError(f"--model_type must be gpt2 or bert, got {args.model_type!r}")
 
