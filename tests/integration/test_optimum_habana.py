@@ -1,4 +1,4 @@
-"""optimum-habana 1.21.2 runs unmodified on the emulator: ``models/run_clm.py`` (a GaudiTrainer script
+"""optimum-habana 1.21.2 runs unmodified on the emulator: ``models/examples/run_clm.py`` (a GaudiTrainer script
 in the manner of optimum-habana's run_clm example) on 1 and 2 ranks.
 
 optimum-habana pins transformers 4.55.x, so it lives in its own environment (``.ci/run`` builds
@@ -25,7 +25,7 @@ import torch
 from tests.integration.launch_helpers import REPO, clean_env
 
 PYTHON = os.environ.get("HPU_OPTIMUM_PYTHON")
-SCRIPT = str(REPO / "models" / "run_clm.py")
+SCRIPT = str(REPO / "models" / "examples" / "run_clm.py")
 UNDER_GLOO = str(REPO / "tests" / "integration" / "scripts" / "under_gloo.py")
 
 if not PYTHON:

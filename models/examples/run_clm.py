@@ -12,11 +12,12 @@ flag works (``--use_lazy_mode``, ``--use_hpu_graphs_for_training``, ``--bf16``,
 ``--use_torch_autocast`` fill the ``GaudiConfig`` unless ``--gaudi_config_name`` names a
 local ``gaudi_config.json``.
 
-Needs the ``[optimum]`` extra (README, "Your Gaudi tools")::
+A script, not a module of the ``models`` package (this folder has no ``__init__``): it needs
+the ``[optimum]`` extra (README, "Your Gaudi tools")::
 
-    python models/run_clm.py --model_type gpt2 --output_dir out --use_habana --use_lazy_mode \\
+    python models/examples/run_clm.py --model_type gpt2 --output_dir out --use_habana --use_lazy_mode \\
         --do_train --do_eval --max_steps 20 --per_device_train_batch_size 4 --report_to none
-    torchrun --nproc-per-node 2 models/run_clm.py ... --distribution_strategy fast_ddp
+    torchrun --nproc-per-node 2 models/examples/run_clm.py ... --distribution_strategy fast_ddp
 
 ``--dump_params_dir DIR`` writes each rank's final parameters to ``DIR/params_rank{R}.pt``
 (for comparing ranks and runs) and ``DIR/log_rank{R}.json`` (the trainer's log history).
