@@ -162,7 +162,7 @@ class SimDevice:
         return self.ops.fused_kernel(name, reads, writes, flops)
 
     def append_view(self, key: object) -> None:
-        """A view op: free, but part of the pending graph's key (lazy mode and regions)."""
+        """A view op: free, but part of the pending graph's key (lazy mode, HPU-graph capture)."""
         with self.lock:
             self.launcher.append_view(key)
 

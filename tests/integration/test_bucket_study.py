@@ -77,6 +77,18 @@ def test_bucket_study_live_points_equal_planned(tmp_path, capsys):
     assert all(r["live_step_ns"] == r["step_ns"] for r in live)
 
 
+@pytest.mark.timeout(300)
+def test_bucket_study_compile_mode_live_equals_planned(tmp_path, capsys):
+    """--mode compile traces the step compiled for each cap (DDPOptimizer's breaks) and --live
+    runs models.train --mode compile: the steady steps are equal."""
+    rc, out = _run(tmp_path, "--mode", "compile", "--live", "--live-max-ranks", "2", "--sweep-only",
+                   model="mlp:debug", batch="16", caps="1", ws="2")
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "study.json").read_text())["rows"]
+    assert [(r["mode"], r["bucket_cap_mb"]) for r in rows] == [("compile", 1.0)]
+    assert all(r["live_step_ns"] == r["step_ns"] for r in rows)
+
+
 @pytest.mark.timeout(240)
 def test_bucket_study_on_an_embedded_ray_cluster(tmp_path, capsys):
     """--ray spreads the points as Ray tasks; the rows equal the local ones."""
@@ -104,6 +116,7 @@ def _one_box_topology(tmp_path) -> str:
     (["--world-sizes", "0"], "must be >= 1"),
     (["--topology", "no-such-topology"], "no-such-topology"),
     (["--mode", "turbo"], "unknown mode"),
+    (["--mode", "compile", "--bucket-cap-mb", "0.5"], "DDPOptimizer refuses"),
     (["--comm-hook", "int4"], "unknown comm hook"),
 ])
 def test_bucket_study_bad_input_fails_before_work(args, message, tmp_path, capsys):
