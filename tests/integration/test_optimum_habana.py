@@ -46,14 +46,16 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[str, ...] = ()) -> dict:
+def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[str, ...] = (),
+         lazy: bool = True) -> dict:
     """Run the script (under torchrun for ``ranks`` > 1); returns rank 0's log and every rank's parameters."""
     dump = tmp / name
     launch = [PYTHON] if ranks == 1 else [PYTHON, "-m", "torch.distributed.run", "--standalone",
                                           f"--nproc-per-node={ranks}"]
     cmd = [*launch, *script_prefix, SCRIPT, *COMMON, "--output_dir", str(tmp / f"out_{name}"),
            "--dump_params_dir", str(dump), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=REPO, env={**_env(), "PT_HPU_LAZY_MODE": "1" if lazy else "0"},
+                          capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     log = json.loads((dump / "log_rank0.json").read_text())
     log["params"] = [torch.load(dump / f"params_rank{r}.pt") for r in range(ranks)]
@@ -118,6 +120,22 @@ def test_two_ranks_equal_each_other_and_gloo(tmp_path, strategy) -> None:
         assert _max_diff(hccl["params"][0], gloo["params"][0]) < 2e-2
         assert hccl["losses"][0] == gloo["losses"][0]
         assert pytest.approx(gloo["losses"], abs=2e-2) == hccl["losses"]
+
+
+def test_compile_mode_on_one_and_two_ranks(tmp_path) -> None:
+    """Eager mode with torch_compile and the hpu_backend (PT_HPU_LAZY_MODE=0): one rank trains; two
+    ranks under DDP (DDPOptimizer's graph breaks over hccl) equal each other and the gloo run."""
+    flags = ["--use_lazy_mode", "False", "--torch_compile", "--torch_compile_backend", "hpu_backend",
+             "--max_steps", "4", "--use_fused_adam", "False", "--use_fused_clip_norm", "False"]
+    one = _run(tmp_path, "one", *flags, lazy=False)
+    assert one["losses"][-1] < one["losses"][0] - 0.2, one["losses"]
+    hccl = _run(tmp_path, "hccl", *flags, "--distribution_strategy", "ddp", ranks=2, lazy=False)
+    gloo = _run(tmp_path, "gloo", *flags, "--distribution_strategy", "ddp", ranks=2, lazy=False,
+                script_prefix=(UNDER_GLOO,))
+    assert hccl["backend"] == "hccl" and gloo["backend"] == "gloo"
+    assert _max_diff(hccl["params"][0], hccl["params"][1]) == 0.0
+    assert _max_diff(hccl["params"][0], gloo["params"][0]) == 0.0 and hccl["losses"] == gloo["losses"]
+    assert hccl["losses"][-1] < hccl["losses"][0] - 0.2
 
 
 def test_python_is_the_optimum_environment() -> None:
