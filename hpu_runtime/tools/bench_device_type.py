@@ -26,7 +26,10 @@ What was tried (torch 2.13 CPU wheel), and why the change is not landed yet:
   which the CPU wheel lacks: the process aborts ("PyTorch is not linked with support for hpu
   devices"; the wrapper prototype here does so in its first backward). So every design
   needs a guard registered from C++ (``C10_REGISTER_GUARD_IMPL(HPU, ...)``): a small compiled
-  extension (``--extension`` times compiling one with ``torch.utils.cpp_extension``). With a
+  extension (``--extension`` times compiling one with ``torch.utils.cpp_extension``: 64 s
+  here). With that guard loaded, the prototype's backward gets further and stops at "Cannot
+  access accelerator device when none is available": autograd asks the accelerator hooks,
+  which for ``hpu`` are ``at::HPUHooksInterface``, also to be registered from C++. With a
   guard, autograd also gives ``hpu`` its own device thread, where the bridge's thread-local
   modes are not active: ``torch.autograd.set_multithreading_enabled(False)`` keeps backward on
   the training thread.

@@ -65,3 +65,8 @@ def test_two_rank_trace_has_device_lanes_collectives_and_loads_in_hta(tmp_path) 
         idle = analysis.get_idle_time_breakdown(visualize=False)[0]
     assert sorted(overlap["rank"]) == [0, 1] and overlap["comp_comm_overlap_pctg"].between(0, 100).all()
     assert set(idle["stream"]) == {1, 2} and (idle["idle_time"] >= 0).all()
+    from hpu_runtime.tools.trace_plot import device_lanes, plot
+
+    _, lanes = device_lanes(json.loads(files[0].read_text()))
+    assert len(lanes["collective"]) == 2 and lanes["compute"] and lanes["host"]
+    assert plot(tmp_path / "lanes.png", files).stat().st_size > 10_000
