@@ -8,7 +8,8 @@ Intel's "Profiling with PyTorch" recipe is::
         for batch in loader: train_step(batch); prof.step()
 
 On a Gaudi, Habana's Kineto plugin adds the device's activity. Here :func:`install` (called by
-``import hpu_runtime``) makes ``HPU`` a supported activity, and for each profiled window it
+``import hpu_runtime``) makes ``HPU`` a supported activity, puts :class:`ProfilerActivity` at
+``torch.profiler.ProfilerActivity`` as ``habana_frameworks`` does, and for each profiled window it
 keeps the simulated device's spans (:meth:`SimDevice.enable_trace`) and adds them to what
 PyTorch produces:
 
@@ -50,18 +51,20 @@ emulator gives the collective (``allreduce #3``) is in ``args.label``.
 from __future__ import annotations
 
 import bisect
+import enum
 import json
 from pathlib import Path
 
 import torch
 from torch.autograd import profiler as _autograd_profiler
 from torch.autograd.profiler_util import FunctionEvent
-from torch.profiler import DeviceType, ProfilerActivity
+from torch.profiler import DeviceType
+from torch.profiler import ProfilerActivity as _CActivity
 
 from ..bridge.runtime import get_device
 from ..device.timeline import TraceEvent
 
-__all__ = ["LANES", "install", "device_events"]
+__all__ = ["LANES", "ProfilerActivity", "install", "device_events"]
 
 LANES = {"host": 0, "compute": 1, "collective": 2}
 """Thread id of each device lane in the exported trace."""
@@ -70,6 +73,42 @@ _LANE_NAMES = {"host": "host (simulated)", "compute": "compute stream", "collect
 _PID_BASE = 1 << 20  # above any real pid Kineto writes
 _CORRELATION_BASE = 1 << 28  # above the correlation ids Kineto gives a short run, within HTA int32
 _installed = False
+
+
+class ProfilerActivity(enum.Enum):
+    """``torch.profiler.ProfilerActivity`` as ``habana_frameworks`` installs it: a Python enum
+    whose members equal (and hash as) torch's own, so ``activities=[ProfilerActivity.CPU,
+    ProfilerActivity.HPU]`` and ``X in torch.profiler.supported_activities()`` work as before.
+    lightning-habana's ``HPUProfiler`` checks for this patch ("lightning_habana should be
+    imported before lightning"); ``torch.profiler.profile`` gets torch's members back."""
+
+    CPU = _CActivity.CPU
+    XPU = _CActivity.XPU
+    MTIA = _CActivity.MTIA
+    CUDA = _CActivity.CUDA
+    HPU = _CActivity.HPU
+    PrivateUse1 = _CActivity.PrivateUse1
+
+    def __eq__(self, other) -> bool:
+        return self.value == (other.value if isinstance(other, ProfilerActivity) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def _c_activity(a):
+    return a.value if isinstance(a, ProfilerActivity) else a
+
+
+def _c_activities(init):
+    """``init`` with ``activities`` given back as torch's own members."""
+    def __init__(self, *args, activities=None, **kwargs):
+        if activities is not None:
+            activities = [_c_activity(a) for a in activities]
+        init(self, *args, activities=activities, **kwargs)
+
+    __init__.__wrapped__ = init
+    return __init__
 
 
 def _rank() -> int:
@@ -170,12 +209,15 @@ def install() -> None:
     _installed = True
     ap = _autograd_profiler
     supported = ap._supported_activities
-    ap._supported_activities = lambda: set(supported()) | {ProfilerActivity.HPU}
+    ap._supported_activities = lambda: set(supported()) | {_CActivity.HPU}
+    for kind in (torch.profiler.profiler._KinetoProfile, torch.profiler.profile):
+        kind.__init__ = _c_activities(kind.__dict__["__init__"])
+    torch.profiler.ProfilerActivity = ProfilerActivity
     cls = ap.profile
     start, exit_, export, ensure = cls._start_trace, cls.__exit__, cls.export_chrome_trace, cls._ensure_function_events
 
     def _hpu(self) -> bool:
-        return ProfilerActivity.HPU in getattr(self, "kineto_activities", ())
+        return _CActivity.HPU in getattr(self, "kineto_activities", ())
 
     def _start_trace(self):
         if _hpu(self):

@@ -45,11 +45,11 @@ import torch
 from torch.amp import autocast_mode
 
 import logging
-import os
 import warnings
 
 from torch.utils._pytree import tree_map
 
+from .config import RuntimeConfig
 from .runtime import config, get_device
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,7 @@ _op_lists_read = False
 _library = None  # keeps the registrations alive
 
 
-def _read_list(var: str) -> list[str] | None:
-    path = os.environ.get(var)
+def _read_list(var: str, path: str | None) -> list[str] | None:
     if not path:
         return None
     try:
@@ -118,7 +117,9 @@ def apply_op_lists() -> bool:
     if _op_lists_read:
         return False
     _op_lists_read = True
-    lower, fp32 = _read_list(LOWER_LIST_VAR), _read_list(FP32_LIST_VAR)
+    cfg = RuntimeConfig.from_env()  # now, not at device creation: GaudiConfig sets them late
+    lower = _read_list(LOWER_LIST_VAR, cfg.autocast_lower_precision_ops_list)
+    fp32 = _read_list(FP32_LIST_VAR, cfg.autocast_fp32_ops_list)
     if lower is None and fp32 is None:
         return False
     lower, fp32 = set(lower or ()), set(fp32 or ())

@@ -70,3 +70,14 @@ def test_two_rank_trace_has_device_lanes_collectives_and_loads_in_hta(tmp_path) 
     _, lanes = device_lanes(json.loads(files[0].read_text()))
     assert len(lanes["collective"]) == 2 and lanes["compute"] and lanes["host"]
     assert plot(tmp_path / "lanes.png", files).stat().st_size > 10_000
+
+
+def test_lightning_habana_hpu_profiler_writes_the_device_lanes(tmp_path) -> None:
+    out = run([sys.executable, "tests/integration/scripts/lightning_hpu_profiler.py", str(tmp_path)], timeout=150)
+    assert out.returncode == 0, out.stderr[-4000:]
+    files = list(tmp_path.rglob("*.pt.trace.json"))
+    assert files
+    events = json.loads(files[0].read_text())["traceEvents"]
+    assert "HPU 0 (simulated Gaudi, simulated time)" in {e["args"]["name"] for e in events
+                                                          if e.get("name") == "process_name"}
+    assert any(e.get("pid") == 1 << 20 and e.get("ph") == "X" for e in events)  # the simulated host lane
