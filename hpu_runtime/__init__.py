@@ -31,6 +31,7 @@ from . import import_hooks
 from .api import hpu, metrics
 from .api import hpu_ops as _hpu_ops
 from .api import profiler as _profiler
+from .api import support_matrix as _support_matrix
 from .api.hpu import (
     Event,
     Stream,
@@ -110,6 +111,7 @@ def _register() -> None:
     _compile_backend.install()
     _hpu_ops.register()  # torch.ops.hpu.*: Gaudi's custom ops, as loading the bridge library defines them
     _profiler.install()  # torch.profiler with ProfilerActivity.HPU records the simulated device
+    _support_matrix.install()  # FSDP / TP / DTensor warn where Intel's support matrix says "No"
     import_hooks.install()  # `import habana_frameworks` finds hpu_runtime/api/habana_frameworks
     import_hooks.warn_if_shadowed()
 

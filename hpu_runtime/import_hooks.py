@@ -18,9 +18,10 @@ top-level layout has no ``habana_frameworks/`` folder). This module installs thr
   two op schemas). Before ``_meta_registrations`` runs, the two schemas are defined *if and
   only if* torchvision's own ops did not load; after ``torchvision`` is imported,
   ``torchvision.ops.nms`` is made usable. With a working torchvision nothing changes.
-* :class:`OptimumTrainerFinder` wraps the loading of optimum-habana's trainer module only:
-  after it runs, its throughput figures read the simulated clock
-  (:mod:`hpu_runtime.api.optimum_clock`). Off with ``HPU_EMULATOR_HABANA_FRAMEWORKS=0``.
+* :class:`AfterImportFinder` wraps the loading of the few modules in :data:`AFTER_IMPORT`
+  (optimum-habana's trainer, torch's FSDP / tensor-parallel / DTensor packages): after one
+  runs, the emulator's patch for it is applied (simulated-clock throughput figures; support
+  matrix warnings). Off with ``HPU_EMULATOR_HABANA_FRAMEWORKS=0``.
 
 NOTE [why finders at the end of sys.meta_path, and who installs them]
 * Never shadow a real installation: the ``habana_frameworks`` finder is *appended* to
@@ -65,7 +66,7 @@ import warnings
 __all__ = [
     "NAME",
     "HabanaFrameworksFinder",
-    "OptimumTrainerFinder",
+    "AfterImportFinder",
     "TorchvisionFinder",
     "install",
     "installed_finders",
@@ -161,22 +162,42 @@ class TorchvisionFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-class OptimumTrainerFinder(importlib.abc.MetaPathFinder):
-    """After ``optimum.habana.transformers.trainer`` loads, its throughput figures read the
-    simulated Gaudi clock (:mod:`hpu_runtime.api.optimum_clock`). Nothing else is touched."""
+class AfterImportFinder(importlib.abc.MetaPathFinder):
+    """After one of :data:`AFTER_IMPORT`'s modules loads, hand it to the emulator's patch for it:
+    optimum-habana's trainer reads the simulated clock (:mod:`hpu_runtime.api.optimum_clock`);
+    FSDP, tensor-parallel and DTensor entry points warn where Intel's support matrix marks them
+    unsupported (:mod:`hpu_runtime.api.support_matrix`). The torch modules are patched only in
+    a process that has imported ``hpu_runtime`` (no simulated Gaudi, nothing to say);
+    ``import hpu_runtime`` patches those already imported."""
 
-    _gaudi_emulator_finder = "optimum"
-    TARGET = "optimum.habana.transformers.trainer"
+    _gaudi_emulator_finder = "after_import"
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
-        if fullname != self.TARGET:
+        entry = AFTER_IMPORT.get(fullname)
+        if entry is None or os.environ.get(SWITCH, "1") == "0":
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _WrappedLoader(
-            spec.loader, after=lambda m: importlib.import_module("hpu_runtime.api.optimum_clock").patch_trainer_module(m))
+        patcher, needs_emulator = entry
+
+        def after(module) -> None:
+            if needs_emulator and "hpu_runtime" not in sys.modules:
+                return
+            mod_name, _, fn = patcher.partition(":")
+            getattr(importlib.import_module(mod_name), fn)(module)
+
+        spec.loader = _WrappedLoader(spec.loader, after=after)
         return spec
+
+
+AFTER_IMPORT = {
+    "optimum.habana.transformers.trainer": ("hpu_runtime.api.optimum_clock:patch_trainer_module", False),
+    "torch.distributed.fsdp": ("hpu_runtime.api.support_matrix:patch_module", True),
+    "torch.distributed.tensor": ("hpu_runtime.api.support_matrix:patch_module", True),
+    "torch.distributed.tensor.parallel": ("hpu_runtime.api.support_matrix:patch_module", True),
+}
+"""Module -> (``module:function`` that patches it, only if ``hpu_runtime`` is imported)."""
 
 
 def installed_finders() -> dict[str, importlib.abc.MetaPathFinder]:
@@ -191,8 +212,8 @@ def install() -> None:
         sys.meta_path.append(HabanaFrameworksFinder())  # last: any real install wins
     if "torchvision" not in have:
         sys.meta_path.insert(0, TorchvisionFinder())  # first: it wraps the path finder's own spec
-    if "optimum" not in have and os.environ.get(SWITCH, "1") != "0":
-        sys.meta_path.insert(0, OptimumTrainerFinder())  # first, for the same reason
+    if "after_import" not in have:
+        sys.meta_path.insert(0, AfterImportFinder())  # first, for the same reason
 
 
 def _ours(where: str | None) -> bool:
