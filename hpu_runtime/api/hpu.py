@@ -94,7 +94,6 @@ def __getattr__(name: str):
                          "hpu_runtime/api/habana_frameworks/torch/__init__.py lists what is)")
 
 
-
 def is_available() -> bool:
     """Always True: the simulated Gaudi needs no hardware."""
     return True
