@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -146,4 +145,16 @@ def test_python_is_the_optimum_environment() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     oh, tf, th = out.stdout.split()[-3:]
     assert oh == "1.21.2" and tf.startswith("4.55.") and th == torch.__version__, out.stdout
-    assert sys.version_info[:2] >= (3, 11)
+
+
+def test_every_habana_frameworks_name_optimum_habana_uses_resolves() -> None:
+    """hpu_runtime.tools.habana_names scans optimum-habana's source: none of its names is missing
+    (the fp8/int4 ops are defined to refuse with an error naming them)."""
+    out = subprocess.run([PYTHON, "-m", "hpu_runtime.tools.habana_names", "optimum.habana"], capture_output=True,
+                         text=True, timeout=180, env=_env(), cwd=REPO)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.endswith("0 missing") and int(last.split()[0]) >= 60, last
+    for name in ("habana_frameworks.torch.hpex.kernels.FusedSDPA", "torch.ops.hpu.rotary_pos_embedding",
+                 "habana_frameworks.torch.hpu.sdp_kernel", "habana_frameworks.torch.core.hpu"):
+        assert f"{name} " in out.stdout
