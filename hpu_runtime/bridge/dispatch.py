@@ -61,7 +61,6 @@ _T = torch.Tensor
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _aten = torch.ops.aten
 _LOCAL_SCALAR = _aten._local_scalar_dense.default
-_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _is_hpu(value: object) -> bool:
@@ -79,9 +78,13 @@ def _is_cpu(value: object) -> bool:
 def _read_back(args) -> None:
     """A host read of ``args[0]``: launch, wait and copy back if it lives on the device."""
     t = args[0] if args else None
-    if isinstance(t, torch.Tensor) and not _is_functorch_wrapped(t):  # under vmap: no storage, no host read
+    if isinstance(t, torch.Tensor):
         dev = get_device()
-        if dev.is_resident(t):
+        try:
+            resident = dev.is_resident(t)
+        except NotImplementedError:  # a tensor without storage (vmap's batched tensors): no host read
+            return
+        if resident:
             dev.host_read(t.nbytes, t)
 
 

@@ -211,3 +211,13 @@ def test_torch_hpu_and_habana_frameworks_hpu_expose_the_same_names() -> None:
     a = torch.rand(2)
     torch.manual_seed(3)
     assert torch.equal(a, torch.rand(2))
+
+
+def test_host_read_inside_vmap_is_not_a_device_read() -> None:
+    """transformers builds attention masks under vmap with .to(device): a batched tensor has no
+    storage to look up (it raised NotImplementedError inside the bridge)."""
+    import torch
+
+    x = torch.randn(3, 4).to("hpu")
+    out = torch.vmap(lambda row: row.to("cpu") * 2)(x)
+    assert torch.equal(out, x * 2)
