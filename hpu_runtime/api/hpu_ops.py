@@ -33,6 +33,7 @@ out_scale, inv_attn_heads)``        not emulated (a clear error)
 Not emulated, raising :class:`NotImplementedError` that names them: ``cast_to_fp8_just_in_time``,
 ``fp8_gemm_v2``, ``convert_from_uint4`` (fp8 and int4 quantized matmuls; the transformer
 engine's ``fp8.is_fp8_available()`` answers False, so scripts that ask first stay in bf16).
+One module (a little over 400 lines) for the one ``hpu`` op library, as Intel's is one.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ NOT_EMULATED = ("cast_to_fp8_just_in_time", "fp8_gemm_v2", "convert_from_uint4")
 """``torch.ops.hpu`` names optimum-habana calls that the emulator defines only to refuse."""
 
 _registered = False
+_library = None
 
 
 # ---- rotary position embedding -------------------------------------------------------------
@@ -386,8 +388,8 @@ def register() -> None:
 
     cast_from_fp8.register_fake(lambda x, s, out_dtype: x.new_empty(x.shape, dtype=out_dtype))
 
-    refuse = torch.library.Library(lib, "FRAGMENT")
-    register.library = refuse  # keep the definitions alive
+    global _library
+    refuse = _library = torch.library.Library(lib, "FRAGMENT")  # kept alive: the definitions live with it
     for name, schema in (("cast_to_fp8_just_in_time", "(Tensor input, int[] block_size, *, ScalarType out_dtype, "
                                                        "ScalarType scale_dtype) -> (Tensor, Tensor)"),
                          ("fp8_gemm_v2", "(Tensor A, bool trans_A, Tensor B, bool trans_B, Tensor? D, "
