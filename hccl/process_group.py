@@ -216,7 +216,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs,
                 **work_args) -> HcclWork:
         """Occupy the simulated collective stream, keep the record, return the finished Work."""
-        self._device.record_collective(label, start, end, outputs)
+        self._device.record_collective(label, start, end, outputs,
+                                       args={"kind": kind, "bytes": nbytes, "algorithm": algorithm})
         rec = self._remember(CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end,
                                               algorithm=algorithm))
         return HcclWork(outputs, rec, self._device, **work_args)

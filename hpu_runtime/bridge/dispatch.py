@@ -80,7 +80,11 @@ def _read_back(args) -> None:
     t = args[0] if args else None
     if isinstance(t, torch.Tensor):
         dev = get_device()
-        if dev.is_resident(t):
+        try:
+            resident = dev.is_resident(t)
+        except NotImplementedError:  # a tensor without storage (vmap's batched tensors): no host read
+            return
+        if resident:
             dev.host_read(t.nbytes, t)
 
 
