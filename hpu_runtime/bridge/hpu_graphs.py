@@ -337,7 +337,8 @@ class ModuleCacher:
     in at each call, and the rest (non-tensor values, the structure, tensor shapes, dtypes
     and ``requires_grad``, grad mode, ``model.training``) keys the cache (NOTE [static inputs
     and outputs of graphed callables]). A call with an unhashable non-tensor argument runs
-    the module as it is, uncached (counted in ``uncached``). A new key captures new
+    the module as it is, uncached (counted in ``uncached``), and so does a call inside
+    another capture (a model wrapped twice: its ops join that graph). A new key captures new
     graphs; beyond ``max_graphs`` the least recently used entry is evicted. The wrapped model
     also gets Gaudi's ``set_iteration_count(n)``, ``capture_start()`` and ``capture_end()``,
     accepted and recorded only (capture is per signature here, never manual).
@@ -369,6 +370,8 @@ class ModuleCacher:
         cacher = self
 
         def forward(*args, **kwargs):
+            if get_device().launcher.capture is not None:  # called inside another capture (a model
+                return original(*args, **kwargs)         # wrapped twice): its ops join that graph
             leaves, spec = pytree.tree_flatten((args, kwargs))
             key = (spec, tuple(_key_item(leaf) for leaf in leaves), torch.is_grad_enabled(), model.training)
             try:

@@ -47,7 +47,7 @@ graph's time and a running sum is when the ops issued so far are done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .cost_model import OpCost, fused_time_ns
 from .spec import DeviceSpec
@@ -59,9 +59,11 @@ Write = tuple[int, int, bool, bool]
 ``saved``: autograd keeps it for backward (NOTE [fusion inside a graph, deterministic])."""
 
 
-@dataclass(frozen=True, slots=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     """One charged aten op of a lazy-mode graph (see NOTE [op records and storage serials]).
+
+    A named tuple, not a frozen dataclass: one is built per op on the bridge's hot path, and a
+    tuple is built in a third of the time.
 
     Attributes:
         key: the op's entry in the graph key (recipe-cache identity): ``(op, signature)``.

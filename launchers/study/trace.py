@@ -19,8 +19,9 @@ order: ``bytes``, ``ready_ns``, ``params``) and ``planned`` (the DDP step on
 ``gpt2``; ``name:flavour`` for a flavour such as ``resnet50:debug``) or
 ``package.module:factory`` for your own model, where ``factory(batch_size)`` returns
 ``(model, inputs, loss_fn)`` and one step is ``loss_fn(model(*inputs)).backward()``.
-The mode follows ``PT_HPU_LAZY_MODE`` (1: lazy, 0: eager) unless ``--mode`` says
-``lazy``, ``eager`` or ``compile``.
+The mode follows ``PT_HPU_LAZY_MODE`` (1: lazy, 0: eager) unless ``--mode`` names one of
+:data:`hpu_runtime.tools.tracing.MODES`; in ``compile`` mode with ``--bucket-cap-mb`` the model
+is compiled as ``torch.compile(DDP(model))`` compiles it, broken by DDPOptimizer at that cap.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def add_parser(sub) -> None:
     t = sub.add_parser("trace", help="trace one training step without data; print a summary, write JSON")
     add_model_args(t)
     t.add_argument("--device-spec", default="gaudi2", choices=sorted(DEVICE_SPECS))
-    t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager)")
+    t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager);"
+                   " compile with --bucket-cap-mb: the graph broken at DDP's buckets, as under DDP")
     t.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS),
                    help="torch's sgd/adamw, or Gaudi's fused hpex optimizers (one kernel per group)")
     t.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
@@ -72,9 +74,11 @@ def trace_json(args: argparse.Namespace) -> dict:
     kwargs = {k: v for k, v in (("seq_len", args.seq_len), ("image_size", args.image_size)) if v is not None}
     factory = resolve_factory(args.model, **kwargs)
     mode = args.mode or env_mode()
+    ddp = mode == "compile" and args.bucket_cap_mb is not None  # compiled as torch.compile(DDP(model)) is
     trace = trace_step(factory, args.batch_size, spec=get_device_spec(args.device_spec), mode=mode,
                        lazy_collectives=env_flag("PT_HPU_ENABLE_LAZY_COLLECTIVES"), optimizer=args.optimizer,
-                       autocast=args.precision == "bf16")
+                       autocast=args.precision == "bf16", ddp_bucket_cap_mb=args.bucket_cap_mb if ddp else None,
+                       ddp_first_bucket_mb=args.first_bucket_mb if ddp else None)
     s = summarize(trace)
     out = {
         "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
