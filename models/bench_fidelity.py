@@ -240,8 +240,10 @@ class RowResult:
         step_ns, device_ns, host_ns, exposed_comm_ns: the optimizer step, the compute
             stream busy in it, the host thread busy in it, communication not under compute.
         ops: device ops run per optimizer step (replayed HPU-graph ops included).
-        launches: lazy-mode graph launches per optimizer step (replays excluded).
+        replayed_ops: of those, the ops HPU-graph replays ran (no host cost each).
+        launches: graph launches per optimizer step (replays excluded).
         replays: HPU graph replays per optimizer step.
+        copies, copied_bytes: host->device copies (the input batch) per optimizer step.
         buckets: gradient all-reduces per optimizer step.
         peak_hbm_bytes: simulated HBM high-water mark of a micro-step.
     """
@@ -252,26 +254,34 @@ class RowResult:
     host_ns: int
     exposed_comm_ns: int
     ops: int
+    replayed_ops: int
     launches: int
     replays: int
+    copies: int
+    copied_bytes: int
     buckets: int
     peak_hbm_bytes: int
 
 
-def _trace(row: Row, spec, optimizer: str, flavour: str | None):
+def _trace(row: Row, spec, optimizer: str, flavour: str | None, ddp: bool):
     from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
     kwargs = {"seq_len": row.seq_len} if row.seq_len else {}
     kwargs.update(row.model_config)
     name = f"{row.model}:{flavour}" if flavour else row.model
+    # compile mode under DDP: the model is compiled broken at the buckets (DDPOptimizer)
+    cap = row.bucket_cap_mb if ddp and row.mode == "compile" else None
     return trace_step(resolve_factory(name, **kwargs), row.micro_batch, spec=spec, mode=row.mode,
-                      optimizer=optimizer, autocast=True)
+                      optimizer=optimizer, autocast=True, ddp_bucket_cap_mb=cap)
 
 
-def _counts(graphs) -> tuple[int, int, int]:
-    replays = sum(1 for g in graphs if g[0] == "replay")
-    return sum(g[1] for g in graphs), len(graphs) - replays, replays
+def _counts(graphs, trace) -> tuple[int, int, int, int, int, int]:
+    """``(ops, replayed ops, launches, replays, copies, copied bytes)`` of one planned step."""
+    replayed = [g[1] for g in graphs if g[0] == "replay"]
+    copied = [ev[1] for ev in trace.events if ev[0] == "h2d"]
+    return (sum(g[1] for g in graphs), sum(replayed), len(graphs) - len(replayed), len(replayed), len(copied),
+            sum(copied))
 
 
 def plan_row(row: Row, traces: tuple) -> RowResult:
@@ -285,16 +295,18 @@ def plan_row(row: Row, traces: tuple) -> RowResult:
     plan = plan_ddp_step(full, world_size=row.cards, topology=topology, bucket_cap_mb=row.bucket_cap_mb,
                          gradient_as_bucket_view=True, comm_hook=row.comm_hook)
     t = plan.times
-    step, device, host, exposed = t.step_ns, t.compute_ns, t.host_ns, t.exposed_comm_ns
-    ops, launches, replays = _counts(plan.graphs)
-    if micro is not None:
+    times = [t.step_ns, t.compute_ns, t.host_ns]
+    counts = list(_counts(plan.graphs, full))
+    if micro is not None:  # the other micro-steps: forward and backward only, no all-reduce
         k = row.accumulation - 1
         m = summarize(micro)
-        mops, mlaunches, mreplays = _counts(m.graphs)
-        step, device, host = step + k * m.times.step_ns, device + k * m.times.compute_ns, host + k * m.times.host_ns
-        ops, launches, replays = ops + k * mops, launches + k * mlaunches, replays + k * mreplays
+        times = [a + k * b for a, b in zip(times, (m.times.step_ns, m.times.compute_ns, m.times.host_ns))]
+        counts = [a + k * b for a, b in zip(counts, _counts(m.graphs, micro))]
+    step, device, host = times
+    ops, replayed, launches, replays, copies, copied = counts
     return RowResult(samples_per_s=row.samples_per_step / (step * 1e-9), step_ns=step, device_ns=device,
-                     host_ns=host, exposed_comm_ns=exposed, ops=ops, launches=launches, replays=replays,
+                     host_ns=host, exposed_comm_ns=t.exposed_comm_ns, ops=ops, replayed_ops=replayed,
+                     launches=launches, replays=replays, copies=copies, copied_bytes=copied,
                      buckets=len(plan.buckets), peak_hbm_bytes=full.peak_hbm_bytes)
 
 
@@ -307,8 +319,8 @@ def trace_row(row: Row, spec=None, flavour: str | None = None) -> tuple:
     from hpu_runtime.device.spec import get_device_spec
 
     spec = spec or get_device_spec(row.device)
-    full = _trace(row, spec, row.optimizer, flavour)
-    micro = _trace(row, spec, "none", flavour) if row.accumulation > 1 else None
+    full = _trace(row, spec, row.optimizer, flavour, ddp=True)
+    micro = _trace(row, spec, "none", flavour, ddp=False) if row.accumulation > 1 else None
     return full, micro
 
 
@@ -318,7 +330,7 @@ def simulate_row(row: Row, cache: dict | None = None, spec=None) -> RowResult:
 
     cache = {} if cache is None else cache
     key = (row.model, row.device, row.micro_batch, row.seq_len, row.model_config, row.mode, row.optimizer,
-           row.accumulation > 1)
+           row.accumulation > 1, row.bucket_cap_mb if row.mode == "compile" else None)
     if key not in cache:
         cache[key] = trace_row(row)
     traces = cache[key]

@@ -13,11 +13,14 @@ code a live run uses.
 
 NOTE [fusion inside a graph, deterministic]
 A launched graph's device time comes from each op's roofline with only the HBM traffic
-that survives fusion (:func:`graph_op_times`). Gaudi's graph compiler fuses chains of TPC (vector) ops into one
-kernel; the MME reads its operands from and writes its results to HBM. So a storage is an
-*intermediate*, never written to nor read from HBM, when:
+that survives fusion (:func:`graph_op_times`). Gaudi's graph compiler fuses chains of TPC
+(vector) ops into one kernel; the MME reads its operands from and writes its results to
+HBM. An in-place op makes a new *version* of its storage (as the bridge's graph does, which
+functionalizes in-place ops). A version is an *intermediate*, never written to nor read
+from HBM, when:
 
-* a TPC op of the graph allocated it (not in place, not ``out=``);
+* a TPC op of the graph made it: allocated the storage, or updated in place a storage an
+  earlier op of the same graph made;
 * autograd does not keep it for backward: neither the op that made it nor an op that
   reads it saves it (which arguments and results each op's backward saves is PyTorch's
   ``derivatives.yaml``, tabled for the common ops in
@@ -80,25 +83,48 @@ class OpRecord(NamedTuple):
     saves: tuple[int, ...] = ()
 
 
-def intermediates(ops: list[OpRecord]) -> set[int]:
-    """Serials of the storages a graph of ``ops`` keeps on chip (NOTE [fusion inside a
-    graph, deterministic])."""
-    candidates: set[int] = set()
-    consumed: set[int] = set()
-    spoiled: set[int] = set()  # read by an MME op (the MME reads HBM) or kept for backward
+def intermediates(ops: list[OpRecord]) -> set[tuple[int, int]]:
+    """The ``(serial, version)`` of every storage version a graph of ``ops`` keeps on chip
+    (NOTE [fusion inside a graph, deterministic]): a storage's first write in the graph makes
+    version 0, each later write one more (-1 is its value from before the graph)."""
+    return _versions(ops)[2]
+
+
+def _versions(ops: list[OpRecord]) -> tuple[list, list, set]:
+    """Per op, the versions it reads and the versions it writes, and the versions on chip."""
+    version: dict[int, int] = {}  # serial -> its latest version in the graph
+    candidates: set[tuple[int, int]] = set()
+    consumed: set[tuple[int, int]] = set()
+    spoiled: set[tuple[int, int]] = set()  # read by an MME op (the MME reads HBM) or kept for backward
+    reads_at, writes_at = [], []
     for op in ops:
         mme = op.cost.engine == "MME"
+        keys = []
         for serial, _nbytes in op.reads:
-            if serial in candidates:
-                consumed.add(serial)
+            key = (serial, version.get(serial, -1))  # -1: as it was before the graph
+            keys.append(key)
+            if key in candidates:
+                consumed.add(key)
                 if mme:
-                    spoiled.add(serial)
-        spoiled.update(op.saves)
-        if not mme:
-            for serial, _nbytes, allocates, saved in op.writes:
-                if allocates and not saved and serial >= 0:
-                    candidates.add(serial)
-    return consumed - spoiled
+                    spoiled.add(key)
+        reads_at.append(keys)
+        for serial in op.saves:
+            spoiled.add((serial, version.get(serial, -1)))
+        keys = []
+        for serial, _nbytes, allocates, saved in op.writes:
+            if serial < 0:
+                keys.append((serial, 0))
+                continue
+            made_here = allocates or (serial, version.get(serial, -1)) in candidates
+            v = version[serial] = version[serial] + 1 if serial in version else 0
+            key = (serial, v)
+            keys.append(key)
+            if not mme and made_here:
+                candidates.add(key)
+            if saved:
+                spoiled.add(key)
+        writes_at.append(keys)
+    return reads_at, writes_at, consumed - spoiled
 
 
 def graph_op_times(spec: DeviceSpec, ops: list[OpRecord]) -> list[int]:
@@ -117,19 +143,19 @@ def graph_op_times(spec: DeviceSpec, ops: list[OpRecord]) -> list[int]:
         writes nothing and reads no intermediate (a pure cost, e.g. from
         ``SimDevice.record_op``) takes its unfused ``cost.device_ns`` on its engine.
     """
-    on_chip = intermediates(ops)
+    reads_at, writes_at, on_chip = _versions(ops)
     free = {"MME": 0, "TPC": 0}
     span: dict[int, tuple[int, int]] = {}  # serial -> (start, end) of the op that last wrote it
     front = 0
     shares = []
-    for op in ops:
+    for op, read_keys, write_keys in zip(ops, reads_at, writes_at):
         cost = op.cost
         engine = "MME" if cost.engine == "MME" else "TPC"
-        fused_in = sum(nbytes for serial, nbytes in op.reads if serial in on_chip)
+        fused_in = sum(nbytes for (_serial, nbytes), key in zip(op.reads, read_keys) if key in on_chip)
         if not op.writes and not fused_in:
             t = cost.device_ns
         else:
-            written = sum(nbytes for serial, nbytes, _allocates, _saved in op.writes if serial not in on_chip)
+            written = sum(w[1] for w, key in zip(op.writes, write_keys) if key not in on_chip)
             t = fused_time_ns(spec, cost, cost.bytes_in - fused_in + written)
         start, end = free[engine], 0
         for serial, _nbytes in op.reads:
