@@ -39,8 +39,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-__all__ = ["CONSTANTS", "Calibrated", "ROWS", "Row", "RowResult", "fit_device_constants", "fit_host_constants", "load_figures",
-           "main", "plan_row", "seed_host_ms", "simulate_row"]
+__all__ = ["CONSTANTS", "Calibrated", "ROWS", "Row", "RowResult", "fit_device_constants", "fit_host_constants",
+           "load_figures", "main", "plan_row", "seed_host_ms", "simulate_row", "trace_row"]
 
 DATA = Path(__file__).with_name("published_figures.toml")
 
@@ -141,47 +141,54 @@ attention_probs_dropout_prob 0.1, not a fused SDPA kernel."""
 _MR_RN50_COMPILE = ("Intel Gaudi reference models page, 'ResNet50 LARS (torch.compile)'; Model-References "
                     "torchvision ResNet-50 (bucket_cap_mb=256, gradient_as_bucket_view)")
 
+
+def _mlperf_bert(device: str, cards: int, batch: int, micro: int) -> Row:
+    """An MLPerf BERT row: Gaudi2, PyTorch with an HPU graph and FastDDP's one bf16 all-reduce;
+    first-gen, TensorFlow graph mode, two micro-steps, Horovod."""
+    if device == "gaudi2":
+        return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="PyTorch 1.13.1",
+                   model_config=_BERT_ATTENTION, ran_in="PyTorch lazy + HPU graph, FastDDP", mode="hpu_graphs",
+                   micro_batch=micro, samples_per_sequence=2.0, optimizer="fused-lamb", comm_hook="bf16",
+                   source=_MLPERF_BERT_PT)
+    return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="TensorFlow 2.5.1",
+               model_config=_BERT_ATTENTION, ran_in="TensorFlow graph", mode="compile", micro_batch=micro,
+               samples_per_sequence=2.0, accumulation=2, optimizer="fused-lamb", bucket_cap_mb=64,
+               source=_MLPERF_BERT_TF)
+
+
+def _mr_bert(cards: int, batch: int, seq: int, micro: int, packing: float, accumulation: int) -> Row:
+    """A Model-References BERT pretraining row (first-gen, PyTorch lazy): ``micro`` packed
+    sequences per micro-step, ``accumulation`` micro-steps, one fp16 all-reduce after them."""
+    return Row(model="bert-large", device="gaudi", cards=cards, batch=batch, seq_len=seq, software="PyTorch lazy",
+               model_config=_BERT_ATTENTION, ran_in="PyTorch lazy", mode="lazy", micro_batch=micro,
+               samples_per_sequence=packing, accumulation=accumulation, optimizer="fused-lamb", comm_hook="fp16",
+               source=_MR_BERT)
+
+
 ROWS: tuple[Row, ...] = (
     Row(model="resnet50", device="gaudi2", cards=8, batch=256, software="PyTorch 2.0.1", micro_batch=256,
         ran_in="PyTorch lazy, FusedLARS", mode="lazy", bucket_cap_mb=200, source=_MLPERF_RN50_PT),
     Row(model="resnet50", device="gaudi2", cards=8, batch=256, software="TensorFlow 2.13.0", micro_batch=256,
         ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
-    Row(model="bert-large", device="gaudi2", cards=8, batch=56, model_config=_BERT_ATTENTION, seq_len=512, software="PyTorch 1.13.1",
-        ran_in="PyTorch lazy + HPU graph, FastDDP", mode="hpu_graphs", micro_batch=28, samples_per_sequence=2.0,
-        optimizer="fused-lamb", comm_hook="bf16", source=_MLPERF_BERT_PT),
-    Row(model="bert-large", device="gaudi2", cards=64, batch=48, model_config=_BERT_ATTENTION, seq_len=512, software="PyTorch 1.13.1",
-        ran_in="PyTorch lazy + HPU graph, FastDDP", mode="hpu_graphs", micro_batch=24, samples_per_sequence=2.0,
-        optimizer="fused-lamb", comm_hook="bf16", source=_MLPERF_BERT_PT),
+    _mlperf_bert("gaudi2", 8, 56, 28),
+    _mlperf_bert("gaudi2", 64, 48, 24),
     Row(model="resnet50", device="gaudi", cards=8, batch=256, software="TensorFlow 2.5.1", micro_batch=256,
         ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
     Row(model="resnet50", device="gaudi", cards=64, batch=128, software="TensorFlow 2.5.1", micro_batch=128,
         ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
     Row(model="resnet50", device="gaudi", cards=256, batch=64, software="TensorFlow 2.5.1", micro_batch=64,
         ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
-    Row(model="bert-large", device="gaudi", cards=8, batch=56, model_config=_BERT_ATTENTION, seq_len=512, software="TensorFlow 2.5.1",
-        ran_in="TensorFlow graph", mode="compile", micro_batch=14, samples_per_sequence=2.0, accumulation=2,
-        optimizer="fused-lamb", bucket_cap_mb=64, source=_MLPERF_BERT_TF),
-    Row(model="bert-large", device="gaudi", cards=64, batch=48, model_config=_BERT_ATTENTION, seq_len=512, software="TensorFlow 2.5.1",
-        ran_in="TensorFlow graph", mode="compile", micro_batch=12, samples_per_sequence=2.0, accumulation=2,
-        optimizer="fused-lamb", bucket_cap_mb=64, source=_MLPERF_BERT_TF),
-    Row(model="bert-large", device="gaudi", cards=8, batch=64, model_config=_BERT_ATTENTION, seq_len=128, software="PyTorch lazy",
-        ran_in="PyTorch lazy", mode="lazy", micro_batch=64, samples_per_sequence=1.2, accumulation=107,
-        optimizer="fused-lamb", comm_hook="fp16", source=_MR_BERT),
-    Row(model="bert-large", device="gaudi", cards=32, batch=64, model_config=_BERT_ATTENTION, seq_len=128, software="PyTorch lazy",
-        ran_in="PyTorch lazy", mode="lazy", micro_batch=64, samples_per_sequence=1.2, accumulation=27,
-        optimizer="fused-lamb", comm_hook="fp16", source=_MR_BERT),
-    Row(model="bert-large", device="gaudi", cards=8, batch=16, model_config=_BERT_ATTENTION, seq_len=512, software="PyTorch lazy",
-        ran_in="PyTorch lazy", mode="lazy", micro_batch=8, samples_per_sequence=2.0, accumulation=256,
-        optimizer="fused-lamb", comm_hook="fp16", source=_MR_BERT),
-    Row(model="bert-large", device="gaudi", cards=32, batch=16, model_config=_BERT_ATTENTION, seq_len=512, software="PyTorch lazy",
-        ran_in="PyTorch lazy", mode="lazy", micro_batch=8, samples_per_sequence=2.0, accumulation=64,
-        optimizer="fused-lamb", comm_hook="fp16", source=_MR_BERT),
+    _mlperf_bert("gaudi", 8, 56, 14),
+    _mlperf_bert("gaudi", 64, 48, 12),
+    *(_mr_bert(cards, batch, seq, micro, spp, accumulation) for cards, batch, seq, micro, spp, accumulation in (
+        (8, 64, 128, 64, 1.2, 107), (32, 64, 128, 64, 1.2, 27), (8, 16, 512, 8, 2.0, 256), (32, 16, 512, 8, 2.0, 64))),
     Row(model="resnet50", device="gaudi", cards=8, batch=256, software="PyTorch (torch.compile)", micro_batch=256,
         ran_in="torch.compile", mode="compile", bucket_cap_mb=256, source=_MR_RN50_COMPILE),
     Row(model="resnet50", device="gaudi", cards=32, batch=256, software="PyTorch (torch.compile)", micro_batch=256,
         ran_in="torch.compile", mode="compile", bucket_cap_mb=256, source=_MR_RN50_COMPILE),
 )
 """The rows compared, in table order."""
+
 
 @dataclass(frozen=True, slots=True)
 class Calibrated:

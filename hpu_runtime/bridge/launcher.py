@@ -6,7 +6,10 @@ regions, HPU-graph capture) or launch one by one (eager mode). A launch keys the
 cache: a miss charges the simulated compile on the host and counts in
 ``metric_global("graph_compilation")``; then the graph runs on the card's compute stream
 (:meth:`~hpu_runtime.device.card.Card.run_graph` when lazy collectives joined it), no
-earlier than the end of every collective whose output it touches.
+earlier than the end of every collective whose output it touches. A captured HPU graph
+(:class:`CapturedGraph`) keeps its ops' records; a replay charges one replay on the host
+and runs those records as one graph, and the event log keeps them, so a traced step's
+replays can be re-timed by the planner as its other graphs are.
 
 Not thread-safe on its own: :class:`~hpu_runtime.bridge.sim_device.SimDevice` calls it
 under its lock.
@@ -31,7 +34,9 @@ __all__ = ["CapturedGraph", "GraphInfo", "Launcher"]
 class GraphInfo:
     """One launched graph: why it was launched, its ops, its start and device time (ns).
 
-    ``op_times_ns`` is each op's share of ``device_ns`` after fusion, in issue order (for a
+    ``reason`` is the launch point (``"mark_step"``, ``"collective"``...) or ``"replay"`` for
+    an HPU graph replay. ``op_times_ns`` is each op's share of ``device_ns`` (NOTE [MME and
+    TPC run concurrently] in :mod:`hpu_runtime.device.lazy_graph`), in issue order (for a
     recipe-cache hit the recipe's cached total is charged; the shares are recomputed).
     """
 

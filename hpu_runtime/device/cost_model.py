@@ -20,9 +20,9 @@ class               engine     work
 
 Peak rates depend on the dtype (bf16/fp16 vs fp32). The MME's efficiency depends on the
 shape through the roofline (a GEMM with a short reduction is bound by the bytes it moves)
-and through the MME's tile (NOTE [MME shape efficiency]). All constants come from a :class:`~hpu_runtime.device.spec.DeviceSpec` (NOTE
-[calibration] there says which were fitted to which published figure); results are
-simulated nanoseconds, not measured time.
+and through the MME's tile (NOTE [MME shape efficiency]). All constants come from a
+:class:`~hpu_runtime.device.spec.DeviceSpec` (NOTE [calibration] there says which were
+fitted to which published figure); results are simulated nanoseconds, not measured time.
 
 NOTE [MME shape efficiency]
 The MME is a fixed array of multiply-accumulate units that computes an output tile of

@@ -33,8 +33,8 @@ def replay_device(spec: DeviceSpec, mode: str, *, fallback: FallbackPolicy | Non
     steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile
     (``hpu_graphs`` is lazy mode with HPU graphs);
     ``fallback``: the CPU-fallback policy (default: Gaudi's dtypes and ops only)."""
-    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=mode in ("lazy", "hpu_graphs"),
-                     fallback=fallback)
+    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0),
+                     lazy=mode in ("lazy", "hpu_graphs"), fallback=fallback)
 
 
 def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], None] | None = None,

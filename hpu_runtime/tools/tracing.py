@@ -9,7 +9,10 @@ no storage is allocated and nothing is computed) with the lazy-mode bridge charg
 private :class:`~hpu_runtime.bridge.sim_device.SimDevice`, whose event log (NOTE [op records and storage
 serials] in :mod:`hpu_runtime.device.lazy_graph`) becomes a :class:`StepTrace`. Post-accumulate-grad
 hooks mark when each parameter's gradient is produced. One warm-up step first creates the
-optimizer state, so the traced step is a steady-state step.
+optimizer state (and, in the ``hpu_graphs`` mode, captures the model's HPU graphs), so the
+traced step is a steady-state step. :func:`prepare_model` sets a model up for its mode as a
+Gaudi script does (``models.train`` calls it too); :func:`respec` prices a trace's ops on
+another device spec without tracing again.
 
 Why here, in ``tools/``: the tracer drives the bridge (its dispatch modes, on a private
 device lent the process's place with :func:`~hpu_runtime.bridge.runtime.using_device`), the
@@ -158,6 +161,22 @@ class StepTrace:
     ddp_split: tuple[int, int] | None = None
 
 
+def _with_records(trace: StepTrace, record: Callable[[OpRecord], OpRecord], view=None, **changes) -> StepTrace:
+    """``trace`` with ``record`` applied to every op record (replayed HPU graphs' included),
+    ``view`` to every view's key (if given), and ``changes`` to its fields."""
+    events = []
+    for ev in trace.events:
+        if ev[0] == "op":
+            events.append(("op", record(ev[1])))
+        elif ev[0] == "replay":
+            events.append(("replay", tuple(record(op) for op in ev[1]), ev[2]))
+        elif ev[0] == "view" and view is not None:
+            events.append(("view", view(ev[1])))
+        else:
+            events.append(ev)
+    return dataclasses.replace(trace, events=events, **changes)
+
+
 def portable(trace: StepTrace) -> StepTrace:
     """A copy of ``trace`` that pickles (to ship to other processes, e.g. Ray tasks).
 
@@ -166,28 +185,18 @@ def portable(trace: StepTrace) -> StepTrace:
     """
     ids: dict = {}
 
-    def plain(op: OpRecord) -> OpRecord:
-        return op._replace(key=ids.setdefault(op.key, len(ids)))
+    def plain(key: object) -> int:
+        return ids.setdefault(key, len(ids))
 
-    events = []
-    for ev in trace.events:
-        if ev[0] == "op":
-            events.append(("op", plain(ev[1])))
-        elif ev[0] == "replay":
-            events.append(("replay", tuple(plain(op) for op in ev[1]), ev[2]))
-        elif ev[0] == "view":
-            events.append(("view", ids.setdefault(ev[1], len(ids))))
-        else:
-            events.append(ev)
-    return dataclasses.replace(trace, events=events)
+    return _with_records(trace, lambda op: op._replace(key=plain(op.key)), view=plain)
 
 
 def respec(trace: StepTrace, spec: DeviceSpec) -> StepTrace:
     """``trace`` with every op priced on ``spec`` (the same ops, FLOPs and bytes): a what-if
-    on the device's rates, efficiencies and host costs without tracing again.
+    on the device's rates and efficiencies without tracing again.
 
-    The host costs, kernel overhead and HBM size are read from the spec when the trace is
-    replayed, so they follow too; the HBM peak is the traced one (bytes do not change).
+    The host costs and HBM size are read from the spec when the trace is replayed, so they
+    follow too; the HBM peak is the traced one (bytes do not change).
     """
     from ..device.cost_model import recost
 
@@ -199,15 +208,7 @@ def respec(trace: StepTrace, spec: DeviceSpec) -> StepTrace:
             cost = costs[id(op.cost)] = recost(spec, op.cost)
         return op._replace(cost=cost)
 
-    events = []
-    for ev in trace.events:
-        if ev[0] == "op":
-            events.append(("op", priced(ev[1])))
-        elif ev[0] == "replay":
-            events.append(("replay", tuple(priced(op) for op in ev[1]), ev[2]))
-        else:
-            events.append(ev)
-    return dataclasses.replace(trace, spec=spec, events=events)
+    return _with_records(trace, priced, spec=spec)
 
 
 def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

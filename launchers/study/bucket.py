@@ -346,13 +346,25 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
+def _regime(r: dict) -> str:
+    """What bounds the step, read off its host and device time, and what a bucket can change."""
+    times = (f"host {_ms(r['host_ns'])}, device {_ms(r['compute_ns'])}, allreduce {_ms(r['comm_ns'])}"
+             f" of a {_ms(r['step_ns'])} step")
+    if r["host_ns"] >= r["compute_ns"]:
+        return f"the step is host-bound ({times}): a bucket size changes the launches the host makes"
+    if r["mode"] == "hpu_graphs":
+        return (f"the step is device-bound ({times}) and the backward is one replayed HPU graph, so no allreduce"
+                " starts before it ends: bucket size only pipelines the allreduces behind DDP's copies")
+    return f"the step is device-bound ({times}): bucket size decides how much of the allreduce hides behind backward"
+
+
 def _why(best: dict, default: dict | None, sweep: list[dict]) -> str:
     smallest = min(sweep, key=lambda r: r["bucket_cap_mb"])
     largest = max(sweep, key=lambda r: r["bucket_cap_mb"])
-    parts = [f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
+    parts = [_regime(best), f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
              f"{best['graph_launches']} graph launches per step"]
     if default is not None:
-        parts[0] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
+        parts[1] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
     if default is not None and best["mode"] == "lazy" and not best["lazy_collectives"]:
         parts.append("in lazy mode every bucket's allreduce cuts and launches the accumulated backward graph,"
                      f" so host time goes from {_ms(default['host_ns'])} to {_ms(best['host_ns'])}")
