@@ -15,7 +15,8 @@ Tables (simulated times are per card, per optimizer step, simulated ms):
 
 1. per-card throughput, published and simulated, with the step split into device-only
    time (the compute stream busy), host-only time (the host thread busy) and exposed
-   communication, so a reader sees what bounds each row;
+   communication, so a reader sees what bounds each row, and the micro-step's simulated HBM
+   peak against the card's (every published run fits where it trained);
 2. scaling efficiency between card counts;
 3. the host time per step of the seed "HPU Graphs for Training" MNIST ``Net`` (batch 200,
    Adadelta, first-gen Gaudi) without HPU graphs, with ``make_graphed_callables`` and with
@@ -490,6 +491,7 @@ def _ms(ns: int) -> str:
 def throughput_table(figures: list[dict], cache: dict) -> tuple[list, dict]:
     """Table 1's rows and ``{row index: (published, RowResult)}``."""
     from hpu_runtime.device.memory import HPUOutOfMemoryError
+    from hpu_runtime.device.spec import get_device_spec
 
     role = {c.row: f"fit: {c.field}" for c in CONSTANTS}
     rows, results = [], {}
@@ -503,14 +505,15 @@ def throughput_table(figures: list[dict], cache: dict) -> tuple[list, dict]:
         try:
             r = simulate_row(row, cache)
         except HPUOutOfMemoryError as exc:
-            rows.append([*head, f"{pub:,.0f}", "HBM OOM", "-", "-", "-", "-", "-", "-", role.get(i, "check")])
+            rows.append([*head, f"{pub:,.0f}", "HBM OOM", "-", "-", "-", "-", "-", "-", "-", role.get(i, "check")])
             print(f"  {row.label}: {exc}")
             continue
         results[i] = (pub, r)
         bound = "device" if r.device_ns >= max(r.host_ns, r.exposed_comm_ns) else (
             "host" if r.host_ns >= r.exposed_comm_ns else "comm")
+        hbm = f"{r.peak_hbm_bytes / 2**30:.0f}/{get_device_spec(row.device).hbm_bytes / 2**30:.0f}"
         rows.append([*head, f"{pub:,.0f}", f"{r.samples_per_s:,.0f}", f"{r.samples_per_s / pub:.2f}", _ms(r.step_ns),
-                     _ms(r.device_ns), _ms(r.host_ns), _ms(r.exposed_comm_ns), bound, role.get(i, "check")])
+                     _ms(r.device_ns), _ms(r.host_ns), _ms(r.exposed_comm_ns), bound, hbm, role.get(i, "check")])
     return rows, results
 
 
@@ -553,10 +556,11 @@ def main(argv: list[str] | None = None) -> int:
     cache: dict = {}
     rows, results = throughput_table(figures, cache)
     print("Per-card training throughput (samples/s per card; simulated: bf16, the published run's mode, micro-batch,"
-          " packing, accumulation,\noptimizer and all-reduce; times per card per optimizer step, simulated ms)")
+          " packing, accumulation,\noptimizer and all-reduce; times per card per optimizer step, simulated ms; HBM:"
+          " the micro-step's simulated peak / the card's, GiB)")
     print(tabulate(rows, headers=["model", "device", "cards", "batch", "published run", "planned", "traced",
                                   "published", "simulated", "ratio", "step", "device", "host", "exposed comm",
-                                  "bound", "role"], tablefmt="github"))
+                                  "bound", "HBM", "role"], tablefmt="github"))
     print("\nScaling efficiency (per-card throughput at N cards / at 8 cards)")
     print(tabulate(_scaling(results), headers=["model", "device", "seq", "cards", "published", "simulated",
                                                "points"], tablefmt="github"))

@@ -351,11 +351,11 @@ def _regime(r: dict) -> str:
     times = (f"host {_ms(r['host_ns'])}, device {_ms(r['compute_ns'])}, allreduce {_ms(r['comm_ns'])}"
              f" of a {_ms(r['step_ns'])} step")
     if r["host_ns"] >= r["compute_ns"]:
-        return f"the step is host-bound ({times}): a bucket size changes the launches the host makes"
+        return f"The step is host-bound ({times}): a bucket size changes the launches the host makes"
     if r["mode"] == "hpu_graphs":
-        return (f"the step is device-bound ({times}) and the backward is one replayed HPU graph, so no allreduce"
+        return (f"The step is device-bound ({times}) and the backward is one replayed HPU graph, so no allreduce"
                 " starts before it ends: bucket size only pipelines the allreduces behind DDP's copies")
-    return f"the step is device-bound ({times}): bucket size decides how much of the allreduce hides behind backward"
+    return f"The step is device-bound ({times}): bucket size decides how much of the allreduce hides behind backward"
 
 
 def _why(best: dict, default: dict | None, sweep: list[dict]) -> str:
