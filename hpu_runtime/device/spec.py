@@ -190,7 +190,7 @@ _MODEL_ASSUMPTIONS = dict(
 # the critical path: Habana's MLPerf BERT on Gaudi2 (PyTorch, the step captured in one HPU
 # graph) and TensorFlow graph-mode runs (MLPerf ResNet-50 and BERT; mlcommons
 # training_results_v1.1 / v3.0 / v3.1, Intel-HabanaLabs), each planned in its own mode with
-# its own micro-batch, packing, optimizer and all-reduce (models/bench_fidelity.py, ROWS;
+# its own micro-batch, packing, optimizer and all-reduce (models/published_runs.py, ROWS;
 # `python -m models.bench_fidelity --refit` repeats the fit). Four constants are fitted,
 # each on one figure, jointly (bisection, three rounds):
 #   mme_efficiency, Gaudi 2:  0.81 on BERT-Large phase 2, 8 Gaudi2, MLPerf v3.0 PyTorch

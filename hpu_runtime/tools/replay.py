@@ -4,7 +4,9 @@
 device again, with callbacks where gradients become ready and where backward ends:
 ``hccl.sim.ddp_plan`` inserts DDP's reducer copies, graph launches and bucket allreduces there,
 so a planned step runs the very code a live step does. :func:`run_replays` repeats a step
-until it is steady; :func:`summarize` splits one card's steady step into phases.
+until it is steady; :func:`summarize` splits one card's steady step into phases;
+:func:`respec` prices a trace's ops on another device spec without tracing again
+(:func:`map_records` rewrites every op record of a trace).
 
 Simulated times are integer ns.
 """
@@ -25,7 +27,44 @@ from ..device.spec import DeviceSpec
 if TYPE_CHECKING:
     from .tracing import StepTrace
 
-__all__ = ["StepSummary", "replay", "replay_device", "run_replays", "summarize"]
+__all__ = ["StepSummary", "map_records", "replay", "replay_device", "respec", "run_replays", "summarize"]
+
+
+def map_records(trace: StepTrace, record: Callable[[OpRecord], OpRecord], view=None, **changes) -> StepTrace:
+    """``trace`` with ``record`` applied to every op record (replayed HPU graphs' included),
+    ``view`` to every view's key (if given), and ``changes`` to its fields (a new trace; the
+    original is left as it is)."""
+    events = []
+    for ev in trace.events:
+        if ev[0] == "op":
+            events.append(("op", record(ev[1])))
+        elif ev[0] == "replay":
+            events.append(("replay", tuple(record(op) for op in ev[1]), ev[2]))
+        elif ev[0] == "view" and view is not None:
+            events.append(("view", view(ev[1])))
+        else:
+            events.append(ev)
+    return dataclasses.replace(trace, events=events, **changes)
+
+
+def respec(trace: StepTrace, spec: DeviceSpec) -> StepTrace:
+    """``trace`` with every op priced on ``spec`` (the same ops, FLOPs and bytes): a what-if
+    on the device's rates and efficiencies without tracing again.
+
+    The host costs and HBM size are read from the spec when the trace is replayed, so they
+    follow too; the HBM peak is the traced one (bytes do not change).
+    """
+    from ..device.cost_model import recost
+
+    costs: dict = {}
+
+    def priced(op: OpRecord) -> OpRecord:
+        cost = costs.get(id(op.cost))
+        if cost is None:
+            cost = costs[id(op.cost)] = recost(spec, op.cost)
+        return op._replace(cost=cost)
+
+    return map_records(trace, priced, spec=spec)
 
 
 def replay_device(spec: DeviceSpec, mode: str, *, fallback: FallbackPolicy | None = None) -> SimDevice:

@@ -11,8 +11,7 @@ serials] in :mod:`hpu_runtime.device.lazy_graph`) becomes a :class:`StepTrace`. 
 hooks mark when each parameter's gradient is produced. One warm-up step first creates the
 optimizer state (and, in the ``hpu_graphs`` mode, captures the model's HPU graphs), so the
 traced step is a steady-state step. :func:`prepare_model` sets a model up for its mode as a
-Gaudi script does (``models.train`` calls it too); :func:`respec` prices a trace's ops on
-another device spec without tracing again.
+Gaudi script does (``models.train`` calls it too).
 
 Why here, in ``tools/``: the tracer drives the bridge (its dispatch modes, on a private
 device lent the process's place with :func:`~hpu_runtime.bridge.runtime.using_device`), the
@@ -22,6 +21,7 @@ above all three planes, with the planner side that consumes its traces
 ``models.train`` imports :func:`training_step` from here so both run the same step.
 
 Simulated times are integer ns; ``wall_s`` fields are wall-clock seconds on this machine.
+(A little over 400 lines: the step, its modes and optimizers and the tracer stay together.)
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from ..bridge.runtime import config, get_device, using_device
 from ..bridge.sim_device import SimDevice
 from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
-from .replay import replay_device
+from .replay import map_records, replay_device
 
 __all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "portable",
-           "prepare_model", "respec", "trace_step", "training_step"]
+           "prepare_model", "trace_step", "training_step"]
 
 MODES = ("lazy", "hpu_graphs", "eager", "compile")
 """Execution modes: ``PT_HPU_LAZY_MODE=1``; lazy mode with the model's forward and backward
@@ -161,22 +161,6 @@ class StepTrace:
     ddp_split: tuple[int, int] | None = None
 
 
-def _with_records(trace: StepTrace, record: Callable[[OpRecord], OpRecord], view=None, **changes) -> StepTrace:
-    """``trace`` with ``record`` applied to every op record (replayed HPU graphs' included),
-    ``view`` to every view's key (if given), and ``changes`` to its fields."""
-    events = []
-    for ev in trace.events:
-        if ev[0] == "op":
-            events.append(("op", record(ev[1])))
-        elif ev[0] == "replay":
-            events.append(("replay", tuple(record(op) for op in ev[1]), ev[2]))
-        elif ev[0] == "view" and view is not None:
-            events.append(("view", view(ev[1])))
-        else:
-            events.append(ev)
-    return dataclasses.replace(trace, events=events, **changes)
-
-
 def portable(trace: StepTrace) -> StepTrace:
     """A copy of ``trace`` that pickles (to ship to other processes, e.g. Ray tasks).
 
@@ -188,27 +172,7 @@ def portable(trace: StepTrace) -> StepTrace:
     def plain(key: object) -> int:
         return ids.setdefault(key, len(ids))
 
-    return _with_records(trace, lambda op: op._replace(key=plain(op.key)), view=plain)
-
-
-def respec(trace: StepTrace, spec: DeviceSpec) -> StepTrace:
-    """``trace`` with every op priced on ``spec`` (the same ops, FLOPs and bytes): a what-if
-    on the device's rates and efficiencies without tracing again.
-
-    The host costs and HBM size are read from the spec when the trace is replayed, so they
-    follow too; the HBM peak is the traced one (bytes do not change).
-    """
-    from ..device.cost_model import recost
-
-    costs: dict = {}
-
-    def priced(op: OpRecord) -> OpRecord:
-        cost = costs.get(id(op.cost))
-        if cost is None:
-            cost = costs[id(op.cost)] = recost(spec, op.cost)
-        return op._replace(cost=cost)
-
-    return _with_records(trace, priced, spec=spec)
+    return map_records(trace, lambda op: op._replace(key=plain(op.key)), view=plain)
 
 
 def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

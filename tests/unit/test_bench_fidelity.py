@@ -1,4 +1,5 @@
-"""The fidelity benchmark's rows recomputed at debug size: their mechanisms, not their figures.
+"""The fidelity benchmark's rows (models.published_runs) recomputed at debug size: their
+mechanisms, not their figures.
 
 Each row is planned in the published run's mode (lazy, lazy + HPU graphs, with gradient
 accumulation); the host-only column must be exactly what its mechanism counts cost at the
@@ -15,7 +16,8 @@ import pytest
 
 from hpu_runtime.device.cost_model import pcie_ns
 from hpu_runtime.device.spec import get_device_spec
-from models import bench_fidelity as bf
+from models import published_runs as bf
+from models.calibration import CONSTANTS
 
 
 def _debug(index: int, **changes) -> bf.Row:
@@ -65,8 +67,8 @@ def test_row_mechanisms(index, changes):
 def test_every_row_finds_its_published_figure():
     figures = bf.load_figures()
     for row in bf.ROWS:
-        assert bf._published(figures, row) is not None, row.label
-    assert {bf.ROWS[c.row].mode for c in bf.CONSTANTS} <= {"hpu_graphs", "compile"}  # fitted where the host is off
+        assert bf.published_figure(figures, row) is not None, row.label
+    assert {bf.ROWS[c.row].mode for c in CONSTANTS} <= {"hpu_graphs", "compile"}  # fitted where the host is off
 
 
 def test_row_validation():

@@ -35,8 +35,8 @@ def _batches(n: int, bs: int = 32):
 
 def test_host_time_ordering_lazy_graphed_replay():
     """Seed: plain lazy > make_graphed_callables > capture/replay in host time per step, each
-    step in its steady state (the benchmark's own driver, models.bench_fidelity)."""
-    from models.bench_fidelity import SEED_HOST_MS, seed_host_ms
+    step in its steady state (the benchmark's own driver, models.calibration)."""
+    from models.calibration import SEED_HOST_MS, seed_host_ms
 
     sim = seed_host_ms("gaudi")
     hpu.reset_device("gaudi2")
