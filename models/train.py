@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
 from hpu_runtime.bridge.config import RuntimeConfig
-from hpu_runtime.tools.tracing import MODES, ddp_graph_split, prepare_model, training_step
+from hpu_runtime.tools.tracing import MODES, OPTIMIZERS, ddp_graph_split, make_optimizer, prepare_model, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
@@ -70,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--optimizer",
         default="sgd",
-        choices=["sgd", "adam"],
-        help="sgd (default) or adam; torch's Adam reads its step counter on the host and feeds"
-        " it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
+        choices=["adam", *(o for o in OPTIMIZERS if o != "none")],
+        help="sgd (default, with --momentum), adam, adamw, or Gaudi's fused hpex ones (fused-sgd, fused-adamw,"
+        " fused-lamb, fused-lars: one kernel per group); torch's Adam reads its step counter on the host and"
+        " feeds it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None) -> dict:
     stepped = torch.compile(ddp, backend="hpu_backend") if args.mode == "compile" else ddp
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
-    else:
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    else:  # the tracer's optimizers (sgd: momentum SGD), so a study plans what runs here
+        opt = make_optimizer(args.optimizer, [(n, q) for n, q in model.named_parameters() if q.requires_grad],
+                             args.lr, args.momentum)
     train_set, test_set = load_dataset(args.dataset, seed=args.seed, image_size=args.image_size,
                                        seq_len=args.seq_len, vocab_size=kind.vocab_size)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)

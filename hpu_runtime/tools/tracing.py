@@ -41,8 +41,8 @@ from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
 from .replay import map_records, replay_device
 
-__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "portable",
-           "prepare_model", "trace_step", "training_step"]
+__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "make_optimizer",
+           "portable", "prepare_model", "trace_step", "training_step"]
 
 MODES = ("lazy", "hpu_graphs", "eager", "compile")
 """Execution modes: ``PT_HPU_LAZY_MODE=1``; lazy mode with the model's forward and backward
@@ -247,7 +247,13 @@ class _Accumulate:
         pass
 
 
-def _optimizer(name: str, named, lr: float, momentum: float):
+def make_optimizer(name: str, named: list[tuple[str, torch.nn.Parameter]], lr: float, momentum: float):
+    """The optimizer :data:`OPTIMIZERS` names, over ``named`` ``(name, parameter)`` pairs (the
+    names choose ``fused-lars``' LARS mask), as the tracer and ``models.train`` build it.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     from ..api import hpex
 
     params = [p for _, p in named]
@@ -331,7 +337,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         try:
             for t in (*model.parameters(), *model.buffers()):  # on the device (fake tensors
                 dev.make_resident(t)                            # cannot be swapped by .to())
-            opt = _optimizer(optimizer, named, lr, momentum)
+            opt = make_optimizer(optimizer, named, lr, momentum)
             index = {id(p): i for i, (_, p) in enumerate(named)}
             grad_serial: dict[int, int] = {}
 
