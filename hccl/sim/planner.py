@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hccl.sim import algorithms
+from hccl.sim import algorithms, fabric
 from hccl.sim.link_model import LinkParams
 from hccl.sim.schedule import Block, layout, validate_call
 from hccl.sim.topology import Topology
@@ -192,17 +192,59 @@ class _Engine:
         self.messages = 0
         self.up_bytes = 0
         self.out_bytes = 0
+        fab = lp.topo.fabric
+        self.contend = fab is not None and ((fab.ecmp and fab.tiers == 2) or fab.nic_cards > 1)
+        self._rows: dict = {}  # contention of rows met in this call (NOTE [max-min sharing, per row])
+        self._transfers: dict = {}
 
-    def phase(self, s: int, blocks: Sequence[Block]) -> None:
+    def _contention(self, blk: Block, ser, out, src=None, dst=None):
+        """``ser`` with every scale-out message slowed to its slowest flow's share of the links
+        (:func:`hccl.sim.fabric.message_slowdown`, per row of the block); ``src``/``dst``: a
+        sparse block's flattened messages, taken as one row."""
+        if not self.contend or not out.any():
+            return ser
+        topo, n = self.lp.topo, self.n
+        if src is not None:
+            num, den = fabric.message_slowdown(topo, src, dst, blk.qp_set)
+            return np.where(out, -(-ser * num // den), ser)
+        K, T = ser.shape
+        num = np.ones((K, T), dtype=np.int64)
+        den = np.ones((K, T), dtype=np.int64)
+        for k in range(K):
+            if not out[k].any():
+                continue
+            if blk.shift is not None:
+                num[k], den[k] = fabric.shift_slowdown(topo, blk.shift, blk.qp_set, cols=T)
+                continue
+            row = blk.dst[k, :T]
+            key = (row.tobytes(), blk.qp_set)
+            hit = self._rows.get(key)
+            if hit is None:
+                if T < n:  # representative columns: the row repeats every T ranks
+                    row = ((row[None, :] + T * np.arange(n // T)[:, None]) % n).ravel()
+                hit = self._rows[key] = fabric.message_slowdown(topo, np.arange(n), row, blk.qp_set, first=T)
+            num[k], den[k] = hit
+        return np.where(out, -(-ser * num // den), ser)
+
+    def phase(self, s: int, ph) -> None:
+        """Run phase ``ph`` (a :data:`~hccl.sim.schedule.Phase`) of slice ``s``."""
         t0 = self.clocks.get(s)
         if t0 is None:
             t0 = self.ready
         new = t0.copy()
+        blocks = None
+        if self.T < self.n and hasattr(ph, "fold"):  # the phase builds ranks 0 .. T-1 itself
+            blocks = ph.fold(self.T)
+            if blocks is None:
+                raise _NoSymmetry
+            trusted = True
+        else:
+            blocks, trusted = ph(), False
         for blk in blocks:
             if blk.dst.size == 0:
                 continue
             if self.T < self.n:
-                if not _periodic(blk, self.n, self.T):
+                if not trusted and not _periodic(blk, self.n, self.T):
                     raise _NoSymmetry
                 self._dense(blk, t0, new)
             elif blk.dense and bool((blk.dst >= 0).all()):
@@ -218,13 +260,31 @@ class _Engine:
         self.out_bytes += ob * m
         self.up_bytes += (int(nbytes.sum()) - ob) * m
 
+    def _transfer(self, dst, nbytes):
+        """:meth:`LinkParams.transfer` from every simulated column, memoized for small blocks
+        (the in-box part of every box iteration is the same block)."""
+        key = None
+        if dst.size <= 4096:
+            key = (dst.shape, dst.tobytes(), nbytes.tobytes())
+            hit = self._transfers.get(key)
+            if hit is not None:
+                return hit
+        res = self.lp.transfer(np.broadcast_to(np.arange(dst.shape[1]), dst.shape), dst, nbytes)
+        if key is not None:
+            if len(self._transfers) > 256:
+                self._transfers.clear()
+            for a in res:
+                a.flags.writeable = False
+            self._transfers[key] = res
+        return res
+
     def _dense(self, blk: Block, t0, new) -> None:
         n, L = self.T, self.L  # n: columns simulated (representatives when folded)
         dst = blk.dst if n == self.n else blk.dst[:, :n]
         K = dst.shape[0]
-        src = np.broadcast_to(np.arange(n), dst.shape)
         nbytes = (blk.count if n == self.n else blk.count[:, :n]) * self.db
-        ser, lat, out = self.lp.transfer(src, dst, nbytes)
+        ser, lat, out = self._transfer(dst, nbytes)
+        ser = self._contention(blk, ser, out)
         self._account(nbytes, out)
         if n < self.n:
             dst = dst % n  # receiver d (mod T) <- representative column
@@ -232,6 +292,15 @@ class _Engine:
             self._dense_out(blk, t0, new, dst, nbytes, ser, lat)
             return
         ldst = dst % L
+        if not out.any() and (K == 1 or bool((np.diff(np.sort(ldst, axis=0), axis=0) != 0).all())):
+            # scale-up only, one message per link: no message waits for another of this block
+            cols = np.arange(n)[None, :]
+            tx = np.maximum(t0[None, :], self.up_free[cols, ldst])
+            sent = tx + ser
+            self.up_free[cols, ldst] = sent
+            np.maximum(self.last, sent.max(axis=0), out=self.last)
+            self._receive(blk, new, dst, nbytes, tx, ser, lat, out)
+            return
         # egress: chain messages sharing a port group (one column = one sender)
         excl = np.zeros_like(ser)
         base = np.empty_like(ser)
@@ -255,6 +324,12 @@ class _Engine:
             else:
                 np.maximum(self.up_free[:, key], last, out=self.up_free[:, key])
         np.maximum(self.last, sent.max(axis=0), out=self.last)
+        self._receive(blk, new, dst, nbytes, tx, ser, lat, out)
+
+    def _receive(self, blk: Block, new, dst, nbytes, tx, ser, lat, out) -> None:
+        """Arrivals of a dense block's messages sent at ``tx``: scale-out ingress, reduction."""
+        n = self.T
+        K = dst.shape[0]
         # regroup by receiver: rows are permutations, invert each
         inv = np.empty_like(dst)
         inv[np.arange(K)[:, None], dst] = np.arange(n)[None, :]
@@ -320,6 +395,7 @@ class _Engine:
         dst = blk.dst.ravel()[idx]
         nbytes = blk.count.ravel()[idx] * self.db
         ser, lat, out = self.lp.transfer(src, dst, nbytes)
+        ser = self._contention(blk, ser, out, src, dst)
         self._account(nbytes, out)
         res = np.where(out, n * L + src, src * L + dst % L)
         free_all = np.concatenate([self.up_free.ravel(), self.eg_free])
@@ -384,7 +460,7 @@ def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algori
         eng = _Engine(lp, world_size, ready, dtype_bytes, fold=fold)
         try:
             for s, ph in phases:
-                eng.phase(s, ph())
+                eng.phase(s, ph)
             break
         except _NoSymmetry:
             logger.debug("%s on %d ranks: a phase breaks the rank symmetry, simulating every rank",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hccl.sim.schedule import Block, Phase, _even_bounds
+from hccl.sim.schedule import Block, Phase, _even_bounds, slice_elements
 from hccl.sim.topology import Topology
 
 __all__ = ["Ctx", "Algorithm", "even_table", "dense_rows", "dense_grid", "MAX_BLOCK_ENTRIES"]
@@ -27,6 +27,8 @@ class Ctx:
     n: int
     topo: Topology
     root: int = 0
+    slice_index: int = 0
+    """Which slice of the call the phases are for (0 for unsliced calls)."""
 
 
 def even_table(s0: int, s1: int, n: int, order: np.ndarray | None = None):
@@ -103,6 +105,11 @@ class Algorithm:
 
     def check(self, ctx: Ctx) -> None:
         """Raise ValueError if this algorithm cannot run on ``ctx``'s topology."""
+
+    def buffer_slice(self, ctx: Ctx, dtype_bytes: int, slice_bytes: int | None) -> int:
+        """Elements of an all-reduce buffer per pipelined slice (collectives cut per rank use
+        ``1 / n`` of it): ``slice_bytes``, default ``PT_HCCL_SLICE_SIZE_MB``."""
+        return slice_elements(dtype_bytes, slice_bytes)
 
     # primitives -------------------------------------------------------------------
     def reduce_scatter(self, ctx: Ctx, table) -> list[Phase]:

@@ -1,0 +1,170 @@
+"""HCL's multi-box algorithm: sequential pairwise box iterations, slice by slice.
+
+NOTE [HCL's pairwise box iterations]
+    How HabanaAI/HCL (1.21, ``hcl/src/platform/gen2_arch_common/hcl_collective_routines.cpp``,
+    ``hclCollectiveCall``) runs an all-reduce over ``B`` boxes of ``L`` cards: for every slice,
+    a reduce-scatter then an all-gather, each as ``B`` box iterations; iteration ``k`` works on
+    the part of the slice owned by box ``myBox + k`` (``nextBox``) and exchanges over the
+    scale-out ports with the card of the same local index in box ``myBox + k`` (send) and
+    ``myBox - k`` (receive). What is modelled, for rank ``(b, l)`` that owns chunk ``(b, l)``:
+
+    - reduce-scatter, iteration ``k`` (0 .. B-1): a scale-up reduce-scatter inside the box of
+      box ``b + k``'s part (card ``l`` ends with the box sum of chunk ``(b + k, l)``), then, for
+      ``k >= 1``, a scale-out send of that chunk to ``(b + k, l)``, which reduces it into its
+      own, while ``(b - k, l)``'s arrives here;
+    - all-gather, iteration ``k``: the scale-out send of my reduced chunk to ``(b - k, l)``
+      while chunk ``(b + k, l)`` arrives from ``(b + k, l)``; then a scale-up all-gather of
+      that chunk inside the box;
+    - the overlap HCL gets from running scale-up and scale-out on separate engines: the
+      scale-up part of iteration ``k + 1`` runs in the same phase as the scale-out part of
+      iteration ``k`` (reduce-scatter phase ``j`` = scale-up ``j`` + scale-out ``j - 1``;
+      all-gather phase ``j`` = scale-up ``j`` + scale-out ``j + 1``), so a slice is
+      ``2B + 1`` phases and iterations stay sequential: a card starts iteration ``k + 1``
+      only when its receive of iteration ``k`` is in (and reduced). The latency term is
+      therefore ``~2B x (scale-out latency)`` per slice, growing with the number of boxes;
+    - slices of ``HCL_SLICE_SIZE`` (512 KB, ``hcl_global_conf.cpp``) per rank: a slice
+      covers ``n x 512 KB`` of the buffer (``CommonState::calcMaxSliceCounts``: the count per
+      rank is cut into ``optimalBufferCount`` pieces); slices are software pipelined as every
+      algorithm's are (NOTE [slices] in :mod:`hccl.sim.schedule`);
+    - the queue-pair set of slice ``s`` is ``s mod 4`` (``CommonState::calcSliceQpSet``:
+      ``(collectiveCtr + sliceIter) mod maxScaleOutQpSetsNum``, 4 sets under 1,601 ranks on
+      Gaudi2 and 2,049 on Gaudi3, else 1; ``hcl_dynamic_communicator.cpp``), which the fabric
+      hashes onto uplinks (:mod:`hccl.sim.fabric`).
+
+    Not modelled: HCL's credits and sync-object waits (a phase boundary stands for them), its
+    bounded pool of scale-out receive buffers (no limit on slices in flight here), the
+    collective counter's part in the queue-pair set (a step's buckets all start at set 0),
+    the slice-size optimisation (``HCL_OPT_SLICE_SIZE``: near-equal slices; here the last
+    slice is the short one), Gaudi-direct / host-NIC variants and the reduce and broadcast
+    box logic (reduce and broadcast run the base compositions over these primitives).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hccl.sim.algorithms._base import Algorithm, Ctx, even_table
+from hccl.sim.schedule import Block, Phase
+
+__all__ = ["Pairwise", "HCL_SLICE_BYTES", "qp_sets"]
+
+HCL_SLICE_BYTES = 512 * 1024
+"""``HCL_SLICE_SIZE`` default, bytes per rank per slice (HabanaAI/HCL ``hcl/src/hcl_global_conf.cpp``)."""
+
+_QP_SETS = 4
+"""``HCL_GNIC_SCALE_OUT_QP_SETS`` default (``hcl_global_conf.cpp``)."""
+_QP_SETS_THRESHOLD = {"gaudi3": 2049}
+"""``HCL_GNIC_QP_SETS_COMM_SIZE_THRESHOLD``: 1,601 ranks (Gaudi2 and earlier), 2,049 on Gaudi3."""
+
+
+def qp_sets(world_size: int, generation: str) -> int:
+    """Scale-out queue-pair sets HCL opens per connection: 4 below the threshold, else 1."""
+    return _QP_SETS if world_size < _QP_SETS_THRESHOLD.get(generation, 1601) else 1
+
+
+class _BoxPhase:
+    """One phase of pairwise iterations: scale-up parts for some target boxes, scale-out parts
+    for some box shifts. Calling it builds the blocks for every rank; :meth:`fold` builds them
+    for ranks ``0 .. T-1`` only, which the planner's rank-symmetry fold uses (NOTE [rank
+    symmetry] in :mod:`hccl.sim.planner`): every part is invariant under a shift by one box."""
+
+    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set")
+
+    def __init__(self, n, L, table, *, gather: bool, up_shift: int | None, out_shift: int | None, qp_set: int):
+        self.n, self.L, self.table, self.gather = n, L, table, gather
+        self.up_shift, self.out_shift, self.qp_set = up_shift, out_shift, qp_set
+
+    def __call__(self) -> list[Block]:
+        return self._blocks(self.n)
+
+    def fold(self, T: int) -> list[Block] | None:
+        """Blocks of ranks ``0 .. T-1`` when the phase repeats every ``T`` ranks, else None."""
+        if self.n % T or T % self.L or not self.table.periodic(T):
+            return None
+        return self._blocks(T)
+
+    def _blocks(self, cols: int) -> list[Block]:
+        n, L = self.n, self.L
+        B = n // L
+        start, length = self.table.start, self.table.length
+        r = np.arange(cols)
+        b, l = r // L, r % L
+        dense = cols == n  # else: representative columns of an n-rank block
+        out: list[Block] = []
+        if self.up_shift is not None and L > 1:
+            t = (b + self.up_shift) % B                         # the box whose part is worked on
+            peer_l = (l[None, :] + np.arange(1, L)[:, None]) % L
+            dst = b * L + peer_l
+            chunk = t * L + (l if self.gather else peer_l)
+            if chunk.shape != dst.shape:
+                chunk = np.broadcast_to(chunk, dst.shape)
+            off = start[chunk]
+            out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense))
+        if self.out_shift is not None and B > 1:
+            k = -self.out_shift if self.gather else self.out_shift
+            dst = (((b + k) % B) * L + l)[None, :]
+            chunk = r[None, :] if self.gather else dst
+            off = start[chunk]
+            out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense,
+                             qp_set=self.qp_set, shift=k))
+        return out
+
+
+class _Table:
+    """A chunk table (start, length per rank) that remembers which periods it repeats with."""
+
+    __slots__ = ("start", "length", "_periodic")
+
+    def __init__(self, table):
+        self.start, self.length = (np.asarray(x, dtype=np.int64) for x in table)
+        self._periodic: dict[int, bool] = {}
+
+    def periodic(self, T: int) -> bool:
+        """True if chunk lengths repeat every ``T`` ranks."""
+        hit = self._periodic.get(T)
+        if hit is None:
+            ln = self.length
+            hit = self._periodic[T] = bool((ln.reshape(-1, T) == ln[:T]).all())
+        return hit
+
+
+class Pairwise(Algorithm):
+    """HCL's all-reduce, reduce-scatter and all-gather across boxes (NOTE [HCL's pairwise box
+    iterations]); whole boxes only (or one box, where it is the direct algorithm)."""
+
+    name = "pairwise"
+
+    def check(self, ctx: Ctx) -> None:
+        L = ctx.topo.cards_per_box
+        if ctx.n > L and ctx.n % L:
+            raise ValueError(f"algorithm 'pairwise' needs the world size ({ctx.n}) to be a multiple of "
+                             f"cards_per_box ({L}) or at most one box")
+
+    def buffer_slice(self, ctx: Ctx, dtype_bytes: int, slice_bytes: int | None) -> int:
+        """Elements of the buffer per slice: ``HCL_SLICE_SIZE`` per rank (``slice_bytes`` is the
+        bridge's ``PT_HCCL_SLICE_SIZE_MB`` and does not apply to HCL's own slicing)."""
+        return ctx.n * max(1, HCL_SLICE_BYTES // dtype_bytes)
+
+    def _dims(self, ctx: Ctx) -> tuple[int, int]:
+        L = min(ctx.topo.cards_per_box, ctx.n)
+        return L, ctx.n // L
+
+    def reduce_scatter(self, ctx: Ctx, table) -> list[Phase]:
+        L, B = self._dims(ctx)
+        qp = ctx.slice_index % qp_sets(ctx.n, ctx.topo.generation)
+        table = _Table(table)
+        return [_BoxPhase(ctx.n, L, table, gather=False, up_shift=j if j < B else None,
+                          out_shift=j - 1 if j >= 2 else None, qp_set=qp)
+                for j in range(B + 1 if B > 1 else 1)]
+
+    def all_gather(self, ctx: Ctx, table) -> list[Phase]:
+        L, B = self._dims(ctx)
+        qp = ctx.slice_index % qp_sets(ctx.n, ctx.topo.generation)
+        table = _Table(table)
+        return [_BoxPhase(ctx.n, L, table, gather=True, up_shift=j, out_shift=j + 1 if j + 1 < B else None,
+                          qp_set=qp)
+                for j in range(B)]
+
+    def all_reduce(self, ctx: Ctx, s0: int, s1: int) -> list[Phase]:
+        table = even_table(s0, s1, ctx.n)
+        return self.reduce_scatter(ctx, table) + self.all_gather(ctx, table)
