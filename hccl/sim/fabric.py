@@ -117,6 +117,10 @@ class Fabric:
         return down / (self.leaf_uplinks * self.uplink_gbps)
 
 
+_NIC_ONLY = Fabric(ecmp=False)
+"""The NICs alone (no switches modelled): what-if link faults on a topology without a fabric."""
+
+
 def ideal(topo):
     """``topo`` on an ideal fabric: no ECMP placement nor uplink contention (NICs shared by
     several cards stay shared); the topology itself if it has no ECMP fabric."""
@@ -161,7 +165,7 @@ def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
     dst = np.asarray(dst, dtype=np.int64).ravel()
     m = src.size if first is None else first
     num, den = np.ones(m, dtype=np.int64), np.ones(m, dtype=np.int64)
-    fab = topo.fabric
+    fab = topo.fabric if topo.fabric is not None else (_NIC_ONLY if topo.faults else None)
     if fab is None or src.size == 0:
         return num, den
     L, S = topo.cards_per_box, topo.scale_out_ports_per_card
@@ -172,6 +176,22 @@ def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
     port_m = _milli(topo.scale_out_line_rate_gbps)
     fp = np.tile(np.arange(S, dtype=np.int64), idx.size)
     fs, fd = np.repeat(src[idx], S), np.repeat(dst[idx], S)
+    hp = fp  # the port a flow's queue pair was opened on (hashed); fp: the port it leaves from
+    slow_s = slow_d = None
+    for kind, a, b, f in topo.faults:  # NOTE [HCL on a down port] in hccl.sim.whatif
+        if kind != "out":
+            continue
+        if f:  # degraded: the port's capacity divided by f
+            for cards, slow in ((fs, "s"), (fd, "d")):
+                hit = (cards == a) & (fp == b)
+                if hit.any():
+                    if slow == "s":
+                        slow_s = np.where(hit, f, 1.0) if slow_s is None else np.where(hit, f, slow_s)
+                    else:
+                        slow_d = np.where(hit, f, 1.0) if slow_d is None else np.where(hit, f, slow_d)
+        else:  # down: its queue pairs migrate to the card's first other scale-out port
+            to = 1 if b == 0 else 0
+            fp = np.where(((fs == a) | (fd == a)) & (fp == b), to, fp)
     per_box = -(-L // fab.nic_cards)  # NICs of a box; card l uses NIC l // nic_cards
 
     def nic(card):
@@ -181,6 +201,9 @@ def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
     size = int(max(ns.max(), nd.max())) + 1
     # (flows on the link, its capacity in milli-Gb/s) for each link a flow crosses
     links = [(np.bincount(ns, minlength=size)[ns], port_m), (np.bincount(nd, minlength=size)[nd], port_m)]
+    for k, slow in ((0, slow_s), (1, slow_d)):
+        if slow is not None:  # a degraded port: capacity / f
+            links[k] = (links[k][0], np.rint(port_m / slow).astype(np.int64))
     if fab.ecmp and fab.tiers == 2:
         bpl = topo.boxes_per_leaf
         leaf_s, leaf_d = fs // L // bpl, fd // L // bpl
@@ -188,7 +211,7 @@ def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
         if cross.any():
             U = fab.leaf_uplinks
             plane = fp % fab.planes
-            u = (ecmp_hash(fs, fd, fp, qp_set) % np.uint64(U)).astype(np.int64)
+            u = (ecmp_hash(fs, fd, hp, qp_set) % np.uint64(U)).astype(np.int64)
             nleaf = int(max(leaf_s.max(), leaf_d.max())) + 1
             up_id = (plane * nleaf + leaf_s) * U + u
             down_id = (plane * nleaf + leaf_d) * U + u

@@ -131,7 +131,7 @@ def _fold_period(topo: Topology, n: int, ready: np.ndarray) -> int:
     boxes share one leaf) and divides ``n``. See NOTE [rank symmetry].
     """
     L, bpl = topo.cards_per_box, topo.boxes_per_leaf
-    if n % L:
+    if n % L or topo.faults:  # a faulty link is on one card: no two periods look the same
         return n
     T = L if n // L <= bpl else L * bpl
     if T >= n or n % T:
@@ -193,7 +193,8 @@ class _Engine:
         self.up_bytes = 0
         self.out_bytes = 0
         fab = lp.topo.fabric
-        self.contend = fab is not None and ((fab.ecmp and fab.tiers == 2) or fab.nic_cards > 1)
+        self.contend = bool(lp.topo.faults) or fab is not None and ((fab.ecmp and fab.tiers == 2) or fab.nic_cards > 1)
+        self.slow_up = [(a, b, f) for k, a, b, f in lp.topo.faults if k == "up"]
         self._rows: dict = {}  # contention of rows met in this call (NOTE [max-min sharing, per row])
         self._transfers: dict = {}
 
@@ -201,6 +202,16 @@ class _Engine:
         """``ser`` with every scale-out message slowed to its slowest flow's share of the links
         (:func:`hccl.sim.fabric.message_slowdown`, per row of the block); ``src``/``dst``: a
         sparse block's flattened messages, taken as one row."""
+        if self.slow_up:  # degraded scale-up links (what-ifs): these pairs' messages f times slower
+            if src is None:
+                src, dst_ = np.broadcast_to(np.arange(ser.shape[-1]), ser.shape), blk.dst[:, :ser.shape[-1]]
+            else:
+                dst_ = dst
+            for a, b, f in self.slow_up:
+                hit = ~out & (((src == a) & (dst_ == b)) | ((src == b) & (dst_ == a)))
+                ser = np.where(hit, np.ceil(ser * f).astype(np.int64), ser)
+            if dst is None:
+                src = None
         if not self.contend or not out.any():
             return ser
         topo, n = self.lp.topo, self.n

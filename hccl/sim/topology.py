@@ -88,6 +88,9 @@ class Topology:
     """Per local card, the peer of each NIC: a local card index or -1 (scale-out)."""
     fabric: Fabric | None = None
     """The scale-out switches (``[fabric]`` table); None: an ideal fabric."""
+    faults: tuple[tuple[str, int, int, float], ...] = ()
+    """Degraded or down links, ``(kind, a, b, slowdown)`` (0.0: down), from what-ifs
+    (:func:`hccl.sim.whatif.link_faults`); not read from topology files."""
     source: str = ""
     """Where the numbers come from."""
     _up_ports: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), repr=False, compare=False)
@@ -235,7 +238,7 @@ def builtin_topologies() -> tuple[str, ...]:
     return _BUILTIN
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")}
+_FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")} - {"faults"}
 
 
 def _read(name_or_path: str) -> tuple[dict[str, Any], str]:

@@ -83,6 +83,16 @@ class Launcher:
         self._colls: list[GraphCollective] = []  # lazy collectives in the pending graph
         self._host_start = 0
         self._op_host_ns = spec.host_op_ns
+        self._eager_ns = spec.eager_op_launch_ns
+        self._launch_ns = spec.graph_launch_ns
+
+    def rescale(self) -> None:
+        """Take the card's slowdown of this step into the cached host costs (NOTE [a slower
+        card, step by step] in :mod:`hpu_runtime.device.card`)."""
+        scaled, spec = self.card.scaled, self.spec
+        self._op_host_ns = 0 if self.region is not None else scaled(spec.host_op_ns)
+        self._eager_ns = scaled(spec.eager_op_launch_ns)
+        self._launch_ns = scaled(spec.graph_launch_ns)
 
     # ---- accumulate ------------------------------------------------------------------------
     def append_op(self, op: OpRecord) -> None:
@@ -97,7 +107,7 @@ class Launcher:
         accumulate = self.lazy or self.region is not None
         if not pending:
             self._host_start = card.host_ns
-        card.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
+        card.host_ns += self._op_host_ns if accumulate else self._eager_ns
         pending.append(op.cost)
         self._keys.append(op.key)
         self._ops.append(op)
@@ -129,7 +139,7 @@ class Launcher:
         """
         card = self.card
         if launch_host_ns is None:
-            launch_host_ns = self.spec.graph_launch_ns
+            launch_host_ns = self._launch_ns
         n = len(self.pending)
         if n == 0:
             self._keys.clear()
@@ -152,7 +162,7 @@ class Launcher:
             colls, self._colls = self._colls, []
             span = card.run_graph(ready, self._ops, times, colls, label)
         else:
-            span = card.compute.run(ready, recipe.device_ns, label)
+            span = card.run_compute(ready, recipe.device_ns, label)
         if self.graph_log is not None:
             if times is None:
                 times = graph_op_times(self.spec, self._ops)
@@ -200,7 +210,7 @@ class Launcher:
         if self.log is not None:
             self.log.append(("region", label))
         self.region = label
-        self._op_host_ns = 0 if label is not None else self.spec.host_op_ns
+        self._op_host_ns = 0 if label is not None else self.card.scaled(self.spec.host_op_ns)
 
     def begin_capture(self, ops: list) -> None:
         """Start recording ops into ``ops`` as one HPU graph (ops keep their host cost)."""
@@ -224,5 +234,5 @@ class Launcher:
         """Replay a captured graph: ``graph_replay_ns`` of host time, then its device time."""
         self.launch("hpu_graph_replay")
         card = self.card
-        card.host_ns += self.spec.graph_replay_ns
-        return card.compute.run(card.host_ns, recipe.device_ns if recipe else 0, f"{label} replay")
+        card.host_ns += card.scaled(self.spec.graph_replay_ns)
+        return card.run_compute(card.host_ns, recipe.device_ns if recipe else 0, f"{label} replay")

@@ -339,4 +339,14 @@ class SimDevice:
         """
         with self.lock:
             self.launch("mark_step")
-            return self.card.end_step()
+            times = self.card.end_step()
+            if self.card.step_slowdown is not None:
+                self.launcher.rescale()
+            return times
+
+    def set_step_slowdown(self, fn: Callable[[int], int] | None) -> None:
+        """Run each step ``s`` ``fn(s) / 1e6`` times slower than nominal, from this step on
+        (None: nominal); see NOTE [a slower card, step by step] in :mod:`hpu_runtime.device.card`."""
+        with self.lock:
+            self.card.set_step_slowdown(fn)
+            self.launcher.rescale()

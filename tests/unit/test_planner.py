@@ -180,7 +180,7 @@ def _full(monkeypatch, **kw):
 
 @pytest.mark.parametrize("n,collective,nbytes,algorithm,topo", [
     (64, "all_reduce", 40 * MB, None, "hls2"),
-    (64, "all_reduce", 3 * MB + 4, None, "hls2"),       # uneven chunks: symmetry breaks, full path
+    (64, "all_reduce", 3 * MB + 4, "hierarchical", "hls2"),  # uneven chunks: symmetry breaks, full path
     (128, "all_gather", MB, None, "hls3"),
     (128, "reduce_scatter", 8 * MB, None, "hls1"),
     (64, "all2all", 4 * MB, None, "hls2"),
@@ -198,6 +198,18 @@ def test_symmetry_fast_path_equals_full(monkeypatch, n, collective, nbytes, algo
               algorithm=algorithm)
     planner._simulate_cached.cache_clear()
     assert simulate(**kw) == _full(monkeypatch, **kw)
+
+
+def test_pairwise_uneven_chunks_fold_within_one_element(monkeypatch):
+    """Pairwise folds a buffer that does not divide evenly, each chunk timed at its period's
+    longest (NOTE [uneven chunks, folded]): within one element's serialization per message of
+    simulating every rank, never faster."""
+    kw = dict(collective="all_reduce", nbytes=3 * MB + 4, topology=ideal(HLS2), world_size=256)
+    planner._simulate_cached.cache_clear()
+    fold, full = simulate(**kw), _full(monkeypatch, **kw)
+    assert fold.algorithm == full.algorithm == "pairwise" and fold.phases == full.phases
+    one = serialization_ns(4, HLS2.scale_out_card_gbps, 4096, 0) + 1  # one float, rounded up
+    assert 0 <= max(fold.end_ns) - max(full.end_ns) <= fold.phases * one
 
 
 def test_symmetry_needs_periodic_ready(monkeypatch):

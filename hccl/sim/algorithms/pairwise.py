@@ -78,15 +78,16 @@ class _BoxPhase:
         return self._blocks(self.n)
 
     def fold(self, T: int) -> list[Block] | None:
-        """Blocks of ranks ``0 .. T-1`` when the phase repeats every ``T`` ranks, else None."""
-        if self.n % T or T % self.L or not self.table.periodic(T):
+        """Blocks of ranks ``0 .. T-1`` standing for every rank (NOTE [uneven chunks, folded]);
+        None when ``T`` is not a whole number of boxes dividing the ranks."""
+        if self.n % T or T % self.L:
             return None
-        return self._blocks(T)
+        return self._blocks(T, table=self.table.folded(T))
 
-    def _blocks(self, cols: int) -> list[Block]:
+    def _blocks(self, cols: int, table=None) -> list[Block]:
         n, L = self.n, self.L
         B = n // L
-        start, length = self.table.start, self.table.length
+        start, length = table if table is not None else (self.table.start, self.table.length)
         r = np.arange(cols)
         b, l = r // L, r % L
         dense = cols == n  # else: representative columns of an n-rank block
@@ -111,20 +112,29 @@ class _BoxPhase:
 
 
 class _Table:
-    """A chunk table (start, length per rank) that remembers which periods it repeats with."""
+    """A chunk table (start, length per rank), and its folded form per period.
 
-    __slots__ = ("start", "length", "_periodic")
+    NOTE [uneven chunks, folded]
+        A buffer that does not divide evenly leaves some chunks one element longer than
+        others, so no period of ranks repeats exactly. The folded table times every chunk of
+        a period at the longest length its column has in any period (offsets are those of
+        ranks ``0 .. T-1``): at most one element per message longer than rank by rank, and the
+        same integers when the buffer divides evenly.
+    """
+
+    __slots__ = ("start", "length", "_folded")
 
     def __init__(self, table):
         self.start, self.length = (np.asarray(x, dtype=np.int64) for x in table)
-        self._periodic: dict[int, bool] = {}
+        self._folded: dict[int, tuple] = {}
 
-    def periodic(self, T: int) -> bool:
-        """True if chunk lengths repeat every ``T`` ranks."""
-        hit = self._periodic.get(T)
+    def folded(self, T: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) with the lengths of every rank ``r`` replaced by the largest of
+        ranks ``r mod T`` (indexable by every rank, as the blocks need)."""
+        hit = self._folded.get(T)
         if hit is None:
-            ln = self.length
-            hit = self._periodic[T] = bool((ln.reshape(-1, T) == ln[:T]).all())
+            top = self.length.reshape(-1, T).max(axis=0)
+            hit = self._folded[T] = (self.start, np.tile(top, self.length.size // T))
         return hit
 
 

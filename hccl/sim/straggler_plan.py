@@ -1,0 +1,122 @@
+"""DDP steps planned one by one when cards are slower in some steps than others.
+
+:func:`hccl.sim.ddp_plan.plan_ddp_step` hands over here when the cluster has variability
+(:mod:`hccl.sim.variability`) or slow-card what-ifs: every step differs, so there is no steady
+state to find; instead :data:`WARMUP` steps are replayed and then ``steps`` more are kept as
+samples (their median is the representative step).
+
+NOTE [planning slower ranks]
+    Up to :data:`LOCKSTEP_RANKS` ranks, every rank is replayed, each on its own device with its
+    own factors, in lock step: at each bucket's allreduce the ranks exchange their ready times
+    and time the collective from the slowest (NOTE [the slowest member starts the collective]
+    in :mod:`hccl.sim.timing`), exactly as a live job's ranks do, so a live run with the same
+    seed gives the same integers (rank 0's steps are reported, as ``models.train`` does).
+    Beyond, one device is replayed with, in each step, the largest factor of all ranks
+    (NOTE [the slowest of n, at scale] in :mod:`hccl.sim.variability`): the collectives start
+    when that card is ready, as they would with every rank present. It is the slowest rank's
+    timeline, with one simplification: a rank that is slowest in step ``s`` is assumed to have
+    been slowest before too (its steps start no earlier than a faster rank's would), so the
+    plan errs on the slow side by at most the part of a step that runs after its last
+    collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from hpu_runtime.tools.replay import replay_device
+
+from .variability import OFF, rank_slowdown, slowest_ppm
+
+__all__ = ["LOCKSTEP_RANKS", "WARMUP", "DEFAULT_STEPS", "plan_steps"]
+
+LOCKSTEP_RANKS = 8
+"""Largest world size planned rank by rank (a live job on this machine has at most this many)."""
+WARMUP = 3
+"""Steps replayed before the samples (the host runs ahead of the device within a few steps)."""
+DEFAULT_STEPS = 16
+"""Sampled steps when the caller does not say."""
+_WAIT_S = 300.0
+
+
+class _Exchange:
+    """Every rank's ready time for its k-th collective, shared between the ranks' threads."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cond = threading.Condition()
+        self.slots: dict[int, list] = {}
+        self.calls = [0] * n
+        self.error: BaseException | None = None
+
+    def ready_all(self, rank: int, ready: int) -> list[int]:
+        k = self.calls[rank]
+        self.calls[rank] = k + 1
+        with self.cond:
+            slot = self.slots.setdefault(k, [None] * self.n)
+            slot[rank] = ready
+            self.cond.notify_all()
+            if not self.cond.wait_for(lambda: self.error is not None or None not in slot, timeout=_WAIT_S):
+                raise TimeoutError(f"planner: rank {rank} waited {_WAIT_S:.0f} s for the others' collective {k}")
+            if self.error is not None:
+                raise RuntimeError("planner: another rank's replay failed") from self.error
+            return list(slot)
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            self.error = exc
+            self.cond.notify_all()
+
+
+def _run(rep, dev, total: int) -> tuple[list, list]:
+    dev.begin_step()
+    history, graphs = [], []
+    for _ in range(total):
+        graphs = dev.graph_log = []
+        rep.step(dev)
+        history.append(dev.end_step())
+    dev.graph_log = None
+    return history, graphs
+
+
+def plan_steps(replayer, trace, *, world_size: int, variability, whatif, steps: int):
+    """Plan ``steps`` DDP steps (after :data:`WARMUP`) with slower cards; a PlannedStep whose
+    ``samples`` are the steps' breakdowns and ``times`` their median (NOTE [planning slower ranks])."""
+    var = variability if variability is not None else OFF
+    total = WARMUP + (steps or DEFAULT_STEPS)
+    spec, mode = trace.spec, trace.mode
+    if world_size <= LOCKSTEP_RANKS:
+        ex = _Exchange(world_size)
+        reps = [replayer(r, lambda ready, r=r: ex.ready_all(r, ready)) for r in range(world_size)]
+        devs = [replay_device(spec, mode) for _ in range(world_size)]
+        for r, dev in enumerate(devs):
+            dev.set_step_slowdown(rank_slowdown(var, whatif, r))
+        results: list = [None] * world_size
+
+        def work(r: int) -> None:
+            try:
+                results[r] = _run(reps[r], devs[r], total)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                results[r] = exc
+                ex.fail(exc)
+
+        threads = [threading.Thread(target=work, args=(r,), name=f"plan-rank-{r}") for r in range(1, world_size)]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join(_WAIT_S)
+        for res in results:
+            if isinstance(res, BaseException) or res is None:
+                raise res if isinstance(res, BaseException) else TimeoutError("planner: a rank's replay did not end")
+        rep, dev = reps[0], devs[0]
+        history, graphs = results[0]
+    else:
+        rep = replayer()
+        dev = replay_device(spec, mode)
+        dev.set_step_slowdown(lambda s: slowest_ppm(var, whatif, world_size, s))
+        history, graphs = _run(rep, dev, total)
+    samples = history[WARMUP:]
+    median = sorted(samples, key=lambda t: t.step_ns)[(len(samples) - 1) // 2]
+    return dataclasses.replace(rep.planned(dev, history[-1], graphs, samples), times=median)
