@@ -33,7 +33,10 @@ from .config import HcclConfig
 from .plans import make_planner
 from .point_to_point import PointToPointMixin
 from .rendezvous import rendezvous
+from .sim.cluster import from_env as cluster_from_env
 from .sim.placement import place_group
+from .sim.variability import rank_slowdown
+from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
 from .work import CollectiveRecord, HcclWork
@@ -43,6 +46,15 @@ __all__ = ["ProcessGroupHCCL", "HcclError"]
 
 class HcclError(RuntimeError):
     """The process group cannot be used (an earlier collective failed)."""
+
+
+def _agree(store, rank: int, value: str, what: str) -> None:
+    """Every rank of a group must have the same ``value`` of ``what``; ValueError naming both."""
+    store.set(f"hccl/agree/{rank}", value)
+    first = store.get("hccl/agree/0").decode()
+    if first != value:
+        raise ValueError(f"hccl: rank {rank} and rank 0 disagree on {what}: {value!r} vs {first!r}; "
+                         "every rank of a job must be given the same settings")
 
 
 class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist.ProcessGroup):
@@ -100,18 +112,23 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         # eager mode has no graph to join
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
         self._planner = None  # set with the placement, before any collective runs
+        self.cluster = cluster_from_env()  # variability and what-ifs (hccl.sim.cluster)
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names)
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
+            _agree(store, rank, self.cluster.key(), "the simulated cluster (HCCL_SIM_* variables)")
             if subgroup:
                 job = job_topology or self._load_topology(job_world_size or max(global_ranks) + 1, 0)
                 self._placement = place_group(job, global_ranks)
             else:
                 sizes = {len(h) for h in self.layout.hosts}  # hosts of equal size become boxes
                 per_host = sizes.pop() if len(self.layout.hosts) > 1 and len(sizes) == 1 else 0
-                self._placement = place_group(self._load_topology(world_size, per_host), range(world_size))
+                job = link_faults(self._load_topology(world_size, per_host), self.cluster.whatif)
+                self._placement = place_group(job, range(world_size))
+                # this process's card: its slowdown in each step (NOTE [a slower card, step by step])
+                self._device.set_step_slowdown(rank_slowdown(self.cluster.variability, self.cluster.whatif, rank))
         except BaseException:
             self.shutdown()
             raise

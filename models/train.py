@@ -30,6 +30,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
+from hccl.sim import cluster
 from hpu_runtime.tools.tracing import training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
@@ -44,7 +46,10 @@ from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
 from .zoo import check_sizes, split_batch, task_loss
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "DEAD_RANK_EXIT"]
+
+DEAD_RANK_EXIT = 43
+"""Exit status of a process killed by ``--dead-rank``."""
 
 log = logging.getLogger("models.train")
 
@@ -93,16 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write each rank's Chrome trace of the simulated timeline to DIR (rank 0 merges them)")
+    p.add_argument("--pg-timeout", type=float, default=None, metavar="SECONDS",
+                   help="the process group's timeout (default: torch's); a dead peer ends the job within it")
+    cluster.add_arguments(p)
     return p
 
 
-def _init_distributed(backend: str) -> tuple[int, int]:
+def _init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend, **kw)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -167,10 +176,14 @@ def main(argv: list[str] | None = None) -> dict:
                          f" not {args.dataset!r}")
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
+    condition = cluster.from_args(args)  # flags given here override a launcher's HCCL_SIM_* variables
+    os.environ.update(condition.env())
+    condition = cluster.from_env()  # what every rank's process group reads
+    dead = condition.whatif.dead_rank if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else None
     device = hpu.reset_device(args.device_spec)
     if args.trace:
         device.enable_trace()
-    rank, world = _init_distributed(args.backend)
+    rank, world = _init_distributed(args.backend, args.pg_timeout)
 
     torch.manual_seed(args.seed)
     model = build_model(args.model, args.flavour, hidden=args.hidden).to("hpu")
@@ -192,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     device.begin_step()
 
     epochs = []
+    total_steps = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         wall0 = time.perf_counter()
@@ -206,12 +220,19 @@ def main(argv: list[str] | None = None) -> dict:
                 batch = next(batches, None)
             if batch is None or (args.max_steps and steps >= args.max_steps):
                 break
+            if dead == (rank, total_steps):  # --dead-rank: this process dies (NOTE [a dead rank], hccl.sim.whatif)
+                log.error("rank %d: --dead-rank %d@%d: exiting at step %d", rank, rank, total_steps, total_steps)
+                logging.shutdown()
+                os._exit(DEAD_RANK_EXIT)
+            total_steps += 1
             inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
             losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
                                          autocast=args.autocast))
             t = device.end_step()
+            if condition.active and total_steps == cluster.ALIGN_STEP:
+                dist.barrier()  # ranks and hosts aligned once, as the planner does (hccl.sim.straggler_plan)
             for k in sim:
                 sim[k] += getattr(t, k)
             step_ns.append(t.step_ns)

@@ -9,8 +9,14 @@ NOTE [planning slower ranks]
     Up to :data:`LOCKSTEP_RANKS` ranks, every rank is replayed, each on its own device with its
     own factors, in lock step: at each bucket's allreduce the ranks exchange their ready times
     and time the collective from the slowest (NOTE [the slowest member starts the collective]
-    in :mod:`hccl.sim.timing`), exactly as a live job's ranks do, so a live run with the same
-    seed gives the same integers (rank 0's steps are reported, as ``models.train`` does).
+    in :mod:`hccl.sim.timing`), exactly as a live job's ranks do (rank 0's steps are reported,
+    as ``models.train`` does). A live job's first steps differ from a replay's (compiles, DDP's
+    first buckets), and with every step different the difference would carry on: the host may
+    be far ahead of one rank's device, and a rank's clock ahead of another's. So both align
+    once: after :data:`~hccl.sim.cluster.ALIGN_STEP` steps every rank enters a barrier, which
+    also makes its host wait for its streams (``models.train`` does it when the cluster has
+    variability or what-ifs). The step after the barrier holds its wait; from the next one on,
+    a live run with the same seed gives the same integers.
     Beyond, one device is replayed with, in each step, the largest factor of all ranks
     (NOTE [the slowest of n, at scale] in :mod:`hccl.sim.variability`): the collectives start
     when that card is ready, as they would with every rank present. It is the slowest rank's
@@ -27,14 +33,16 @@ import threading
 
 from hpu_runtime.tools.replay import replay_device
 
+from .cluster import ALIGN_STEP
+from .timing import collective_times
 from .variability import OFF, rank_slowdown, slowest_ppm
 
 __all__ = ["LOCKSTEP_RANKS", "WARMUP", "DEFAULT_STEPS", "plan_steps"]
 
 LOCKSTEP_RANKS = 8
 """Largest world size planned rank by rank (a live job on this machine has at most this many)."""
-WARMUP = 3
-"""Steps replayed before the samples (the host runs ahead of the device within a few steps)."""
+WARMUP = ALIGN_STEP + 1
+"""Steps replayed before the samples: up to the alignment, and the step holding it."""
 DEFAULT_STEPS = 16
 """Sampled steps when the caller does not say."""
 _WAIT_S = 300.0
@@ -72,10 +80,15 @@ class _Exchange:
 def _run(rep, dev, total: int) -> tuple[list, list]:
     dev.begin_step()
     history, graphs = [], []
-    for _ in range(total):
+    for s in range(total):
         graphs = dev.graph_log = []
         rep.step(dev)
         history.append(dev.end_step())
+        if s + 1 == ALIGN_STEP:  # a barrier, as ProcessGroupHCCL.barrier runs it
+            ready = dev.collective_ready_ns()
+            start, end, _ = collective_times("barrier", 0, rep.ready_all(ready), rank=rep.rank, topology=rep.topo)
+            dev.record_collective("barrier", start, end)
+            dev.synchronize()
     dev.graph_log = None
     return history, graphs
 
