@@ -19,6 +19,7 @@ these the group is unusable and says so.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
@@ -113,6 +114,9 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
         self._planner = None  # set with the placement, before any collective runs
         self.cluster = cluster_from_env()  # variability and what-ifs (hccl.sim.cluster)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt and attempt != "0":  # torchrun --max-restarts keeps the store: the last attempt's keys are stale
+            store = dist.PrefixStore(f"hccl/attempt{attempt}/", store)
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names)
         self.layout, self._coll = found.layout, found.coll
