@@ -166,7 +166,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
                   gradient_as_bucket_view: bool = False, static_graph: bool = False,
                   comm_hook: str = "none", lazy_collectives: bool | None = None,
                   variability: Variability | None = None, whatif: WhatIf | None = None,
-                  steps: int = 0) -> PlannedStep:
+                  steps: int = 0, lockstep: bool | None = None) -> PlannedStep:
     """The steady-state DDP step of ``trace`` on ``world_size`` ranks of ``topology``.
 
     Args:
@@ -185,7 +185,10 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
         variability, whatif: slower cards step by step (:mod:`hccl.sim.variability`), slow
             cards and links (:mod:`hccl.sim.whatif`); with either, ``steps`` steps are
             planned one by one (:mod:`hccl.sim.straggler_plan`) instead of the steady state.
-        steps: steps to plan with variability (default 16 after 3 warm-up steps).
+        steps: steps to plan with variability (default 16 after the warm-up steps).
+        lockstep: with variability, replay every rank (True: what a live run would give) or the
+            slowest rank only (False, cheaper); default: every rank up to 8 ranks
+            (NOTE [planning slower ranks] in :mod:`hccl.sim.straggler_plan`).
 
     Returns:
         The :class:`PlannedStep` (simulated ns per card).
@@ -212,7 +215,7 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
     if (variability is not None and variability.active) or (whatif is not None and whatif.slow_cards):
         from .straggler_plan import plan_steps
         return plan_steps(replayer, trace, world_size=world_size, variability=variability, whatif=whatif,
-                          steps=steps)
+                          steps=steps, lockstep=lockstep)
     rep = replayer()
     dev, history, graphs = run_replays(lambda: replay_device(trace.spec, trace.mode), rep.step)
     return rep.planned(dev, history[-1], graphs)

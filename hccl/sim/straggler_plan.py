@@ -93,13 +93,14 @@ def _run(rep, dev, total: int) -> tuple[list, list]:
     return history, graphs
 
 
-def plan_steps(replayer, trace, *, world_size: int, variability, whatif, steps: int):
+def plan_steps(replayer, trace, *, world_size: int, variability, whatif, steps: int, lockstep: bool | None = None):
     """Plan ``steps`` DDP steps (after :data:`WARMUP`) with slower cards; a PlannedStep whose
-    ``samples`` are the steps' breakdowns and ``times`` their median (NOTE [planning slower ranks])."""
+    ``samples`` are the steps' breakdowns and ``times`` their median (NOTE [planning slower ranks]).
+    ``lockstep``: every rank (default up to :data:`LOCKSTEP_RANKS`) or the slowest only."""
     var = variability if variability is not None else OFF
     total = WARMUP + (steps or DEFAULT_STEPS)
     spec, mode = trace.spec, trace.mode
-    if world_size <= LOCKSTEP_RANKS:
+    if lockstep if lockstep is not None else world_size <= LOCKSTEP_RANKS:
         ex = _Exchange(world_size)
         reps = [replayer(r, lambda ready, r=r: ex.ready_all(r, ready)) for r in range(world_size)]
         devs = [replay_device(spec, mode) for _ in range(world_size)]

@@ -40,11 +40,11 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, batch_required: bool = True) -> None:
     """The model flags every study command shares."""
     p.add_argument("--model", required=True,
                    help="registered name (name:flavour for a flavour) or package.module:factory")
-    p.add_argument("--batch-size", type=positive_int, required=True, help="per-card batch")
+    p.add_argument("--batch-size", type=positive_int, required=batch_required, default=None, help="per-card batch")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sample (text models)")
     p.add_argument("--image-size", type=positive_int, default=None, help="pixels per side (image models)")
 

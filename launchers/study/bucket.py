@@ -22,8 +22,8 @@ table from tabulate.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -33,7 +33,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hccl.sim import cluster
+from hccl.sim.cluster import Cluster
+from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
+
 from ._args import add_model_args, boolean, env_mode, first_mb, list_of, positive_float, positive_int
+from ._runner import run_points, trace_steps, write_files
 
 __all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
@@ -92,6 +97,12 @@ class StudyConfig:
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
     in_the_wild: bool = True
     """Also place :data:`SETTINGS_IN_THE_WILD` and one bucket for all gradients."""
+    condition: Cluster = Cluster(DEFAULT_VARIABILITY)
+    """Variability and what-ifs of the cluster (:mod:`hccl.sim.cluster`); on by default."""
+    fabric: str = "topology"
+    """``topology``: the topology file's scale-out fabric (ECMP contention); ``ideal``: none."""
+    steps: int = 8
+    """Steps planned per point when the cluster varies (their mean is the row's step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +167,12 @@ def validate(cfg: StudyConfig) -> None:
         get_device_spec(d)
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
+    if cfg.fabric not in ("topology", "ideal"):
+        raise ValueError(f"fabric {cfg.fabric!r} must be topology or ideal")
+    if cfg.steps < 1:
+        raise ValueError(f"steps {cfg.steps} must be >= 1")
+    for n in cfg.world_sizes:
+        cfg.condition.whatif.check(n)
 
 
 def _model_kwargs(cfg: StudyConfig) -> dict:
@@ -182,15 +199,21 @@ def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
             for (n, topo, hook, lazy, gabv, static, mode, dev), (label, cap, first) in itertools.product(axes, caps)]
 
 
-def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
-    """Plan one point; the table row (see module docstring)."""
+def plan_point(trace, point: Point, model: str, batch_size: int, cfg: StudyConfig | None = None) -> dict:
+    """Plan one point; the table row (see module docstring). With a varying cluster
+    (``cfg.condition``) the row's times are the mean of ``cfg.steps`` planned steps."""
     from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
+    from hccl.sim.fabric import ideal
+    from hccl.sim.topology import load_topology
 
-    plan = plan_ddp_step(trace, world_size=point.world_size, topology=point.topology,
+    cfg = cfg or StudyConfig(model=model, batch_size=batch_size, condition=Cluster())
+    topo = load_topology(point.topology, world_size=point.world_size)
+    plan = plan_ddp_step(trace, world_size=point.world_size, topology=ideal(topo) if cfg.fabric == "ideal" else topo,
                          bucket_cap_mb=point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb,
                          gradient_as_bucket_view=point.gradient_as_bucket_view, static_graph=point.static_graph,
-                         comm_hook=point.comm_hook, lazy_collectives=point.lazy_collectives)
-    t = plan.times
+                         comm_hook=point.comm_hook, lazy_collectives=point.lazy_collectives,
+                         variability=cfg.condition.variability, whatif=cfg.condition.whatif, steps=cfg.steps)
+    t = mean_times(plan)
     buckets = ddp_buckets(trace, point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb)
     cap = point.bucket_cap_mb
     return {
@@ -205,21 +228,17 @@ def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
         "step_ns": t.step_ns, "compute_ns": t.compute_ns, "comm_ns": t.comm_ns,
         "exposed_comm_ns": t.exposed_comm_ns, "host_ns": t.host_ns, "graph_launches": plan.graph_launches,
         "samples_per_s_per_card": batch_size / (t.step_ns * 1e-9) if t.step_ns else 0.0,
-        "algorithm": plan.algorithm,
+        "algorithm": plan.algorithm, "steps_planned": max(1, len(plan.samples)),
     }
 
 
-def _traces(cfg: StudyConfig) -> dict:
-    from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import trace_step
-    from models.zoo import resolve_factory
-
-    factory = resolve_factory(cfg.model, **_model_kwargs(cfg))
-    out = {}
-    for mode, dev in itertools.product(cfg.modes, cfg.device_specs):
-        out[mode, dev] = trace_step(factory, cfg.batch_size, spec=get_device_spec(dev), mode=mode,
-                                    autocast=cfg.precision == "bf16")
-    return out
+def mean_times(plan):
+    """A plan's step breakdown: the mean of its sampled steps (integer ns), or its steady step."""
+    if not plan.samples:
+        return plan.times
+    n = len(plan.samples)
+    return type(plan.times)(**{f: sum(getattr(s, f) for s in plan.samples) // n
+                               for f in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "host_ns")})
 
 
 def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool = False,
@@ -233,57 +252,17 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
         progress: show a progress bar (tqdm) on stderr.
     """
     validate(cfg)
-    traces = _traces(cfg)
+    traces = trace_steps(cfg.model, [(cfg.batch_size, m, d) for m in cfg.modes for d in cfg.device_specs],
+                         seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision)
     any_trace = next(iter(traces.values()))
     grad_mb = sum(p.nbytes for p in any_trace.params) / _MB
     points = study_points(cfg, grad_mb)
-    model = cfg.model
-    if use_ray:
-        return _run_on_ray(traces, points, model, cfg.batch_size, ray_address, progress)
-    from tqdm import tqdm
-
-    rows = []
-    for point in tqdm(points, desc="planning", unit="point", disable=not progress, file=sys.stderr):
-        rows.append(plan_point(traces[point.mode, point.device_spec], point, model, cfg.batch_size))
-    return rows
+    return run_points(points, lambda p: (cfg.batch_size, p.mode, p.device_spec), traces,
+                      functools.partial(_plan, cfg), progress=progress, use_ray=use_ray, ray_address=ray_address)
 
 
-def _run_on_ray(traces: dict, points: list[Point], model: str, batch_size: int, address: str | None,
-                progress: bool) -> list[dict]:
-    import ray
-    from tqdm import tqdm
-
-    from hpu_runtime.tools.tracing import portable
-
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
-    try:
-        remote = ray.remote(num_cpus=1)(_plan_remote)
-        refs = {key: ray.put(portable(tr)) for key, tr in traces.items()}
-        pending = [remote.remote(refs[p.mode, p.device_spec], p, model, batch_size) for p in points]
-        order = {ref: i for i, ref in enumerate(pending)}
-        rows: list = [None] * len(pending)
-        with tqdm(total=len(pending), desc="planning on Ray", unit="point", disable=not progress,
-                  file=sys.stderr) as bar:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=600)
-                if not done:
-                    raise TimeoutError("Ray study tasks made no progress for 600 s")
-                for ref in done:
-                    rows[order[ref]] = ray.get(ref)
-                    bar.update(1)
-        return rows
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _plan_remote(trace, point: Point, model: str, batch_size: int) -> dict:
-    return plan_point(trace, point, model, batch_size)
+def _plan(cfg: StudyConfig, trace, point: Point) -> dict:
+    return plan_point(trace, point, cfg.model, cfg.batch_size, cfg)
 
 
 def _config_key(row: dict) -> tuple:
@@ -356,10 +335,14 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
 
     if name not in model_names():
         raise ValueError(f"--live needs a registered model, not {cfg.model!r}")
+    from hccl.sim.straggler_plan import WARMUP
+
+    varies = row.get("steps_planned", 1) > 1  # the planner sampled steps: the same ones, live
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
+        steps = WARMUP + row["steps_planned"] if varies else 6
         train = ["-m", "models.train", "--model", name, "--batch-size", str(cfg.batch_size),
-                 "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", "6",
+                 "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", str(steps),
                  "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology", row["topology"],
                  "--summary", summary]
         if flavour:
@@ -380,44 +363,37 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *train]
         env = dict(os.environ, PT_HPU_LAZY_MODE="0" if row["mode"] == "eager" else "1",
-                   PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower())
+                   PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower(), **cfg.condition.env())
+        if cfg.fabric == "ideal":
+            raise ValueError("--live runs the topology's own fabric: leave out --fabric ideal")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                               cwd=str(Path(__file__).resolve().parents[1]))
         if proc.returncode != 0:
             raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} failed:\n"
                                f"{proc.stderr[-2000:]}")
         with open(summary) as f:
-            return json.load(f)["epochs"][0]["sim_steps"][-1]["step_ns"]
+            steps_ns = [s["step_ns"] for s in json.load(f)["epochs"][0]["sim_steps"]]
+        return sum(steps_ns[WARMUP:]) // len(steps_ns[WARMUP:]) if varies else steps_ns[-1]
 
 
 FIELDS = ["model", "batch_size", "setting", "world_size", "topology", "mode", "device_spec", "bucket_cap_mb",
           "first_bucket_mb", "comm_hook", "lazy_collectives", "gradient_as_bucket_view", "static_graph",
           "num_buckets", "bucket_sizes_bytes", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
-          "host_ns", "graph_launches", "samples_per_s_per_card", "algorithm", "live_step_ns"]
+          "host_ns", "graph_launches", "samples_per_s_per_card", "algorithm", "steps_planned", "live_step_ns"]
 
 
 def write_outputs(out_dir: str | Path, cfg: StudyConfig, rows: list[dict], recs: list[dict]) -> dict[str, Path]:
     """``study.csv``, ``study.json``, ``study.png``, ``recommendation.md`` in ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {k: out / n for k, n in (("csv", "study.csv"), ("json", "study.json"), ("png", "study.png"),
-                                     ("md", "recommendation.md"))}
-    with open(paths["csv"], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, "bucket_sizes_bytes": " ".join(map(str, r["bucket_sizes_bytes"]))})
-    with open(paths["json"], "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "recommendation": recs,
-                   "units": {"*_ns": "simulated Gaudi ns per card", "*_bytes": "bytes",
-                             "bucket_cap_mb": "MiB", "samples_per_s_per_card": "simulated"}}, f, indent=1)
-    _plot(paths["png"], cfg, rows)
-    paths["md"].write_text(recommendation_text(cfg, recs))
-    return paths
+    return write_files(out_dir, rows=rows, fields=FIELDS, config=dataclasses.asdict(cfg),
+                       extra={"recommendation": recs}, plot=lambda path: _plot(path, cfg, rows),
+                       summary=("recommendation.md", recommendation_text(cfg, recs)),
+                       units={"*_ns": "simulated Gaudi ns per card (mean of the planned steps)", "*_bytes": "bytes",
+                              "bucket_cap_mb": "MiB", "samples_per_s_per_card": "simulated"})
 
 
 def recommendation_text(cfg: StudyConfig, recs: list[dict]) -> str:
-    lines = [f"# Bucket-size recommendation: {cfg.model}, batch {cfg.batch_size} per card", ""]
+    lines = [f"# Bucket-size recommendation: {cfg.model}, batch {cfg.batch_size} per card", "",
+             f"Fabric: {cfg.fabric}; {cfg.condition.describe()}", ""]
     for r in recs:
         knobs = (f"{r['mode']} mode, {r['device_spec']}, {r['topology']}, comm hook {r['comm_hook']},"
                  f" lazy collectives {r['lazy_collectives']}, gradient_as_bucket_view {r['gradient_as_bucket_view']}")
@@ -500,6 +476,10 @@ def add_parser(sub) -> None:
                    help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
     b.add_argument("--sweep-only", action="store_true",
                    help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
+    b.add_argument("--fabric", default="topology", choices=["topology", "ideal"],
+                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")
+    b.add_argument("--steps", type=positive_int, default=8, help="steps planned per point when the cluster varies")
+    cluster.add_arguments(b, variability="on")
     b.add_argument("--no-progress", action="store_true")
 
 
@@ -517,7 +497,7 @@ def bucket_main(args: argparse.Namespace) -> dict:
         comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
         modes=args.mode or (env_mode(),), device_specs=args.device_spec, precision=args.precision,
-        in_the_wild=not args.sweep_only)
+        in_the_wild=not args.sweep_only, condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps)
     rows = run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress)
     if args.live:
