@@ -66,9 +66,9 @@ def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces:
         else:
             ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
     try:
-        remote = ray.remote(num_cpus=1)(plan)
+        remote = ray.remote(num_cpus=1)(_call)
         refs = {key: ray.put(portable(tr)) for key, tr in traces.items()}
-        pending = [remote.remote(refs[trace_of(p)], p) for p in points]
+        pending = [remote.remote(plan, refs[trace_of(p)], p) for p in points]
         order = {ref: i for i, ref in enumerate(pending)}
         rows: list = [None] * len(pending)
         with tqdm(total=len(pending), desc=f"{desc} on Ray", unit="point", disable=not progress,
@@ -84,6 +84,11 @@ def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces:
     finally:
         if started:
             ray.shutdown()
+
+
+def _call(plan, trace, point) -> dict:
+    """A Ray task: ``plan(trace, point)`` (``ray.remote`` wants a plain function)."""
+    return plan(trace, point)
 
 
 def write_files(out_dir: str | Path, *, rows: list[dict], fields: Sequence[str], config: dict, extra: dict,

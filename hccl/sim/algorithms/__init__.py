@@ -11,9 +11,9 @@ NOTE [selection rule]
     - two whole boxes, messages up to ``SMALL_BYTES`` (16 KiB) per rank: ``recursive``
       (log2(n) steps of latency beat the box iterations there);
     - whole boxes otherwise: ``pairwise`` (HCL's box iterations, NOTE [HCL's pairwise box
-      iterations]) for all_reduce, reduce_scatter and all_gather, as HCL runs them;
+      iterations]) for all_reduce, reduce_scatter, all_gather and barrier, as HCL runs them;
       ``hierarchical`` (its older, frictionless shape, kept for comparison) for the others
-      (reduce, broadcast, all2all, barrier);
+      (reduce, broadcast, all2all);
     - the last box partly used: ``recursive`` up to ``SMALL_BYTES``, else ``ring``.
 
     ``send_recv`` has one pattern (hccl_demo's) whatever the algorithm.
@@ -51,8 +51,9 @@ REGISTRY: dict[str, Algorithm] = {
 }
 """Algorithm name -> instance."""
 
-_PAIRWISE = ("all_reduce", "reduce_scatter", "all_gather")
-"""Collectives whose multi-box default is HCL's pairwise box iterations."""
+_PAIRWISE = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
+"""Collectives whose multi-box default is HCL's pairwise box iterations (a barrier is an
+all-reduce of nothing)."""
 
 SMALL_BYTES = 16 * 1024
 """Per-rank size at or below which multi-box collectives use recursive halving/doubling."""
