@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Fabric", "SAMPLE_SHIFTS", "message_slowdown", "shift_slowdown", "ecmp_hash", "ideal"]
+__all__ = ["Fabric", "SAMPLE_SHIFTS", "message_slowdown", "shift_slowdown", "sampled_shift", "ecmp_hash", "ideal"]
 
 SAMPLE_SHIFTS = 16
 """Box shifts hashed exactly on each side of a pod boundary (NOTE [sampled contention at scale])."""
@@ -246,19 +246,26 @@ def _shift_exact(topo, shift: int, qp_set: int, cols: int) -> tuple[np.ndarray, 
     return num, den
 
 
+def sampled_shift(topo, shift: int) -> int:
+    """The box shift whose contention stands for ``shift`` (NOTE [sampled contention at scale]),
+    in ``0 .. B-1``; ``shift mod B`` itself when it is hashed exactly."""
+    B = topo.world_size // topo.cards_per_box
+    k = shift % B
+    P = topo.boxes_per_leaf
+    H = -(-SAMPLE_SHIFTS // P) * P
+    if H <= k <= B - H and B >= 3 * H:
+        k = H + (k - H) % H
+    return k
+
+
 def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None):
     """:func:`message_slowdown` of the box iteration "every card to the same card of box
     ``b + shift``" on ``topo`` (whole boxes), for ranks ``0 .. cols-1`` (default all), sampled
     for many boxes (NOTE [sampled contention at scale]). Returns read-only arrays."""
     n = topo.world_size
     cols = n if cols is None else cols
-    B = n // topo.cards_per_box
-    k = shift % B
-    if topo.fabric is None or k == 0:
+    k = sampled_shift(topo, shift)
+    if topo.fabric is None and not topo.faults or k == 0:
         one = np.ones(cols, dtype=np.int64)
         return one, one
-    P = topo.boxes_per_leaf
-    H = -(-SAMPLE_SHIFTS // P) * P
-    if H <= k <= B - H and B >= 3 * H:
-        k = H + (k - H) % H
     return _shift_exact(topo, k, qp_set, cols)

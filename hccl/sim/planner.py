@@ -442,6 +442,43 @@ class _Engine:
         np.maximum.at(new, d_s, done)
         np.maximum.at(self.last, d_s, done)
 
+    # -- NOTE [repeated phases] ---------------------------------------------------------------
+    def snapshot(self) -> tuple:
+        """The state (ports, clocks, counters) as copies, for :meth:`advance`."""
+        arrays = [self.up_free.ravel(), self.eg_free, self.in_free, self.red_free, self.last]
+        arrays += [self.clocks[k] for k in sorted(self.clocks)]
+        return np.concatenate(arrays), (self.messages, self.up_bytes, self.out_bytes), tuple(sorted(self.clocks))
+
+    @staticmethod
+    def period_step(a: tuple, b: tuple, c: tuple):
+        """``(moved, d)`` if one period took the state from ``a`` to ``b`` and the next from ``b``
+        to ``c`` by the same uniform step ``d`` (entries it did not change aside); else None."""
+        if a[2] != b[2] or b[2] != c[2]:
+            return None
+        d1, d2 = b[0] - a[0], c[0] - b[0]
+        if not np.array_equal(d1, d2):
+            return None
+        moved = d2 != 0
+        if not moved.any():
+            return None
+        step = d2[moved]
+        if not bool((step == step[0]).all()):
+            return None
+        return moved, int(step[0])
+
+    def advance(self, b: tuple, c: tuple, moved, d: int, times: int) -> None:
+        """Apply ``times`` more periods that each move the ``moved`` entries of state ``c`` by
+        ``d`` (and the counters as from ``b`` to ``c``)."""
+        x = c[0] + np.where(moved, d * times, 0)
+        T, L = self.up_free.shape
+        parts = np.split(x, np.cumsum([T * L, T, T, T, T] + [T] * (len(c[2]) - 1)))
+        self.up_free = parts[0].reshape(T, L).copy()
+        self.eg_free, self.in_free, self.red_free, self.last = (p.copy() for p in parts[1:5])
+        for k, arr in zip(c[2], parts[5:]):
+            self.clocks[k] = arr.copy()
+        self.messages, self.up_bytes, self.out_bytes = (
+            z + (z - y) * times for y, z in zip(b[1], c[1]))
+
     def end(self) -> np.ndarray:
         e = self.last.copy()
         for c in self.clocks.values():
@@ -451,6 +488,55 @@ class _Engine:
 
 _FOLD = True
 """Use the rank-symmetry fast path (NOTE [rank symmetry]); tests turn it off to compare."""
+_SKIP = True
+"""Apply runs of repeated phases at once (NOTE [repeated phases]); tests turn it off to compare."""
+_MAX_PERIOD = 64
+
+
+def _run_phases(eng: _Engine, phases) -> None:
+    """Run ``phases`` on ``eng``, skipping ahead over runs of repeated phases.
+
+    NOTE [repeated phases]
+        Pairwise box iterations on thousands of boxes are thousands of phases that, once the
+        folded ranks see every iteration cross the spine, repeat with a short period: phases
+        with equal ``key`` (a phase attribute: its timing class, e.g. the box shift modulo
+        the fold and the sampled contention) are timed alike. Each phase maps the state
+        (port and reduction-engine free times, clocks) by maxima and sums, so shifting every
+        entry by ``d`` shifts the result by ``d``. When two consecutive periods of equal keys
+        moved every entry they changed by the same ``d``, the next ``m`` periods move them by
+        ``m x d``: they are applied at once, with the same integers as running them (tested
+        against running every phase). Only used on the folded ranks with one slice in flight.
+    """
+    keys = [getattr(ph, "key", None) for _, ph in phases]
+    n = len(phases)
+    skip = _SKIP and eng.T < eng.n and len({s for s, _ in phases}) == 1 and n > 4 * 8
+    snaps: dict[int, tuple] = {}
+    i = 0
+    while i < n:
+        s, ph = phases[i]
+        eng.phase(s, ph)
+        i += 1
+        if not skip or keys[i - 1] is None:
+            continue
+        snaps[i] = eng.snapshot()
+        snaps.pop(i - 2 * _MAX_PERIOD - 1, None)
+        for P in range(1, _MAX_PERIOD + 1):
+            if i - 2 * P < 0 or i + P > n:
+                break
+            if keys[i - P:i] != keys[i - 2 * P:i - P] or keys[i:i + P] != keys[i - P:i]:
+                continue
+            if (i - 2 * P) not in snaps:
+                break
+            found = eng.period_step(snaps[i - 2 * P], snaps[i - P], snaps[i])
+            if found is None:
+                continue
+            m = 1
+            while i + (m + 1) * P <= n and keys[i + m * P:i + (m + 1) * P] == keys[i - P:i]:
+                m += 1
+            eng.advance(snaps[i - P], snaps[i], *found, m)
+            i += m * P
+            snaps.clear()
+            break
 
 
 def _env_key() -> tuple:
@@ -470,8 +556,7 @@ def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algori
     while True:
         eng = _Engine(lp, world_size, ready, dtype_bytes, fold=fold)
         try:
-            for s, ph in phases:
-                eng.phase(s, ph)
+            _run_phases(eng, phases)
             break
         except _NoSymmetry:
             logger.debug("%s on %d ranks: a phase breaks the rank symmetry, simulating every rank",

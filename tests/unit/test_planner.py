@@ -231,3 +231,23 @@ def test_4096_ranks_fold_by_symmetry(monkeypatch):
     res = simulate("all_reduce", 256 * MB, HLS2, world_size=4096)
     assert periods and all(p < 4096 for p in periods), periods  # simulate itself took the fold
     assert res.algorithm == "pairwise" and len(set(res.end_ns)) <= 128
+
+
+@pytest.mark.parametrize("fabric", ["ecmp", "ideal"])
+@pytest.mark.parametrize("nbytes", [256 * MB, 97 * MB + 12])
+def test_repeated_phases_skip_equals_running_them(monkeypatch, fabric, nbytes):
+    """Runs of repeated box iterations applied at once (NOTE [repeated phases]) give the same
+    integers as running every phase; the skip did happen."""
+    topo = HLS2 if fabric == "ecmp" else ideal(HLS2)
+    ran = []
+    real = planner._Engine.phase
+    monkeypatch.setattr(planner._Engine, "phase", lambda self, *a: ran.append(1) or real(self, *a))
+    planner._simulate_cached.cache_clear()
+    fast = simulate("all_reduce", nbytes, topo, world_size=4096)
+    skipped_run = len(ran)
+    monkeypatch.setattr(planner, "_SKIP", False)
+    planner._simulate_cached.cache_clear()
+    slow = simulate("all_reduce", nbytes, topo, world_size=4096)
+    planner._simulate_cached.cache_clear()
+    assert fast == slow and fast.phases == 1025
+    assert skipped_run < 800 and len(ran) - skipped_run == 1025  # the skip did run fewer phases

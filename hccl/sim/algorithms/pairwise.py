@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccl.sim import fabric
 from hccl.sim.algorithms._base import Algorithm, Ctx, even_table
 from hccl.sim.schedule import Block, Phase
 
@@ -68,11 +69,15 @@ class _BoxPhase:
     for ranks ``0 .. T-1`` only, which the planner's rank-symmetry fold uses (NOTE [rank
     symmetry] in :mod:`hccl.sim.planner`): every part is invariant under a shift by one box."""
 
-    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set")
+    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set", "key")
 
-    def __init__(self, n, L, table, *, gather: bool, up_shift: int | None, out_shift: int | None, qp_set: int):
+    def __init__(self, topo, n, L, table, *, gather: bool, up_shift: int | None, out_shift: int | None,
+                 qp_set: int):
         self.n, self.L, self.table, self.gather = n, L, table, gather
         self.up_shift, self.out_shift, self.qp_set = up_shift, out_shift, qp_set
+        self.key = _timing_key(topo, n // L, gather, up_shift, out_shift, qp_set)
+        """Phases with equal keys are timed alike on the folded ranks (NOTE [repeated phases]
+        in :mod:`hccl.sim.planner`)."""
 
     def __call__(self) -> list[Block]:
         return self._blocks(self.n)
@@ -109,6 +114,19 @@ class _BoxPhase:
             out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense,
                              qp_set=self.qp_set, shift=k))
         return out
+
+
+def _timing_key(topo, B: int, gather: bool, up_shift, out_shift, qp_set: int) -> tuple:
+    """What the timing of a box-iteration phase depends on, on ranks folded by whole pods: the
+    in-box part's target box modulo a pod, and the scale-out shift's contention sample (which
+    keeps the shift modulo a pod) when every folded rank's peer is in another pod."""
+    bpl = topo.boxes_per_leaf
+    up = None if up_shift is None else up_shift % bpl
+    if out_shift is None:
+        return gather, up, None
+    k = (-out_shift if gather else out_shift) % B
+    far = bpl <= k <= B - bpl
+    return gather, up, ("far" if far else "near", fabric.sampled_shift(topo, k) if far else k, qp_set)
 
 
 class _Table:
@@ -163,7 +181,7 @@ class Pairwise(Algorithm):
         L, B = self._dims(ctx)
         qp = ctx.slice_index % qp_sets(ctx.n, ctx.topo.generation)
         table = _Table(table)
-        return [_BoxPhase(ctx.n, L, table, gather=False, up_shift=j if j < B else None,
+        return [_BoxPhase(ctx.topo, ctx.n, L, table, gather=False, up_shift=j if j < B else None,
                           out_shift=j - 1 if j >= 2 else None, qp_set=qp)
                 for j in range(B + 1 if B > 1 else 1)]
 
@@ -171,7 +189,7 @@ class Pairwise(Algorithm):
         L, B = self._dims(ctx)
         qp = ctx.slice_index % qp_sets(ctx.n, ctx.topo.generation)
         table = _Table(table)
-        return [_BoxPhase(ctx.n, L, table, gather=True, up_shift=j, out_shift=j + 1 if j + 1 < B else None,
+        return [_BoxPhase(ctx.topo, ctx.n, L, table, gather=True, up_shift=j, out_shift=j + 1 if j + 1 < B else None,
                           qp_set=qp)
                 for j in range(B)]
 
