@@ -19,17 +19,18 @@ __all__ = ["trace_steps", "run_points", "write_files"]
 
 
 def trace_steps(model: str, keys: Sequence[tuple[int, str, str]], *, seq_len: int | None = None,
-                image_size: int | None = None, precision: str = "bf16") -> dict:
-    """One traced training step per ``(batch, mode, device)`` in ``keys`` (no data; each once).
+                image_size: int | None = None, precision: str = "bf16", **config) -> dict:
+    """One traced training step per ``(batch, mode, device)`` in ``keys`` (no data; each once);
+    ``config``: fields of the model's config (e.g. ``hidden``, ``layers``).
 
     Raises:
-        ValueError: an unknown model or device.
+        ValueError: an unknown model, config field or device.
     """
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
-    kwargs = {k: v for k, v in (("seq_len", seq_len), ("image_size", image_size)) if v is not None}
+    kwargs = {k: v for k, v in (("seq_len", seq_len), ("image_size", image_size)) if v is not None} | config
     factory = resolve_factory(model, **kwargs)
     out = {}
     for batch, mode, dev in keys:
