@@ -145,6 +145,8 @@ def seed_host_ms(device: str = "gaudi", batch: int = 200, steps: int = 4) -> dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.bench_fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--skip-host", action="store_true", help="leave out the seed host-time table")
+    p.add_argument("--skip-scaling", action="store_true",
+                   help="leave out the scaling table of published series (models.bench_scaling)")
     args = p.parse_args(argv)
     from hpu_runtime.device.memory import HPUOutOfMemoryError
 
@@ -185,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nHost time per step, seed MNIST Net (batch 200, Adadelta, first-gen Gaudi), ms")
         print(tabulate([[k, SEED_HOST_MS[k], f"{sim[k]:.2f}", f"{sim[k] / SEED_HOST_MS[k]:.2f}"] for k in SEED_HOST_MS],
                        headers=["variant", "published", "simulated", "ratio"], tablefmt="github"))
+    if not args.skip_scaling:
+        from .bench_scaling import print_table, scaling_rows
+
+        print_table(scaling_rows())
     print(f"\n(wall-clock {time.perf_counter() - wall0:.1f} s)")
     return 0
 
