@@ -16,12 +16,15 @@ NOTE [timing rules]
       ``bytes / reduce_bytes_per_ns``.
     - Local copies cost 0 ns. A rank's collective ends when its last send has left and
       its last receive is done.
+    - A scale-out message's serialization is stretched by its slowest flow's share of the
+      fabric's links (NOTE [max-min sharing, per row] in :mod:`hccl.sim.fabric`).
     - All times are integers; ties are broken by issue order, so results are
       deterministic.
 
-Length: about 540 lines, over the project's 400, on purpose. The event engine (``_Engine``),
-the rank-symmetry fold that makes 4,096 ranks cheap and the public entry points share the
-timing rules above; split across files, the rules and the code that applies them would drift.
+Length: about 720 lines, over the project's 400, on purpose. The event engine (``_Engine``),
+the rank-symmetry fold and the skip over repeated phases that make 65,536 ranks cheap, and the
+public entry points share the timing rules above; split across files, the rules and the code
+that applies them would drift.
 """
 
 from __future__ import annotations
@@ -172,7 +175,12 @@ class _Engine:
         comes from representative column ``m`` with ``dst[k, m] = d (mod T)``, with that
         column's timing. Results are the same integers as the full simulation (``fold=n``);
         a block that breaks the symmetry raises :class:`_NoSymmetry` and the caller
-        re-runs unfolded.
+        re-runs unfolded. Two exceptions, both samples rather than exact: on an ECMP fabric
+        every period repeats the contention of ranks ``0 .. T-1``'s own messages (computed in
+        the whole fabric, :mod:`hccl.sim.fabric`), and a pairwise phase over a buffer that does
+        not divide evenly times each chunk at its period's longest (NOTE [uneven chunks,
+        folded] in :mod:`hccl.sim.algorithms.pairwise`). A topology with link faults is
+        never folded.
     """
 
     def __init__(self, lp: LinkParams, n: int, ready: np.ndarray, dtype_bytes: int, fold: int | None = None):

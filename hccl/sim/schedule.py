@@ -31,7 +31,9 @@ NOTE [slices]
     ``PT_HCCL_SLICE_SIZE_MB`` when the user sets it or lazy collectives are on; on Gaudi 2
     and later it does not slice at all (HabanaAI/gaudi-pytorch-bridge, v1.19,
     ``habana_helpers::getHCCLSliceSize``). That bridge-level slicing is not modelled
-    separately: setting ``PT_HCCL_SLICE_SIZE_MB`` here changes the pipelining slice.
+    separately: setting ``PT_HCCL_SLICE_SIZE_MB`` here changes the pipelining slice. HCL's own
+    multi-box algorithm (``pairwise``) slices by ``HCL_SLICE_SIZE`` per rank instead (NOTE
+    [HCL's pairwise box iterations] in :mod:`hccl.sim.algorithms.pairwise`).
 """
 
 from __future__ import annotations

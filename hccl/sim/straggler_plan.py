@@ -17,13 +17,13 @@ NOTE [planning slower ranks]
     also makes its host wait for its streams (``models.train`` does it when the cluster has
     variability or what-ifs). The step after the barrier holds its wait; from the next one on,
     a live run with the same seed gives the same integers.
-    Beyond, one device is replayed with, in each step, the largest factor of all ranks
-    (NOTE [the slowest of n, at scale] in :mod:`hccl.sim.variability`): the collectives start
-    when that card is ready, as they would with every rank present. It is the slowest rank's
-    timeline, with one simplification: a rank that is slowest in step ``s`` is assumed to have
-    been slowest before too (its steps start no earlier than a faster rank's would), so the
-    plan errs on the slow side by at most the part of a step that runs after its last
-    collective.
+    Beyond, two ranks are replayed in lock step: rank 0 with its own factors, and a stand-in
+    for all the others whose factor in each step is the largest of theirs (NOTE [the slowest
+    of n, at scale] in :mod:`hccl.sim.variability`); every collective starts when the later of
+    the two is ready, as it would with every rank present, and rank 0's steps are reported, as
+    up to :data:`LOCKSTEP_RANKS`. The simplification: the stand-in is the slowest rank in every
+    step, so its own slack (a rank that was fast in the previous step starts early) is not
+    there; rank 0 waits for it at least as long as for the slowest real rank.
 """
 
 from __future__ import annotations
@@ -96,41 +96,49 @@ def _run(rep, dev, total: int) -> tuple[list, list]:
 def plan_steps(replayer, trace, *, world_size: int, variability, whatif, steps: int, lockstep: bool | None = None):
     """Plan ``steps`` DDP steps (after :data:`WARMUP`) with slower cards; a PlannedStep whose
     ``samples`` are the steps' breakdowns and ``times`` their median (NOTE [planning slower ranks]).
-    ``lockstep``: every rank (default up to :data:`LOCKSTEP_RANKS`) or the slowest only."""
+    ``lockstep``: every rank (default up to :data:`LOCKSTEP_RANKS`), or rank 0 and a stand-in for
+    the slowest of the others."""
     var = variability if variability is not None else OFF
     total = WARMUP + (steps or DEFAULT_STEPS)
     spec, mode = trace.spec, trace.mode
     if lockstep if lockstep is not None else world_size <= LOCKSTEP_RANKS:
-        ex = _Exchange(world_size)
-        reps = [replayer(r, lambda ready, r=r: ex.ready_all(r, ready)) for r in range(world_size)]
-        devs = [replay_device(spec, mode) for _ in range(world_size)]
-        for r, dev in enumerate(devs):
-            dev.set_step_slowdown(rank_slowdown(var, whatif, r))
-        results: list = [None] * world_size
+        ranks = world_size
+        ex = _Exchange(ranks)
+        reps = [replayer(r, lambda ready, r=r: ex.ready_all(r, ready)) for r in range(ranks)]
+        slowdowns = [rank_slowdown(var, whatif, r) for r in range(ranks)]
+    else:  # rank 0 and a stand-in for the slowest of the others
+        ranks = 2
+        ex = _Exchange(ranks)
+        rest = world_size - 1
 
-        def work(r: int) -> None:
-            try:
-                results[r] = _run(reps[r], devs[r], total)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-                results[r] = exc
-                ex.fail(exc)
+        def spread(r: int):
+            return lambda ready: (lambda v: [v[0]] + [v[1]] * rest)(ex.ready_all(r, ready))
 
-        threads = [threading.Thread(target=work, args=(r,), name=f"plan-rank-{r}") for r in range(1, world_size)]
-        for t in threads:
-            t.start()
-        work(0)
-        for t in threads:
-            t.join(_WAIT_S)
-        for res in results:
-            if isinstance(res, BaseException) or res is None:
-                raise res if isinstance(res, BaseException) else TimeoutError("planner: a rank's replay did not end")
-        rep, dev = reps[0], devs[0]
-        history, graphs = results[0]
-    else:
-        rep = replayer()
-        dev = replay_device(spec, mode)
-        dev.set_step_slowdown(lambda s: slowest_ppm(var, whatif, world_size, s))
-        history, graphs = _run(rep, dev, total)
+        reps = [replayer(0, spread(0)), replayer(1, spread(1))]
+        slowdowns = [rank_slowdown(var, whatif, 0), lambda s: slowest_ppm(var, whatif, world_size, s, exclude=0)]
+    devs = [replay_device(spec, mode) for _ in range(ranks)]
+    for dev, slow in zip(devs, slowdowns):
+        dev.set_step_slowdown(slow)
+    results: list = [None] * ranks
+
+    def work(r: int) -> None:
+        try:
+            results[r] = _run(reps[r], devs[r], total)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            results[r] = exc
+            ex.fail(exc)
+
+    threads = [threading.Thread(target=work, args=(r,), name=f"plan-rank-{r}") for r in range(1, ranks)]
+    for t in threads:
+        t.start()
+    work(0)
+    for t in threads:
+        t.join(_WAIT_S)
+    for res in results:
+        if isinstance(res, BaseException) or res is None:
+            raise res if isinstance(res, BaseException) else TimeoutError("planner: a rank's replay did not end")
+    rep, dev = reps[0], devs[0]
+    history, graphs = results[0]
     samples = history[WARMUP:]
     median = sorted(samples, key=lambda t: t.step_ns)[(len(samples) - 1) // 2]
     return dataclasses.replace(rep.planned(dev, history[-1], graphs, samples), times=median)

@@ -205,16 +205,19 @@ def rank_slowdown(var: Variability, whatif, rank: int):
     return factor
 
 
-def slowest_ppm(var: Variability, whatif, world_size: int, step: int) -> int:
-    """The largest of the ``world_size`` ranks' factors in ``step`` (ppm), slow cards included."""
-    slow = [(r, f) for r, f in (whatif.slow_cards if whatif is not None else ()) if r < world_size]
+def slowest_ppm(var: Variability, whatif, world_size: int, step: int, *, exclude: int | None = None) -> int:
+    """The largest of the ``world_size`` ranks' factors in ``step`` (ppm), slow cards included,
+    ``exclude`` left out."""
+    slow = [(r, f) for r, f in (whatif.slow_cards if whatif is not None else ()) if r < world_size and r != exclude]
     if not slow:
-        return var.slowest_ppm(world_size, step)
+        return var.slowest_ppm(world_size, step, exclude=exclude)
     if world_size <= EXACT_RANKS:
         ranks = np.arange(world_size)
         f = var.factors_ppm(ranks, step).astype(np.float64)
         for r, x in slow:
             f[r] *= x
+        if exclude is not None:
+            f[exclude] = 0.0
         return int(np.rint(f.max()))
-    rest = var.slowest_ppm(world_size - len({r for r, _ in slow}), step)
+    rest = var.slowest_ppm(world_size - len({r for r, _ in slow}) - (exclude is not None), step)
     return max([rest] + [int(round(var.factor_ppm(r, step) * whatif.slow_factor(r))) for r, _ in slow])
