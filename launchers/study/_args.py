@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-__all__ = ["positive_int", "positive_float", "env_mode", "env_flag", "add_model_args", "list_of", "boolean",
-           "first_mb"]
+__all__ = ["positive_int", "positive_float", "env_mode", "env_flag", "add_model_args", "add_fabric_arg", "list_of",
+           "boolean", "first_mb"]
 
 
 def positive_int(text: str) -> int:
@@ -69,3 +69,10 @@ def boolean(text: str) -> bool:
 
 def first_mb(text: str) -> float | None:
     return None if text.strip().lower() in ("default", "none") else positive_float(text)
+
+
+def add_fabric_arg(p: argparse.ArgumentParser) -> None:
+    """``--fabric topology|ideal``: the topology file's scale-out fabric or an ideal one."""
+    p.add_argument("--fabric", default="topology", choices=["topology", "ideal"],
+                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")
+

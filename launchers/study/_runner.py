@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-__all__ = ["trace_steps", "run_points", "write_files"]
+__all__ = ["trace_steps", "run_points", "write_files", "study_topology"]
 
 
 def trace_steps(model: str, keys: Sequence[tuple[int, str, str]], *, seq_len: int | None = None,
@@ -38,6 +38,15 @@ def trace_steps(model: str, keys: Sequence[tuple[int, str, str]], *, seq_len: in
             out[batch, mode, dev] = trace_step(factory, batch, spec=get_device_spec(dev), mode=mode,
                                                autocast=precision == "bf16")
     return out
+
+
+def study_topology(name: str, world_size: int, fabric: str = "topology"):
+    """Topology ``name`` holding ``world_size`` ranks, on an ideal fabric if ``fabric == "ideal"``."""
+    from hccl.sim.fabric import ideal
+    from hccl.sim.topology import load_topology
+
+    topo = load_topology(name, world_size=world_size)
+    return ideal(topo) if fabric == "ideal" else topo
 
 
 def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces: dict,

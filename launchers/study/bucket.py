@@ -37,8 +37,8 @@ from hccl.sim import cluster
 from hccl.sim.cluster import Cluster
 from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 
-from ._args import add_model_args, boolean, env_mode, first_mb, list_of, positive_float, positive_int
-from ._runner import run_points, trace_steps, write_files
+from ._args import add_fabric_arg, add_model_args, boolean, env_mode, first_mb, list_of, positive_float, positive_int
+from ._runner import run_points, study_topology, trace_steps, write_files
 
 __all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
@@ -203,12 +203,10 @@ def plan_point(trace, point: Point, model: str, batch_size: int, cfg: StudyConfi
     """Plan one point; the table row (see module docstring). With a varying cluster
     (``cfg.condition``) the row's times are the mean of ``cfg.steps`` planned steps."""
     from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
-    from hccl.sim.fabric import ideal
-    from hccl.sim.topology import load_topology
 
     cfg = cfg or StudyConfig(model=model, batch_size=batch_size, condition=Cluster())
-    topo = load_topology(point.topology, world_size=point.world_size)
-    plan = plan_ddp_step(trace, world_size=point.world_size, topology=ideal(topo) if cfg.fabric == "ideal" else topo,
+    plan = plan_ddp_step(trace, world_size=point.world_size,
+                         topology=study_topology(point.topology, point.world_size, cfg.fabric),
                          bucket_cap_mb=point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb,
                          gradient_as_bucket_view=point.gradient_as_bucket_view, static_graph=point.static_graph,
                          comm_hook=point.comm_hook, lazy_collectives=point.lazy_collectives,
@@ -476,8 +474,7 @@ def add_parser(sub) -> None:
                    help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
     b.add_argument("--sweep-only", action="store_true",
                    help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
-    b.add_argument("--fabric", default="topology", choices=["topology", "ideal"],
-                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")
+    add_fabric_arg(b)
     b.add_argument("--steps", type=positive_int, default=8, help="steps planned per point when the cluster varies")
     cluster.add_arguments(b, variability="on")
     b.add_argument("--no-progress", action="store_true")

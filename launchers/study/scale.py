@@ -40,8 +40,8 @@ from hccl.sim import cluster
 from hccl.sim.cluster import Cluster
 from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 
-from ._args import add_model_args, env_mode, first_mb, list_of, positive_float, positive_int
-from ._runner import run_points, trace_steps, write_files
+from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, positive_float, positive_int
+from ._runner import run_points, study_topology, trace_steps, write_files
 
 __all__ = ["ScaleConfig", "add_parser", "scale_main", "run_scale", "plan_world_size", "print_result", "CAUSES"]
 
@@ -139,11 +139,8 @@ def _plans(cfg: ScaleConfig, trace, n: int) -> dict:
     """The three plans of one world size (NOTE [where the efficiency goes])."""
     from hccl.sim.ddp_plan import plan_ddp_step
     from hccl.sim.fabric import ideal
-    from hccl.sim.topology import load_topology
 
-    topo = load_topology(cfg.topology, world_size=n)
-    if cfg.fabric == "ideal":
-        topo = ideal(topo)
+    topo = study_topology(cfg.topology, n, cfg.fabric)
     kw = dict(world_size=n, bucket_cap_mb=cfg.bucket_cap_mb, first_bucket_mb=cfg.first_bucket_mb,
               gradient_as_bucket_view=cfg.gradient_as_bucket_view)
     links = dataclasses.replace(cfg.condition.whatif, slow_cards=())  # links stay in the nominal plans
@@ -313,8 +310,7 @@ def add_parser(sub) -> None:
     s.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     s.add_argument("--bucket-cap-mb", type=positive_float, default=256.0)
     s.add_argument("--first-bucket-mb", type=first_mb, default=None)
-    s.add_argument("--fabric", default="topology", choices=["topology", "ideal"],
-                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")
+    add_fabric_arg(s)
     s.add_argument("--steps", type=positive_int, default=16, help="sampled steps per world size")
     s.add_argument("--pg-timeout", type=positive_float, default=1800.0,
                    help="process-group timeout in seconds, for --dead-rank's cost")

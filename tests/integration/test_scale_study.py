@@ -30,7 +30,7 @@ def test_scale_study_end_to_end(tmp_path, capsys):
         lost = sum(r[f"loss_{c}_pts"] for c in ("comm", "batch", "congestion", "waiting"))
         assert lost == pytest.approx(100 * (1 - r["efficiency"]), abs=1e-6)
         assert r["samples_per_s_per_card"] == pytest.approx(4 * 1e9 / r["step_mean_ns"])
-    assert rows[-1]["step_mean_ns"] > rows[-1]["nominal_step_ns"]  # variability on: waiting for the slowest
+    assert rows[-1]["step_p99_ns"] > rows[-1]["step_median_ns"]  # variability on: the sampled steps differ
     text = (out / "summary.md").read_text()
     assert "variability: seed 0" in text and "what-ifs: none" in text and "512 |" in text
 

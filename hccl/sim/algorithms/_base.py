@@ -14,7 +14,7 @@ import numpy as np
 from hccl.sim.schedule import Block, Phase, _even_bounds, slice_elements
 from hccl.sim.topology import Topology
 
-__all__ = ["Ctx", "Algorithm", "even_table", "dense_rows", "dense_grid", "MAX_BLOCK_ENTRIES"]
+__all__ = ["Ctx", "Algorithm", "WholeBoxes", "even_table", "dense_rows", "dense_grid", "MAX_BLOCK_ENTRIES"]
 
 MAX_BLOCK_ENTRIES = 1 << 21
 """Largest K x M block built at once (bounds the planner's memory)."""
@@ -178,3 +178,19 @@ def _self_copy(n, send_off, recv_off, counts) -> Phase:
 def self_copy_phase(n, send_off, recv_off, counts) -> Phase:
     """Phase copying every rank's own all2all chunk from input to output."""
     return _self_copy(n, send_off, recv_off, counts)
+
+
+class WholeBoxes(Algorithm):
+    """An algorithm over whole boxes (or one box): the ranks are ``B`` boxes of ``L`` cards."""
+
+    def check(self, ctx: Ctx) -> None:
+        L = ctx.topo.cards_per_box
+        if ctx.n > L and ctx.n % L:
+            raise ValueError(f"algorithm {self.name!r} needs the world size ({ctx.n}) to be a multiple of "
+                             f"cards_per_box ({L}) or at most one box")
+
+    def _dims(self, ctx: Ctx) -> tuple[int, int]:
+        """(L, B): cards per box (the group's size if it is smaller) and boxes."""
+        L = min(ctx.topo.cards_per_box, ctx.n)
+        return L, ctx.n // L
+

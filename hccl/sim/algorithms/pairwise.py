@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccl.sim import fabric
-from hccl.sim.algorithms._base import Algorithm, Ctx, even_table
+from hccl.sim.algorithms._base import Ctx, WholeBoxes, even_table
 from hccl.sim.schedule import Block, Phase
 
 __all__ = ["Pairwise", "HCL_SLICE_BYTES", "qp_sets"]
@@ -156,26 +156,16 @@ class _Table:
         return hit
 
 
-class Pairwise(Algorithm):
+class Pairwise(WholeBoxes):
     """HCL's all-reduce, reduce-scatter and all-gather across boxes (NOTE [HCL's pairwise box
     iterations]); whole boxes only (or one box, where it is the direct algorithm)."""
 
     name = "pairwise"
 
-    def check(self, ctx: Ctx) -> None:
-        L = ctx.topo.cards_per_box
-        if ctx.n > L and ctx.n % L:
-            raise ValueError(f"algorithm 'pairwise' needs the world size ({ctx.n}) to be a multiple of "
-                             f"cards_per_box ({L}) or at most one box")
-
     def buffer_slice(self, ctx: Ctx, dtype_bytes: int, slice_bytes: int | None) -> int:
         """Elements of the buffer per slice: ``HCL_SLICE_SIZE`` per rank (``slice_bytes`` is the
         bridge's ``PT_HCCL_SLICE_SIZE_MB`` and does not apply to HCL's own slicing)."""
         return ctx.n * max(1, HCL_SLICE_BYTES // dtype_bytes)
-
-    def _dims(self, ctx: Ctx) -> tuple[int, int]:
-        L = min(ctx.topo.cards_per_box, ctx.n)
-        return L, ctx.n // L
 
     def reduce_scatter(self, ctx: Ctx, table) -> list[Phase]:
         L, B = self._dims(ctx)
