@@ -26,8 +26,10 @@ inserts what the reducer does in a live run, through the same device code:
   the bucket views directly. Either way no device work that reads a bucket starts before
   its allreduce ends.
 
-Every rank of a data-parallel job runs the same ops, so every rank is ready for a bucket's
-allreduce at the same simulated time; the planner is given that time for all ranks. The
+Every rank of a data-parallel job runs the same ops, so on nominal cards every rank is ready
+for a bucket's allreduce at the same simulated time; the planner is given that time for all
+ranks. With variability or slow cards the ranks differ and are replayed in lock step
+(:mod:`hccl.sim.straggler_plan`). The
 result is the steady-state step (see :func:`hpu_runtime.tools.replay.run_replays`); it equals a
 live ``torchrun`` run's steady-state step with the same model, batch, flags, world size
 and topology (tested).
