@@ -21,7 +21,9 @@ NOTE [what the series run]
     BERT (2 micro-steps per step) and the DL1 BERT-1.5B run (24, DeepSpeed ZeRO-1) are planned
     as one step of the per-card batch (MLPerf) or as 23 compute-only micro-steps plus one DDP
     step (DL1, its ZeRO-1 reduce-scatter + all-gather moving the bytes of an all-reduce).
-    TensorFlow/Horovod runs are planned as PyTorch DDP in lazy mode. Say so when comparing.
+    TensorFlow runs (graph mode) and the MLPerf PyTorch BERT run (HPU graphs) are planned as
+    PyTorch DDP in compile mode, which like them has no per-op host cost; lazy mode would make
+    those steps host-bound and their per-card throughput proportional to the batch.
 """
 
 from __future__ import annotations
