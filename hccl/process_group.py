@@ -27,6 +27,7 @@ import torch.distributed as dist
 from hpu_runtime import bridge_disabled, get_device
 
 from ._buffers import meta_words
+from .agreement import settings_of
 from .collectives import CollectivesMixin
 from .composite import CompositeMixin
 from .config import HcclConfig
@@ -68,6 +69,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     Raises:
         ValueError: a bad variable of :class:`~hccl.config.HcclConfig` (the message names
             it), or a world size the topology cannot hold.
+        SettingsMismatchError: ranks disagree on a setting they must share (NOTE
+            [settings agreement] in :mod:`hccl.agreement`), raised on every rank.
         HcclTimeoutError: peers did not rendezvous within ``timeout``.
     """
 
@@ -101,7 +104,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
         self._planner = None  # set with the placement, before any collective runs
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
-        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names)
+        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
+                           settings_of(self.config, self._device.spec))
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
