@@ -38,10 +38,21 @@ def test_torchrun_node_makes_a_host():
     ("HCCL_ALGO", "tree"), ("PT_HCCL_SLICE_SIZE_MB", "-1"), ("PT_HCCL_SLICE_SIZE_MB", "zero"),
     ("HCCL_TRANSPORT", "infiniband"), ("HCCL_SHM_BUFFER_MB", "0"), ("HCCL_SHM_BUFFER_MB", "9000"),
     ("PT_HPU_ENABLE_LAZY_COLLECTIVES", "maybe"), ("HCCL_COMM_ID", "nohost"),
+    ("PT_HCCL_SLICE_SIZE_MB", "inf"), ("PT_HCCL_SLICE_SIZE_MB", "nan"), ("PT_HCCL_SLICE_SIZE_MB", "0.001"),
+    ("PT_HCCL_SLICE_SIZE_MB", "true"), ("HCCL_SHM_BUFFER_MB", "inf"), ("HCCL_SHM_BUFFER_MB", "nan"),
 ])
 def test_bad_value_names_the_variable(name, value):
     """A bad value is a ValueError naming the variable and the value."""
     with pytest.raises(ValueError, match=f"{name}='?{re.escape(value)}"):
+        HcclConfig.from_env({name: value})
+
+
+@pytest.mark.parametrize("name,value,stated", [
+    ("PT_HCCL_SLICE_SIZE_MB", "1e-6", "(4 KiB to 64 GiB)"), ("HCCL_SHM_BUFFER_MB", "1e9", "(4 KiB to 4 GiB)"),
+])
+def test_out_of_range_states_the_range(name, value, stated):
+    """A slice of a few bytes (48 s for a 1 MB allreduce) or an absurd buffer: the range is in the message."""
+    with pytest.raises(ValueError, match=re.escape(stated)):
         HcclConfig.from_env({name: value})
 
 
