@@ -395,21 +395,24 @@ FIELDS = ["model", "batch_size", "setting", "world_size", "topology", "mode", "d
 
 def write_outputs(out_dir: str | Path, cfg: StudyConfig, rows: list[dict], recs: list[dict]) -> dict[str, Path]:
     """``study.csv``, ``study.json``, ``study.png``, ``recommendation.md`` in ``out_dir``."""
+    from hpu_runtime.files import atomic_open, atomic_write
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / n for k, n in (("csv", "study.csv"), ("json", "study.json"), ("png", "study.png"),
                                      ("md", "recommendation.md"))}
-    with open(paths["csv"], "w", newline="") as f:
+    # NOTE [atomic files] (hpu_runtime/files.py): a kill leaves each output old or new, never torn
+    with atomic_open(paths["csv"], newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({**r, "bucket_sizes_bytes": " ".join(map(str, r["bucket_sizes_bytes"]))})
-    with open(paths["json"], "w") as f:
+    with atomic_open(paths["json"]) as f:
         json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "recommendation": recs,
                    "units": {"*_ns": "simulated Gaudi ns per card", "*_bytes": "bytes",
                              "bucket_cap_mb": "MiB", "samples_per_s_per_card": "simulated"}}, f, indent=1)
     _plot(paths["png"], cfg, rows)
-    paths["md"].write_text(recommendation_text(cfg, recs))
+    atomic_write(paths["md"], recommendation_text(cfg, recs))
     return paths
 
 
@@ -433,6 +436,8 @@ def gain_text(rec: dict) -> str:
 
 def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     import matplotlib
+
+    from hpu_runtime.files import atomic_open
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -458,5 +463,6 @@ def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     ax1.legend(fontsize=8)
     fig.suptitle(f"{cfg.model}, batch {cfg.batch_size}/card: bucket-size study (simulated Gaudi)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)

@@ -121,9 +121,9 @@ def _print_job(result: JobResult) -> None:
 
 
 def _write_json(path: str, data: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.write("\n")
+    from hpu_runtime.files import atomic_write
+
+    atomic_write(path, json.dumps(data, indent=1, default=str) + "\n")  # NOTE [atomic files]
 
 
 def _sweep(ray: Any, job: RayJobConfig, args: argparse.Namespace) -> int:
@@ -137,8 +137,9 @@ def _sweep(ray: Any, job: RayJobConfig, args: argparse.Namespace) -> int:
     print(format_table(rows, "markdown"), end="")
     if args.sweep_table:
         fmt = "csv" if args.sweep_table.endswith(".csv") else "markdown"
-        with open(args.sweep_table, "w") as f:
-            f.write(format_table(rows, fmt))
+        from hpu_runtime.files import atomic_write
+
+        atomic_write(args.sweep_table, format_table(rows, fmt))
         logger.info("wrote sweep table %s", args.sweep_table)
     if args.summary:
         _write_json(args.summary, {"sweep": rows})

@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _print_summary(out)
     if args.json:
-        with open(args.json, "w") as f:
+        from hpu_runtime.files import atomic_open
+
+        with atomic_open(args.json) as f:  # NOTE [atomic files]
             json.dump(out, f, indent=1)
         print(f"  JSON written to {args.json}")
     return 0

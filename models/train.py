@@ -37,6 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
+from hpu_runtime.cli_args import count, real
+from hpu_runtime.files import atomic_open
 from hpu_runtime.tools.tracing import training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
@@ -53,17 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=model_names(), help="registered model name")
     p.add_argument("--flavour", default=None, help="model flavour (e.g. debug; mlp also has large)")
-    p.add_argument("--hidden", type=int, default=None, help="override the hidden width (mlp, bert-large, gpt2)")
+    p.add_argument("--hidden", type=count(1, 1 << 20), default=None, help="override the hidden width (mlp, bert-large, gpt2)")
     p.add_argument("--dataset", default=None, choices=dataset_names(),
                    help="default: the model's own (mlp: digits, vision: digits-images, bert-large: text-mlm,"
                         " gpt2: text-lm)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample, text models (default: the flavour's)")
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--seq-len", type=count(1, 1 << 20), default=None, help="tokens per sample, text models (default: the flavour's)")
+    p.add_argument("--image-size", type=count(8, 8192, "pixels"), default=None,
                    help="pixels per side, image models (default: the flavour's, 224 full / 32 debug)")
-    p.add_argument("--eval-samples", type=int, default=0,
+    p.add_argument("--eval-samples", type=count(0, 10**9), default=0,
                    help="evaluate on at most this many held-out samples (0 = all)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
+    p.add_argument("--epochs", type=count(1, 10**6), default=5)
+    p.add_argument("--batch-size", type=count(1, 1 << 20), default=16, help="per-rank batch size")
     p.add_argument(
         "--optimizer",
         default="sgd",
@@ -71,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="sgd (default) or adam; torch's Adam reads its step counter on the host and feeds"
         " it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
     )
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size, MB")
+    p.add_argument("--lr", type=real(0.0, 100.0), default=0.05)
+    p.add_argument("--momentum", type=real(0.0, 1.0), default=0.9, help="SGD momentum")
+    p.add_argument("--seed", type=count(0, 2**63 - 1), default=0)
+    p.add_argument("--bucket-cap-mb", type=real(0.0, 1e6, "MB", lo_open=True), default=25.0, help="DDP bucket size, MB")
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--autocast", action="store_true",
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         " (sets HCCL_TOPOLOGY; default: HCCL_TOPOLOGY or hls2)",
     )
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"], help="process-group backend")
-    p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0 = all)")
+    p.add_argument("--max-steps", type=count(0, 10**9), default=0, help="stop each epoch after this many steps (0 = all)")
     p.add_argument("--summary", default=None, help="rank 0 writes the JSON summary here")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--trace", default=None, metavar="DIR",
@@ -270,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
         "units": {"sim_*_ns": "simulated Gaudi nanoseconds", "wall_*_s": "wall-clock seconds on this machine"},
     }
     if rank == 0 and args.summary:
-        with open(args.summary, "w") as f:
+        with atomic_open(args.summary) as f:  # NOTE [atomic files]: a kill leaves the old summary
             json.dump(summary, f, indent=2, default=str)
         log.info("summary written to %s", args.summary)
     if args.trace:

@@ -248,7 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if a.csv:
-        with open(a.csv, "w", newline="") as f:
+        from hpu_runtime.files import atomic_open
+
+        with atomic_open(a.csv, newline="") as f:  # NOTE [atomic files]: a kill leaves the old table
             wr = csv.DictWriter(f, fieldnames=list(all_rows[0]))
             wr.writeheader()
             wr.writerows(all_rows)
