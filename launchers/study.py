@@ -36,27 +36,15 @@ import json
 import os
 import sys
 
+from hpu_runtime.cli_args import count, real
+
 __all__ = ["main", "build_parser", "trace_json", "bucket_main"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+_size = count(1, 1 << 20)
+_ranks = count(1, 1 << 24, "ranks")
+_pixels = count(8, 8192, "pixels")
+_mb = real(0.0, 1e6, "MB", lo_open=True)
 
 
 def _env_mode() -> str:
@@ -74,9 +62,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     """The model flags every study command shares."""
     p.add_argument("--model", required=True,
                    help="registered name (name:flavour for a flavour) or package.module:factory")
-    p.add_argument("--batch-size", type=_positive_int, required=True, help="per-card batch")
-    p.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (text models)")
-    p.add_argument("--image-size", type=_positive_int, default=None, help="pixels per side (image models)")
+    p.add_argument("--batch-size", type=_size, required=True, help="per-card batch")
+    p.add_argument("--seq-len", type=_size, default=None, help="tokens per sample (text models)")
+    p.add_argument("--image-size", type=_pixels, default=None, help="pixels per side (image models)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,12 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
                    help="bf16 (default): forward and loss under bf16 autocast, as Habana's --autocast"
                         " recipes train these models; fp32: no autocast")
-    t.add_argument("--bucket-cap-mb", type=_positive_float, default=None,
+    t.add_argument("--bucket-cap-mb", type=_mb, default=None,
                    help="also give DDP's buckets for this bucket_cap_mb and the planned DDP step")
-    t.add_argument("--first-bucket-mb", type=_positive_float, default=None,
+    t.add_argument("--first-bucket-mb", type=_mb, default=None,
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB (torch uses it only with the default cap)")
     t.add_argument("--gradient-as-bucket-view", action="store_true")
-    t.add_argument("--world-size", type=_positive_int, default=8, help="ranks for the planned DDP step")
+    t.add_argument("--world-size", type=_ranks, default=8, help="ranks for the planned DDP step")
     t.add_argument("--topology", default="hls2", help="hls1, hls2, hls3 or a topology file")
     t.add_argument("--json", default=None, metavar="PATH", help="write the JSON here")
     _add_bucket_parser(sub)
@@ -125,7 +113,7 @@ def _bool(text: str) -> bool:
 
 
 def _first_mb(text: str) -> float | None:
-    return None if text.strip().lower() in ("default", "none") else _positive_float(text)
+    return None if text.strip().lower() in ("default", "none") else _mb(text)
 
 
 def _add_bucket_parser(sub) -> None:
@@ -133,8 +121,8 @@ def _add_bucket_parser(sub) -> None:
 
     b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
     _add_model_args(b)
-    b.add_argument("--world-sizes", type=_list(_positive_int, "--world-sizes"), default=(8,))
-    b.add_argument("--bucket-cap-mb", type=_list(_positive_float, "--bucket-cap-mb"),
+    b.add_argument("--world-sizes", type=_list(_ranks, "--world-sizes"), default=(8,))
+    b.add_argument("--bucket-cap-mb", type=_list(_mb, "--bucket-cap-mb"),
                    default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
     b.add_argument("--topology", type=_list(str, "--topology"), default=("hls2",),
                    help="hls1, hls2, hls3 or topology files, comma-separated")
@@ -155,7 +143,7 @@ def _add_bucket_parser(sub) -> None:
     b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
     b.add_argument("--live", action="store_true",
                    help="also run the points whose world size fits this machine as real DDP jobs")
-    b.add_argument("--live-max-ranks", type=_positive_int, default=None,
+    b.add_argument("--live-max-ranks", type=count(1, 4096, "ranks"), default=None,
                    help="largest world size run live (default: this machine's cores)")
     b.add_argument("--launcher", default="torchrun", choices=["torchrun", "ray"], help="for --live")
     b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",

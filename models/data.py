@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from hpu_runtime.cli_args import count
 from hpu_runtime.files import atomic_write
 
 from . import text
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("mnist", help="write the digits as MNIST raw files under ROOT/MNIST/raw")
     m.add_argument("root")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=count(0, 2**32 - 1), default=0)
     args = ap.parse_args(argv)
     print(write_mnist(args.root, seed=args.seed))
 

@@ -17,6 +17,8 @@ import statistics
 import sys
 import time
 
+from ..cli_args import count
+
 __all__ = ["measure", "main"]
 
 
@@ -90,10 +92,10 @@ def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpu_runtime.tools.bench_overhead", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 2048])
+    parser.add_argument("--steps", type=count(1, 10**6), default=30, help="timed steps per round")
+    parser.add_argument("--rounds", type=count(1, 1000), default=3, help="alternating rounds (median reported)")
+    parser.add_argument("--batch", type=count(1, 1 << 20), default=32)
+    parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

@@ -99,9 +99,10 @@ def _one_box_topology(tmp_path) -> str:
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "no-such-model"], "registered: .*resnet50"),
-    (["--bucket-cap-mb", "0"], "must be > 0"),
+    (["--bucket-cap-mb", "0"], r"0 is not a finite number in \(0, "),
+    (["--bucket-cap-mb", "inf"], "inf is not a finite number"),
     (["--bucket-cap-mb", ","], "empty list"),
-    (["--world-sizes", "0"], "must be >= 1"),
+    (["--world-sizes", "0"], r"0 is not in \[1, "),
     (["--topology", "no-such-topology"], "no-such-topology"),
     (["--mode", "turbo"], "unknown mode"),
     (["--comm-hook", "int4"], "unknown comm hook"),
