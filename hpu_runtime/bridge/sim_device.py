@@ -111,6 +111,7 @@ class SimDevice:
                                 fallback if fallback is not None else FallbackPolicy(), self.lock)
         # The bridge's hot path, bound on the instance so a dispatched op costs no extra call.
         self.record = self.ops.record
+        self.check_outputs = self.ops.check_outputs
 
     # ---- residency and HBM -------------------------------------------------------------------
     def is_resident(self, t: torch.Tensor) -> bool:
@@ -151,10 +152,15 @@ class SimDevice:
                 self.launcher.log.append(("h2d", nbytes))
 
     # ---- ops and graphs ----------------------------------------------------------------------
-    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:  # shadowed in __init__
+    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:  # shadowed
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the bridge's hot
         path; see :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`)."""
-        self.ops.record(func, args, kwargs, out)
+        self.ops.record(func, args, kwargs, out, sig)
+
+    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:  # shadowed in __init__
+        """Raise ``HPUOutOfMemoryError`` before ``func`` runs if its outputs would not fit (see
+        :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`)."""
+        return self.ops.check_outputs(func, args, kwargs)
 
     def fused_kernel(self, name: str, reads, writes, flops: int):
         """Run the body's tensor ops uncharged and charge them as one fused TPC kernel (the
