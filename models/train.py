@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
         bucket_cap_mb=args.bucket_cap_mb,
         gradient_as_bucket_view=args.gradient_as_bucket_view,
         static_graph=args.static_graph,
-        broadcast_buffers=False,  # as Habana's ResNet scripts do
+        # no buffer sync in forward, as Habana's ResNet scripts do (broadcast_buffers=False, which
+        # torch 2.13 deprecates with a warning per rank); buffers are still synced once at init
+        forward_sync_buffers=False,
     )
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
