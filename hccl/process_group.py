@@ -37,6 +37,8 @@ from .rendezvous import rendezvous
 from .sim.placement import place_group
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
+from .transport.shm import HcclTimeoutError
+from .transport.tcp import ConnectionLost
 from .work import CollectiveRecord, HcclWork
 
 __all__ = ["ProcessGroupHCCL", "HcclError"]
@@ -103,7 +105,9 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         # eager mode has no graph to join
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
         self._planner = None  # set with the placement, before any collective runs
+        self._store = store  # NOTE [the first failure names the cause]
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
+        self._names = names
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
                            settings_of(self.config, self._device.spec))
         self.layout, self._coll = found.layout, found.coll
@@ -195,11 +199,30 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             with bridge_disabled(), torch.no_grad():  # as gloo: collectives are not autograd ops
                 return fn()
         except BaseException as exc:
-            self._error = f"{what}: {exc}"
+            cause = self._first_failure(exc)
+            self._error = f"{what}: {cause or exc}"
             if self._coll is not None:
-                self._coll.abort(f"{what}: {exc}")
+                self._coll.abort(self._error)
                 self._coll.close()
+            if cause is not None:
+                raise type(exc)(cause) from exc
             raise
+
+    def _first_failure(self, exc: BaseException) -> str | None:
+        """NOTE [the first failure names the cause]: the first rank of a group to fail posts
+        why in the group's store (first writer wins) before it drops its connections. A rank
+        that then loses a connection (a peer on another host "closed its connection" only
+        because it passed the failure on) or times out reports that first failure instead.
+        Returns the message to raise instead of ``exc``'s, or None to keep ``exc``."""
+        me = self._names[self._rank]
+        try:
+            first = self._store.compare_set("hccl/first_failure", "", f"{me}\n{exc}").decode()
+        except Exception:  # noqa: BLE001 - the store may have gone with a dead rank 0: keep exc
+            return None
+        rank, _, reason = first.partition("\n")
+        if rank == str(me) or not isinstance(exc, (ConnectionLost, HcclTimeoutError)):
+            return None
+        return f"{reason} [reported by rank {rank}; rank {me} then saw: {exc}]"
 
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs,
                 **work_args) -> HcclWork:

@@ -28,7 +28,7 @@ from .transport.executor import ScheduleCollectives
 from .transport.interface import Collectives
 from .transport.multihost import HostLayout, HostsTransport
 from .transport.plan import Planner
-from .transport.shm import ShmArena, ShmSegment
+from .transport.shm import PeerFailure, ShmArena, ShmSegment
 from .transport.tcp import TcpMesh, listen_address
 
 __all__ = ["Rendezvous", "rendezvous"]
@@ -93,10 +93,20 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
         if len(layout.hosts) == 1:
             return Rendezvous(layout, eng.ShmCollectives(arena))
         peers = [r for r in range(n) if r not in local]
-        mesh = TcpMesh(rank, peers, token, timeout_s,
-                       address=listen_address(config.socket_addr, config.socket_ifname))
+        origin = (f"HCCL_SOCKET_ADDR={config.socket_addr!r}" if config.socket_addr else
+                  f"the address of HCCL_SOCKET_IFNAME={config.socket_ifname!r}" if config.socket_ifname else "")
+        try:
+            mesh = TcpMesh(rank, peers, token, timeout_s, origin=origin,
+                           address=listen_address(config.socket_addr, config.socket_ifname))
+        except ValueError as exc:  # every other rank learns why at once instead of at the timeout
+            store.set(f"hccl/tcp/{rank}", f"!{exc}")
+            raise
         store.set(f"hccl/tcp/{rank}", mesh.address)
-        mesh.connect({p: store.get(f"hccl/tcp/{p}").decode() for p in peers})
+        addresses = {p: store.get(f"hccl/tcp/{p}").decode() for p in range(n) if p != rank}
+        failed = [f"rank {names[p]}: {a[1:]}" for p, a in addresses.items() if a.startswith("!")]
+        if failed:
+            raise PeerFailure("hccl: a rank of this group cannot listen for the other hosts: " + "; ".join(failed))
+        mesh.connect({p: addresses[p] for p in peers})
         coll = ScheduleCollectives(HostsTransport(layout, arena, mesh), planner, names, arena=arena)
         return Rendezvous(layout, coll)
     except BaseException:
