@@ -216,11 +216,12 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         Returns the message to raise instead of ``exc``'s, or None to keep ``exc``."""
         me = self._names[self._rank]
         try:
-            first = self._store.compare_set("hccl/first_failure", "", f"{me}\n{exc}").decode()
+            first = self._store.compare_set("hccl/first_failure", "", f"{me}\n{type(exc).__name__}\n{exc}").decode()
         except Exception:  # noqa: BLE001 - the store may have gone with a dead rank 0: keep exc
             return None
-        rank, _, reason = first.partition("\n")
-        if rank == str(me) or not isinstance(exc, (ConnectionLost, HcclTimeoutError)):
+        rank, kind, reason = first.split("\n", 2)
+        # a timeout is no cause of another (each names the ranks it waited for)
+        if rank == str(me) or not isinstance(exc, (ConnectionLost, HcclTimeoutError)) or kind == "HcclTimeoutError":
             return None
         return f"{reason} [reported by rank {rank}; rank {me} then saw: {exc}]"
 
