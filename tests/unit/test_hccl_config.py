@@ -61,3 +61,18 @@ def test_frozen():
     c = HcclConfig.from_env({})
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.algorithm = "ring"
+
+
+def test_agreement_names_each_setting_and_every_ranks_value():
+    """NOTE [settings agreement]: ranks grouped by value, global ranks named, shown text kept
+    apart from the compared value (two paths to one topology agree)."""
+    from hccl.agreement import SettingsMismatchError, check_agreement
+
+    row = {"HCCL_ALGO": ["ring", "ring"], "HCCL_TOPOLOGY": ["abc", "/a/t.toml (content abc)"]}
+    other = {"HCCL_ALGO": ["(the selection rule)", "(the selection rule)"],
+             "HCCL_TOPOLOGY": ["abc", "/b/t.toml (content abc)"]}
+    check_agreement([row, other | {"HCCL_ALGO": row["HCCL_ALGO"]}], [0, 1])  # same content: agree
+    with pytest.raises(SettingsMismatchError) as err:
+        check_agreement([row, row, row, other, row], [10, 11, 12, 13, 14])
+    assert "HCCL_ALGO: ring on rank(s) 10-12, 14; (the selection rule) on rank(s) 13" in str(err.value)
+    assert "HCCL_TOPOLOGY" not in str(err.value)
