@@ -15,6 +15,20 @@ mismatch between ranks (different sizes, dtypes, ops, roots or collective order)
 raises :class:`~hccl.transport.shm.PeerFailure` and a peer that never arrives raises
 :class:`~hccl.transport.shm.HcclTimeoutError` after the group's timeout. After any of
 these the group is unusable and says so.
+
+NOTE [dynamo and a Python ProcessGroup]
+torch's collectives and DDP's C++ reducer call the process group and its Work objects
+through pybind trampolines, so every collective and ``wait`` of this backend is a Python
+frame started from C++. Under ``torch.compile`` dynamo's frame hook sees each such frame as
+a function to compile (gloo's, in C++, are invisible to it), and dynamo treats every
+``dist.ProcessGroup`` as an opaque object with a few known members (``size``, ``rank``,
+``group_name``...): compiling ``ProcessGroupHCCL.broadcast`` stopped at ``self._check`` with
+``UnsafeScriptObjectError``, a hard error, at DDP's bucket rebuild (a broadcast from the
+reducer) in the second iteration of ``torch.compile(DDP(model))``. A collective is no graph
+to capture: :class:`ProcessGroupHCCL` and :class:`~hccl.work.HcclWork` are marked
+:func:`~hpu_runtime.bridge.dynamo_skip.skip_dynamo`, so they run as a C++ backend would,
+and a compiled region around a collective is cut there (see
+:mod:`hpu_runtime.bridge.compile_backend`).
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from hpu_runtime import bridge_disabled, get_device
+from hpu_runtime.bridge.dynamo_skip import skip_dynamo
 
 from ._buffers import meta_words
 from .agreement import settings_of
@@ -48,6 +63,7 @@ class HcclError(RuntimeError):
     """The process group cannot be used (an earlier collective failed)."""
 
 
+@skip_dynamo  # NOTE [dynamo and a Python ProcessGroup]
 class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist.ProcessGroup):
     """The emulated HCCL backend for one group of ranks (shared memory inside a host; the
     time plane's schedules over shared memory and TCP between hosts, or over MPI with
@@ -228,7 +244,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs,
                 **work_args) -> HcclWork:
         """Occupy the simulated collective stream, keep the record, return the finished Work."""
-        self._device.record_collective(label, start, end, outputs)
+        self._device.record_collective(label, start, end, outputs,
+                                       args={"kind": kind, "bytes": nbytes, "algorithm": algorithm})
         rec = self._remember(CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end,
                                               algorithm=algorithm))
         return HcclWork(outputs, rec, self._device, **work_args)

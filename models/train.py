@@ -12,7 +12,8 @@ digits-images, BERT: text-mlm, GPT-2: text-lm) and the loss is the one
 ``test_accuracy``; text models the held-out ``test_loss`` (GPT-2 also ``test_perplexity``).
 
 Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun, or a launcher in
-``launchers/``), trains with ``DistributedDataParallel`` and a ``DistributedSampler``, and
+``launchers/``), trains with ``DistributedDataParallel`` and a ``DistributedSampler`` in one
+of Gaudi's execution modes (``--mode``, default from ``PT_HPU_LAZY_MODE``: :data:`MODES`), and
 reports per epoch the training loss, the held-out test accuracy, the *simulated* Gaudi step
 time split into compute, communication and exposed (non-overlapped) communication, and the
 *wall-clock* time of the epoch on this machine (labelled as such). Rank 0 writes a JSON
@@ -37,18 +38,25 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
+from hpu_runtime.bridge.config import RuntimeConfig
 from hpu_runtime.cli_args import count, real
 from hpu_runtime.files import atomic_open
-from hpu_runtime.tools.tracing import training_step
+from hpu_runtime.tools.tracing import ddp_graph_split, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
 from .zoo import check_sizes, split_batch, task_loss
 
-__all__ = ["build_parser", "main"]
+__all__ = ["MODES", "build_parser", "main"]
 
 log = logging.getLogger("models.train")
+
+MODES = ("lazy", "hpu_graphs", "eager", "compile")
+"""``--mode``: ``lazy`` (``PT_HPU_LAZY_MODE=1``); ``hpu_graphs`` (lazy, the model wrapped by
+``htcore.hpu.ModuleCacher``, as the HPU-graphs training guide recommends: forward and backward
+each replay a captured graph); ``eager`` (``PT_HPU_LAZY_MODE=0``); ``compile``
+(``PT_HPU_LAZY_MODE=0`` and ``torch.compile(DDP(model), backend="hpu_backend")``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         " (sets HCCL_TOPOLOGY; default: HCCL_TOPOLOGY or hls2)",
     )
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"], help="process-group backend")
+    p.add_argument("--mode", default=None, choices=MODES,
+                   help="execution mode (default: PT_HPU_LAZY_MODE, 1 lazy / 0 eager); compile: torch.compile with"
+                        " hpu_backend, hpu_graphs: lazy with the model in HPU graphs (ModuleCacher)")
     p.add_argument("--max-steps", type=count(0, 10**9), default=0, help="stop each epoch after this many steps (0 = all)")
     p.add_argument("--summary", default=None, help="rank 0 writes the JSON summary here")
     p.add_argument("--log-level", default="INFO")
@@ -149,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Train; return the summary dict (rank 0 also writes it to ``--summary``).
 
     Raises:
-        ValueError: bad flag values (unknown device spec, non-positive sizes).
+        ValueError: bad flag values (unknown device spec, non-positive sizes, a compile-mode
+            bucket cap below torch's first bucket).
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
@@ -169,6 +181,11 @@ def main(argv: list[str] | None = None) -> dict:
                          f" not {args.dataset!r}")
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
+    if args.mode is None:
+        args.mode = "lazy" if RuntimeConfig.from_env().lazy else "eager"
+    if args.mode == "compile":  # torch's DDPOptimizer refuses a cap below its first bucket: say so now
+        ddp_graph_split(args.bucket_cap_mb)
+    os.environ["PT_HPU_LAZY_MODE"] = "1" if args.mode in ("lazy", "hpu_graphs") else "0"
     device = hpu.reset_device(args.device_spec)
     if args.trace:
         device.enable_trace()
@@ -176,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(args.seed)
     model = build_model(args.model, args.flavour, hidden=args.hidden).to("hpu")
+    if args.mode == "hpu_graphs":
+        hpu.ModuleCacher(max_graphs=10)(model=model, inplace=True)
     ddp = DDP(
         model,
         bucket_cap_mb=args.bucket_cap_mb,
@@ -185,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
         # torch 2.13 deprecates with a warning per rank); buffers are still synced once at init
         forward_sync_buffers=False,
     )
+    stepped = torch.compile(ddp, backend="hpu_backend") if args.mode == "compile" else ddp
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     else:
@@ -213,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
             inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
-            losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
+            losses.append(training_step(stepped, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
                                          autocast=args.autocast))
             t = device.end_step()
             for k in sim:

@@ -168,7 +168,7 @@ class SimDevice:
         return self.ops.fused_kernel(name, reads, writes, flops)
 
     def append_view(self, key: object) -> None:
-        """A view op: free, but part of the pending graph's key (lazy mode and regions)."""
+        """A view op: free, but part of the pending graph's key (lazy mode, HPU-graph capture)."""
         with self.lock:
             self.launcher.append_view(key)
 
@@ -299,8 +299,9 @@ class SimDevice:
             return self.card.collective_ready_ns()
 
     def record_collective(self, label: str, start_ns: int, end_ns: int,
-                          outputs: tuple | list = (), serials: tuple | list = ()) -> None:
-        """Occupy the collective stream from ``start_ns`` to ``end_ns``.
+                          outputs: tuple | list = (), serials: tuple | list = (), args: dict | None = None) -> None:
+        """Occupy the collective stream from ``start_ns`` to ``end_ns``; ``args`` (its bytes,
+        algorithm) go into the trace span.
 
         ``outputs`` (tensors, made resident) and ``serials`` (storage serials) are what the
         collective writes: no graph that reads or writes them starts, and no host read of
@@ -310,7 +311,7 @@ class SimDevice:
         with self.lock:
             register = self.residency.register
             marks = [register(t.untyped_storage()).serial for t in outputs if isinstance(t, _Tensor)]
-            self.card.record_collective(label, start_ns, end_ns, (*marks, *serials))
+            self.card.record_collective(label, start_ns, end_ns, (*marks, *serials), args)
 
     def stream_wait(self, until_ns: int) -> None:
         """The compute stream waits for an event at ``until_ns`` (e.g. a collective's end)."""
@@ -322,6 +323,11 @@ class SimDevice:
         """Keep every host, compute and collective span from now on (for :meth:`trace_events`)."""
         with self.lock:
             self.card.enable_trace()
+
+    def disable_trace(self) -> None:
+        """Stop keeping spans; those kept so far are dropped."""
+        with self.lock:
+            self.card.disable_trace()
 
     def trace_events(self, rank: int = 0) -> list[TraceEvent]:
         """The recorded spans as :class:`~hpu_runtime.device.timeline.TraceEvent` of ``rank``."""

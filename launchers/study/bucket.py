@@ -1,7 +1,7 @@
 """The bucket-size study: which ``bucket_cap_mb`` at which scale, for one model.
 
 One traced step per (model, batch, mode, device) (:func:`hpu_runtime.tools.tracing.trace_step`,
-no data), then every study point (world size x topology x bucket cap x the other DDP and
+no data; in compile mode one per DDP cap as well, :func:`trace_key`), then every study point (world size x topology x bucket cap x the other DDP and
 Gaudi knobs) through :func:`hccl.sim.ddp_plan.plan_ddp_step` (the planner), locally with a
 progress bar or as Ray tasks. ``--live`` also runs the points that fit this machine as
 real DDP jobs (``models.train`` under torchrun or Ray) and puts their steady-state
@@ -13,14 +13,15 @@ Outputs (``write_outputs``): ``study.csv``, ``study.json`` (``rows`` and
 
 Times are simulated ns per card; ``wall_*_s`` fields are wall-clock seconds.
 
-Length: about 460 lines, over the project's 400: the study's configuration, validation, the
-point sweep, the recommendation rule and the output files are one user-facing command whose
-parts change together; the plot already comes from matplotlib and the printed table
-(``launchers.study``) from tabulate.
+Length: about 560 lines, over the project's 400: the study's configuration, validation, the
+point sweep, the recommendation rule, the output files and its command line are one user-facing
+command whose parts change together; the plot already comes from matplotlib and the printed
+table from tabulate.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import itertools
@@ -32,7 +33,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
+from hpu_runtime.cli_args import count
+
+from ._args import add_model_args, boolean, env_mode, first_mb, list_of, mb, ranks
+
+__all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "trace_key", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
 
 _MB = 1024 * 1024
@@ -83,7 +88,8 @@ class StudyConfig:
     gradient_as_bucket_view: tuple[bool, ...] = (False,)
     static_graph: tuple[bool, ...] = (False,)
     modes: tuple[str, ...] = ("lazy",)
-    """``lazy``, ``eager``, ``compile``."""
+    """Execution modes (:data:`hpu_runtime.tools.tracing.MODES`); compile mode traces one step
+    per DDP cap (:func:`trace_key`)."""
     device_specs: tuple[str, ...] = ("gaudi2",)
     precision: str = "bf16"
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
@@ -118,7 +124,7 @@ def validate(cfg: StudyConfig) -> None:
     from hccl.sim.ddp_plan import COMM_HOOKS
     from hccl.sim.topology import load_topology
     from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import MODES
+    from hpu_runtime.tools.tracing import MODES, ddp_graph_split
     from models.zoo import resolve_factory
 
     resolve_factory(cfg.model, **_model_kwargs(cfg))
@@ -146,6 +152,9 @@ def validate(cfg: StudyConfig) -> None:
     for m in cfg.modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}; known: {', '.join(MODES)}")
+    if "compile" in cfg.modes:  # torch.compile(DDP(model)) refuses a cap below its first bucket
+        for cap, first in itertools.product(cfg.bucket_caps_mb, cfg.first_bucket_mb):
+            ddp_graph_split(cap, first)
     for h in cfg.comm_hooks:
         if h not in COMM_HOOKS:
             raise ValueError(f"unknown comm hook {h!r}; known: {', '.join(COMM_HOOKS)}")
@@ -206,17 +215,31 @@ def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
     }
 
 
-def _traces(cfg: StudyConfig) -> dict:
-    from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import trace_step
-    from models.zoo import resolve_factory
+def trace_key(mode: str, device_spec: str, bucket_cap_mb: float | None, first_bucket_mb: float | None) -> tuple:
+    """Which traced step a point is planned from: one per (mode, device); in compile mode one
+    per DDP cap too, because DDPOptimizer breaks the compiled graph at DDP's bucket sizes
+    (:func:`hpu_runtime.tools.tracing.trace_step`, ``ddp_bucket_cap_mb``)."""
+    if mode == "compile":
+        return mode, device_spec, DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb, first_bucket_mb
+    return mode, device_spec
 
-    factory = resolve_factory(cfg.model, **_model_kwargs(cfg))
-    out = {}
-    for mode, dev in itertools.product(cfg.modes, cfg.device_specs):
-        out[mode, dev] = trace_step(factory, cfg.batch_size, spec=get_device_spec(dev), mode=mode,
-                                    autocast=cfg.precision == "bf16")
-    return out
+
+def _point_key(p: Point) -> tuple:
+    return trace_key(p.mode, p.device_spec, p.bucket_cap_mb, p.first_bucket_mb)
+
+
+def _trace(cfg: StudyConfig, cache: dict, key: tuple):
+    """The traced step for ``key`` (see :func:`trace_key`), traced once."""
+    if key not in cache:
+        from hpu_runtime.device.spec import get_device_spec
+        from hpu_runtime.tools.tracing import trace_step
+        from models.zoo import resolve_factory
+
+        mode, dev, *ddp = key
+        cache[key] = trace_step(resolve_factory(cfg.model, **_model_kwargs(cfg)), cfg.batch_size,
+                                spec=get_device_spec(dev), mode=mode, autocast=cfg.precision == "bf16",
+                                ddp_bucket_cap_mb=ddp[0] if ddp else None, ddp_first_bucket_mb=ddp[1] if ddp else None)
+    return cache[key]
 
 
 def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool = False,
@@ -230,10 +253,13 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
         progress: show a progress bar (tqdm) on stderr.
     """
     validate(cfg)
-    traces = _traces(cfg)
-    any_trace = next(iter(traces.values()))
-    grad_mb = sum(p.nbytes for p in any_trace.params) / _MB
+    traces: dict = {}
+    probe = _trace(cfg, traces, trace_key(cfg.modes[0], cfg.device_specs[0], cfg.bucket_caps_mb[0],
+                                          cfg.first_bucket_mb[0]))
+    grad_mb = sum(p.nbytes for p in probe.params) / _MB
     points = study_points(cfg, grad_mb)
+    for point in points:
+        _trace(cfg, traces, _point_key(point))
     model = cfg.model
     if use_ray:
         return _run_on_ray(traces, points, model, cfg.batch_size, ray_address, progress)
@@ -241,7 +267,7 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
 
     rows = []
     for point in tqdm(points, desc="planning", unit="point", disable=not progress, file=sys.stderr):
-        rows.append(plan_point(traces[point.mode, point.device_spec], point, model, cfg.batch_size))
+        rows.append(plan_point(traces[_point_key(point)], point, model, cfg.batch_size))
     return rows
 
 
@@ -261,7 +287,7 @@ def _run_on_ray(traces: dict, points: list[Point], model: str, batch_size: int, 
     try:
         remote = ray.remote(num_cpus=1)(_plan_remote)
         refs = {key: ray.put(portable(tr)) for key, tr in traces.items()}
-        pending = [remote.remote(refs[p.mode, p.device_spec], p, model, batch_size) for p in points]
+        pending = [remote.remote(refs[_point_key(p)], p, model, batch_size) for p in points]
         order = {ref: i for i, ref in enumerate(pending)}
         rows: list = [None] * len(pending)
         with tqdm(total=len(pending), desc="planning on Ray", unit="point", disable=not progress,
@@ -358,7 +384,7 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
         train = ["-m", "models.train", "--model", name, "--batch-size", str(cfg.batch_size),
                  "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", "6",
                  "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology", row["topology"],
-                 "--summary", summary]
+                 "--mode", row["mode"], "--summary", summary]
         if flavour:
             train += ["--flavour", flavour]
         if cfg.seq_len:
@@ -376,8 +402,7 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             cmd = [sys.executable, "-m", "launchers.ray", "--num-workers", n, *train]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *train]
-        env = dict(os.environ, PT_HPU_LAZY_MODE="0" if row["mode"] == "eager" else "1",
-                   PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower())
+        env = dict(os.environ, PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower())
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                               cwd=str(Path(__file__).resolve().parents[1]))
         if proc.returncode != 0:
@@ -466,3 +491,89 @@ def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
+
+
+def add_parser(sub) -> None:
+    """Add the ``bucket`` subcommand to ``sub`` (an argparse subparsers object)."""
+    from hpu_runtime.device.spec import DEVICE_SPECS
+    from hpu_runtime.tools.tracing import MODES
+
+    b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
+    add_model_args(b)
+    b.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), default=(8,))
+    b.add_argument("--bucket-cap-mb", type=list_of(mb, "--bucket-cap-mb"),
+                   default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
+    b.add_argument("--topology", type=list_of(str, "--topology"), default=("hls2",),
+                   help="hls1, hls2, hls3 or topology files, comma-separated")
+    b.add_argument("--first-bucket-mb", type=list_of(first_mb, "--first-bucket-mb"), default=(None,),
+                   help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB ('default' = 1 MB); torch 2.13 uses it"
+                        " only with DDP's default cap")
+    b.add_argument("--comm-hook", type=list_of(str, "--comm-hook"), default=("none",), help="none, fp16, bf16")
+    b.add_argument("--lazy-collectives", type=list_of(boolean, "--lazy-collectives"), nargs="?",
+                   const=(True,), default=(False,), help="PT_HPU_ENABLE_LAZY_COLLECTIVES: false,true")
+    b.add_argument("--gradient-as-bucket-view", type=list_of(boolean, "--gradient-as-bucket-view"), nargs="?",
+                   const=(True,), default=(False,))
+    b.add_argument("--static-graph", type=list_of(boolean, "--static-graph"), nargs="?", const=(True,), default=(False,))
+    b.add_argument("--mode", type=list_of(str, "--mode"), default=None,
+                   help=f"{', '.join(MODES)} (default: PT_HPU_LAZY_MODE); compile traces one step per cap")
+    b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=("gaudi2",),
+                   help=f"{', '.join(sorted(DEVICE_SPECS))}")
+    b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
+    b.add_argument("--live", action="store_true",
+                   help="also run the points whose world size fits this machine as real DDP jobs")
+    b.add_argument("--live-max-ranks", type=count(1, 4096, "ranks"), default=None,
+                   help="largest world size run live (default: this machine's cores)")
+    b.add_argument("--launcher", default="torchrun", choices=["torchrun", "ray"], help="for --live")
+    b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
+    b.add_argument("--sweep-only", action="store_true",
+                   help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
+    b.add_argument("--no-progress", action="store_true")
+
+
+def bucket_main(args: argparse.Namespace) -> dict:
+    """Run the ``bucket`` command; returns ``{"rows", "recommendation", "paths"}``.
+
+    Raises:
+        ValueError: bad input, before any work starts (:func:`run_study`
+            validates first).
+    """
+    cfg = StudyConfig(
+        model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
+        world_sizes=args.world_sizes,
+        bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology, first_bucket_mb=args.first_bucket_mb,
+        comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
+        gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
+        modes=args.mode or (env_mode(),), device_specs=args.device_spec, precision=args.precision,
+        in_the_wild=not args.sweep_only)
+    rows = run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
+                        progress=not args.no_progress)
+    if args.live:
+        limit = args.live_max_ranks or (os.cpu_count() or 1)
+        for row in rows:
+            if row["world_size"] <= limit:
+                row["live_step_ns"] = live_step_ns(cfg, row, launcher=args.launcher)
+    recs = recommend(rows)
+    paths = write_outputs(args.out, cfg, rows, recs)
+    return {"rows": rows, "recommendation": recs, "paths": paths}
+
+
+def print_result(result: dict) -> None:
+    """Print the study's table and recommendation."""
+    rows = result["rows"]
+    from tabulate import tabulate
+
+    live = any("live_step_ns" in r for r in rows)
+    table = [[r["world_size"], r["setting"] if r["setting"] != "sweep" else "", f"{r['bucket_cap_mb']:g}",
+              r["num_buckets"], r["graph_launches"], f"{r['step_ns'] / 1e6:.3f}", f"{r['exposed_comm_ns'] / 1e6:.3f}",
+              f"{r['samples_per_s_per_card']:,.0f}"] + ([f"{r['live_step_ns'] / 1e6:.3f}" if "live_step_ns" in r
+                                                         else ""] if live else [])
+             for r in rows]
+    headers = ["cards", "setting", "cap MB", "buckets", "launches", "step ms", "exposed ms", "samples/s/card"]
+    print(tabulate(table, headers=headers + (["live step ms"] if live else []), tablefmt="github"))
+    print()
+    for r in result["recommendation"]:
+        print(f"{r['world_size']} cards ({r['mode']}, {r['topology']}): best bucket_cap_mb={r['best_bucket_cap_mb']:g},"
+              f" {gain_text(r)}. {r['why']}")
+    print("\nwritten: " + ", ".join(str(p) for p in result["paths"].values()))
