@@ -15,6 +15,20 @@ mismatch between ranks (different sizes, dtypes, ops, roots or collective order)
 raises :class:`~hccl.transport.shm.PeerFailure` and a peer that never arrives raises
 :class:`~hccl.transport.shm.HcclTimeoutError` after the group's timeout. After any of
 these the group is unusable and says so.
+
+NOTE [dynamo and a Python ProcessGroup]
+torch's collectives and DDP's C++ reducer call the process group and its Work objects
+through pybind trampolines, so every collective and ``wait`` of this backend is a Python
+frame started from C++. Under ``torch.compile`` dynamo's frame hook sees each such frame as
+a function to compile (gloo's, in C++, are invisible to it), and dynamo treats every
+``dist.ProcessGroup`` as an opaque object with a few known members (``size``, ``rank``,
+``group_name``...): compiling ``ProcessGroupHCCL.broadcast`` stopped at ``self._check`` with
+``UnsafeScriptObjectError``, a hard error, at DDP's bucket rebuild (a broadcast from the
+reducer) in the second iteration of ``torch.compile(DDP(model))``. A collective is no graph
+to capture: :class:`ProcessGroupHCCL` and :class:`~hccl.work.HcclWork` are marked
+:func:`~hpu_runtime.bridge.dynamo_skip.skip_dynamo`, so they run as a C++ backend would,
+and a compiled region around a collective is cut there (see
+:mod:`hpu_runtime.bridge.compile_backend`).
 """
 
 from __future__ import annotations
@@ -26,8 +40,10 @@ import torch
 import torch.distributed as dist
 
 from hpu_runtime import bridge_disabled, get_device
+from hpu_runtime.bridge.dynamo_skip import skip_dynamo
 
 from ._buffers import meta_words
+from .agreement import settings_of
 from .collectives import CollectivesMixin
 from .composite import CompositeMixin
 from .config import HcclConfig
@@ -40,6 +56,8 @@ from .sim.variability import rank_slowdown
 from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
+from .transport.shm import HcclTimeoutError
+from .transport.tcp import ConnectionLost
 from .work import CollectiveRecord, HcclWork
 
 __all__ = ["ProcessGroupHCCL", "HcclError"]
@@ -49,15 +67,7 @@ class HcclError(RuntimeError):
     """The process group cannot be used (an earlier collective failed)."""
 
 
-def _agree(store, rank: int, value: str, what: str) -> None:
-    """Every rank of a group must have the same ``value`` of ``what``; ValueError naming both."""
-    store.set(f"hccl/agree/{rank}", value)
-    first = store.get("hccl/agree/0").decode()
-    if first != value:
-        raise ValueError(f"hccl: rank {rank} and rank 0 disagree on {what}: {value!r} vs {first!r}; "
-                         "every rank of a job must be given the same settings")
-
-
+@skip_dynamo  # NOTE [dynamo and a Python ProcessGroup]
 class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist.ProcessGroup):
     """The emulated HCCL backend for one group of ranks (shared memory inside a host; the
     time plane's schedules over shared memory and TCP between hosts, or over MPI with
@@ -81,6 +91,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     Raises:
         ValueError: a bad variable of :class:`~hccl.config.HcclConfig` (the message names
             it), or a world size the topology cannot hold.
+        SettingsMismatchError: ranks disagree on a setting they must share (NOTE
+            [settings agreement] in :mod:`hccl.agreement`), raised on every rank.
         HcclTimeoutError: peers did not rendezvous within ``timeout``.
     """
 
@@ -117,12 +129,14 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         if attempt and attempt != "0":  # torchrun --max-restarts keeps the store: the last attempt's keys are stale
             store = dist.PrefixStore(f"hccl/attempt{attempt}/", store)
+        self._store = store  # NOTE [the first failure names the cause]
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
-        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names)
+        self._names = names
+        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
+                           settings_of(self.config, self._device.spec, self.cluster))
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
-            _agree(store, rank, self.cluster.key(), "the simulated cluster (HCCL_SIM_* variables)")
             if subgroup:
                 job = job_topology or self._load_topology(job_world_size or max(global_ranks) + 1, 0)
                 self._placement = place_group(job, global_ranks)
@@ -212,16 +226,37 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             with bridge_disabled(), torch.no_grad():  # as gloo: collectives are not autograd ops
                 return fn()
         except BaseException as exc:
-            self._error = f"{what}: {exc}"
+            cause = self._first_failure(exc)
+            self._error = f"{what}: {cause or exc}"
             if self._coll is not None:
-                self._coll.abort(f"{what}: {exc}")
+                self._coll.abort(self._error)
                 self._coll.close()
+            if cause is not None:
+                raise type(exc)(cause) from exc
             raise
+
+    def _first_failure(self, exc: BaseException) -> str | None:
+        """NOTE [the first failure names the cause]: the first rank of a group to fail posts
+        why in the group's store (first writer wins) before it drops its connections. A rank
+        that then loses a connection (a peer on another host "closed its connection" only
+        because it passed the failure on) or times out reports that first failure instead.
+        Returns the message to raise instead of ``exc``'s, or None to keep ``exc``."""
+        me = self._names[self._rank]
+        try:
+            first = self._store.compare_set("hccl/first_failure", "", f"{me}\n{type(exc).__name__}\n{exc}").decode()
+        except Exception:  # noqa: BLE001 - the store may have gone with a dead rank 0: keep exc
+            return None
+        rank, kind, reason = first.split("\n", 2)
+        # a timeout is no cause of another (each names the ranks it waited for)
+        if rank == str(me) or not isinstance(exc, (ConnectionLost, HcclTimeoutError)) or kind == "HcclTimeoutError":
+            return None
+        return f"{reason} [reported by rank {rank}; rank {me} then saw: {exc}]"
 
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs,
                 **work_args) -> HcclWork:
         """Occupy the simulated collective stream, keep the record, return the finished Work."""
-        self._device.record_collective(label, start, end, outputs)
+        self._device.record_collective(label, start, end, outputs,
+                                       args={"kind": kind, "bytes": nbytes, "algorithm": algorithm})
         rec = self._remember(CollectiveRecord(seq=seq, kind=kind, nbytes=nbytes, start_ns=start, end_ns=end,
                                               algorithm=algorithm))
         return HcclWork(outputs, rec, self._device, **work_args)

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from hpu_runtime.bridge.dynamo_skip import skip_dynamo
+
 __all__ = ["CollectiveRecord", "HcclWork"]
 
 
@@ -43,6 +45,7 @@ class CollectiveRecord:
         return self.end_ns - self.start_ns
 
 
+@skip_dynamo  # NOTE [dynamo and a Python ProcessGroup] in hccl.process_group
 class HcclWork(dist.Work):
     """A finished collective (see module docstring)."""
 

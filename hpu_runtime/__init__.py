@@ -29,6 +29,9 @@ import torch
 
 from . import import_hooks
 from .api import hpu, metrics
+from .api import hpu_ops as _hpu_ops
+from .api import profiler as _profiler
+from .api import support_matrix as _support_matrix
 from .api.hpu import (
     Event,
     Stream,
@@ -98,13 +101,17 @@ __all__ = [
 
 def _register() -> None:
     """Once per process: ``torch.hpu``, ``torch.autocast("hpu")``, the ``"hpu_backend"``
-    compile backend and the ``habana_frameworks`` import hook."""
+    compile backend, the ``torch.ops.hpu`` custom ops, ``ProfilerActivity.HPU`` and the
+    ``habana_frameworks`` import hook."""
     try:
         torch._register_device_module("hpu", hpu)
     except RuntimeError:  # already registered (e.g. by a previous import under another name)
         pass
     _autocast.install()
     _compile_backend.install()
+    _hpu_ops.register()  # torch.ops.hpu.*: Gaudi's custom ops, as loading the bridge library defines them
+    _profiler.install()  # torch.profiler with ProfilerActivity.HPU records the simulated device
+    _support_matrix.install()  # FSDP / TP / DTensor warn where Intel's support matrix says "No"
     import_hooks.install()  # `import habana_frameworks` finds hpu_runtime/api/habana_frameworks
     import_hooks.warn_if_shadowed()
 

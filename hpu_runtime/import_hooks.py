@@ -4,7 +4,7 @@
 Gaudi scripts begin with ``import torch, torchvision`` and
 ``import habana_frameworks.torch.core as htcore``. The emulator's versions of the
 ``habana_frameworks`` modules live in :mod:`hpu_runtime.api.habana_frameworks` (the fixed
-top-level layout has no ``habana_frameworks/`` folder). This module installs two
+top-level layout has no ``habana_frameworks/`` folder). This module installs three
 :class:`importlib.abc.MetaPathFinder` objects, and imports only the standard library:
 
 * :class:`HabanaFrameworksFinder` answers for the top-level name ``habana_frameworks`` with
@@ -18,6 +18,10 @@ top-level layout has no ``habana_frameworks/`` folder). This module installs two
   two op schemas). Before ``_meta_registrations`` runs, the two schemas are defined *if and
   only if* torchvision's own ops did not load; after ``torchvision`` is imported,
   ``torchvision.ops.nms`` is made usable. With a working torchvision nothing changes.
+* :class:`AfterImportFinder` wraps the loading of the few modules in :data:`AFTER_IMPORT`
+  (optimum-habana's trainer, torch's FSDP / tensor-parallel / DTensor packages): after one
+  runs, the emulator's patch for it is applied (simulated-clock throughput figures; support
+  matrix warnings). Off with ``HPU_EMULATOR_HABANA_FRAMEWORKS=0``.
 
 NOTE [why finders at the end of sys.meta_path, and who installs them]
 * Never shadow a real installation: the ``habana_frameworks`` finder is *appended* to
@@ -62,6 +66,7 @@ import warnings
 __all__ = [
     "NAME",
     "HabanaFrameworksFinder",
+    "AfterImportFinder",
     "TorchvisionFinder",
     "install",
     "installed_finders",
@@ -157,18 +162,58 @@ class TorchvisionFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+class AfterImportFinder(importlib.abc.MetaPathFinder):
+    """After one of :data:`AFTER_IMPORT`'s modules loads, hand it to the emulator's patch for it:
+    optimum-habana's trainer reads the simulated clock (:mod:`hpu_runtime.api.optimum_clock`);
+    FSDP, tensor-parallel and DTensor entry points warn where Intel's support matrix marks them
+    unsupported (:mod:`hpu_runtime.api.support_matrix`). The torch modules are patched only in
+    a process that has imported ``hpu_runtime`` (no simulated Gaudi, nothing to say);
+    ``import hpu_runtime`` patches those already imported."""
+
+    _gaudi_emulator_finder = "after_import"
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
+        entry = AFTER_IMPORT.get(fullname)
+        if entry is None or os.environ.get(SWITCH, "1") == "0":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        patcher, needs_emulator = entry
+
+        def after(module) -> None:
+            if needs_emulator and "hpu_runtime" not in sys.modules:
+                return
+            mod_name, _, fn = patcher.partition(":")
+            getattr(importlib.import_module(mod_name), fn)(module)
+
+        spec.loader = _WrappedLoader(spec.loader, after=after)
+        return spec
+
+
+AFTER_IMPORT = {
+    "optimum.habana.transformers.trainer": ("hpu_runtime.api.optimum_clock:patch_trainer_module", False),
+    "torch.distributed.fsdp": ("hpu_runtime.api.support_matrix:patch_module", True),
+    "torch.distributed.tensor": ("hpu_runtime.api.support_matrix:patch_module", True),
+    "torch.distributed.tensor.parallel": ("hpu_runtime.api.support_matrix:patch_module", True),
+}
+"""Module -> (``module:function`` that patches it, only if ``hpu_runtime`` is imported)."""
+
+
 def installed_finders() -> dict[str, importlib.abc.MetaPathFinder]:
     """The emulator's finders in ``sys.meta_path``, by what they find."""
     return {getattr(f, _MARK): f for f in sys.meta_path if isinstance(getattr(f, _MARK, None), str)}
 
 
 def install() -> None:
-    """Append the two finders to ``sys.meta_path`` once per interpreter (idempotent, cheap)."""
+    """Add the finders to ``sys.meta_path`` once per interpreter (idempotent, cheap)."""
     have = installed_finders()
     if "habana_frameworks" not in have:
         sys.meta_path.append(HabanaFrameworksFinder())  # last: any real install wins
     if "torchvision" not in have:
         sys.meta_path.insert(0, TorchvisionFinder())  # first: it wraps the path finder's own spec
+    if "after_import" not in have:
+        sys.meta_path.insert(0, AfterImportFinder())  # first, for the same reason
 
 
 def _ours(where: str | None) -> bool:

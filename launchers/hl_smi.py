@@ -20,8 +20,8 @@ import sys
 
 __all__ = ["SYNAPSE_VERSION", "CARDS_PER_BOX", "main"]
 
-SYNAPSE_VERSION = "1.22.0"
-"""The SynapseAI release the emulated names follow (the release optimum-habana 1.21 validates)."""
+SYNAPSE_VERSION = "1.24.0"
+"""The SynapseAI release the emulated names follow (the release optimum-habana 1.21.2 validates, its ``CURRENTLY_VALIDATED_SYNAPSE_VERSION``; equal to the version of the ``habana-torch-plugin`` metadata distribution, ``hpu_runtime/_packaging/habana_torch_plugin``)."""
 
 CARDS_PER_BOX = 8
 """Cards in one Gaudi server (HLS-Gaudi2: 8 OAM cards, Intel Gaudi2 HLS-2 product brief)."""

@@ -12,7 +12,8 @@ digits-images, BERT: text-mlm, GPT-2: text-lm) and the loss is the one
 ``test_accuracy``; text models the held-out ``test_loss`` (GPT-2 also ``test_perplexity``).
 
 Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun, or a launcher in
-``launchers/``), trains with ``DistributedDataParallel`` and a ``DistributedSampler``, and
+``launchers/``), trains with ``DistributedDataParallel`` and a ``DistributedSampler`` in one
+of Gaudi's execution modes (``--mode``, default from ``PT_HPU_LAZY_MODE``: :data:`MODES`), and
 reports per epoch the training loss, the held-out test accuracy, the *simulated* Gaudi step
 time split into compute, communication and exposed (non-overlapped) communication, and the
 *wall-clock* time of the epoch on this machine (labelled as such). Rank 0 writes a JSON
@@ -39,36 +40,45 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
 from hccl.sim import cluster
-from hpu_runtime.tools.tracing import training_step
+from hpu_runtime.bridge.config import RuntimeConfig
+from hpu_runtime.cli_args import count, real
+from hpu_runtime.files import atomic_open
+from hpu_runtime.tools.tracing import ddp_graph_split, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
 from .zoo import check_sizes, split_batch, task_loss
 
-__all__ = ["build_parser", "main", "DEAD_RANK_EXIT"]
+__all__ = ["MODES", "build_parser", "main", "DEAD_RANK_EXIT"]
 
 DEAD_RANK_EXIT = 43
 """Exit status of a process killed by ``--dead-rank``."""
 
 log = logging.getLogger("models.train")
 
+MODES = ("lazy", "hpu_graphs", "eager", "compile")
+"""``--mode``: ``lazy`` (``PT_HPU_LAZY_MODE=1``); ``hpu_graphs`` (lazy, the model wrapped by
+``htcore.hpu.ModuleCacher``, as the HPU-graphs training guide recommends: forward and backward
+each replay a captured graph); ``eager`` (``PT_HPU_LAZY_MODE=0``); ``compile``
+(``PT_HPU_LAZY_MODE=0`` and ``torch.compile(DDP(model), backend="hpu_backend")``)."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=model_names(), help="registered model name")
     p.add_argument("--flavour", default=None, help="model flavour (e.g. debug; mlp also has large)")
-    p.add_argument("--hidden", type=int, default=None, help="override the hidden width (mlp, bert-large, gpt2)")
+    p.add_argument("--hidden", type=count(1, 1 << 20), default=None, help="override the hidden width (mlp, bert-large, gpt2)")
     p.add_argument("--dataset", default=None, choices=dataset_names(),
                    help="default: the model's own (mlp: digits, vision: digits-images, bert-large: text-mlm,"
                         " gpt2: text-lm)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample, text models (default: the flavour's)")
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--seq-len", type=count(1, 1 << 20), default=None, help="tokens per sample, text models (default: the flavour's)")
+    p.add_argument("--image-size", type=count(8, 8192, "pixels"), default=None,
                    help="pixels per side, image models (default: the flavour's, 224 full / 32 debug)")
-    p.add_argument("--eval-samples", type=int, default=0,
+    p.add_argument("--eval-samples", type=count(0, 10**9), default=0,
                    help="evaluate on at most this many held-out samples (0 = all)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
+    p.add_argument("--epochs", type=count(1, 10**6), default=5)
+    p.add_argument("--batch-size", type=count(1, 1 << 20), default=16, help="per-rank batch size")
     p.add_argument(
         "--optimizer",
         default="sgd",
@@ -76,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="sgd (default) or adam; torch's Adam reads its step counter on the host and feeds"
         " it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
     )
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size, MB")
+    p.add_argument("--lr", type=real(0.0, 100.0), default=0.05)
+    p.add_argument("--momentum", type=real(0.0, 1.0), default=0.9, help="SGD momentum")
+    p.add_argument("--seed", type=count(0, 2**63 - 1), default=0)
+    p.add_argument("--bucket-cap-mb", type=real(0.0, 1e6, "MB", lo_open=True), default=25.0, help="DDP bucket size, MB")
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--autocast", action="store_true",
@@ -93,12 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
         " (sets HCCL_TOPOLOGY; default: HCCL_TOPOLOGY or hls2)",
     )
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"], help="process-group backend")
-    p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0 = all)")
+    p.add_argument("--mode", default=None, choices=MODES,
+                   help="execution mode (default: PT_HPU_LAZY_MODE, 1 lazy / 0 eager); compile: torch.compile with"
+                        " hpu_backend, hpu_graphs: lazy with the model in HPU graphs (ModuleCacher)")
+    p.add_argument("--max-steps", type=count(0, 10**9), default=0, help="stop each epoch after this many steps (0 = all)")
     p.add_argument("--summary", default=None, help="rank 0 writes the JSON summary here")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write each rank's Chrome trace of the simulated timeline to DIR (rank 0 merges them)")
-    p.add_argument("--pg-timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--pg-timeout", type=real(0.0, 1e7, "wall seconds", lo_open=True), default=None, metavar="SECONDS",
                    help="the process group's timeout (default: torch's); a dead peer ends the job within it")
     cluster.add_arguments(p)
     return p
@@ -156,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Train; return the summary dict (rank 0 also writes it to ``--summary``).
 
     Raises:
-        ValueError: bad flag values (unknown device spec, non-positive sizes).
+        ValueError: bad flag values (unknown device spec, non-positive sizes, a compile-mode
+            bucket cap below torch's first bucket).
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
@@ -180,6 +194,11 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.update(condition.env())
     condition = cluster.from_env()  # what every rank's process group reads
     dead = condition.whatif.dead_rank if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else None
+    if args.mode is None:
+        args.mode = "lazy" if RuntimeConfig.from_env().lazy else "eager"
+    if args.mode == "compile":  # torch's DDPOptimizer refuses a cap below its first bucket: say so now
+        ddp_graph_split(args.bucket_cap_mb)
+    os.environ["PT_HPU_LAZY_MODE"] = "1" if args.mode in ("lazy", "hpu_graphs") else "0"
     device = hpu.reset_device(args.device_spec)
     if args.trace:
         device.enable_trace()
@@ -187,13 +206,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(args.seed)
     model = build_model(args.model, args.flavour, hidden=args.hidden).to("hpu")
+    if args.mode == "hpu_graphs":
+        hpu.ModuleCacher(max_graphs=10)(model=model, inplace=True)
     ddp = DDP(
         model,
         bucket_cap_mb=args.bucket_cap_mb,
         gradient_as_bucket_view=args.gradient_as_bucket_view,
         static_graph=args.static_graph,
-        broadcast_buffers=False,  # as Habana's ResNet scripts do
+        # no buffer sync in forward, as Habana's ResNet scripts do (broadcast_buffers=False, which
+        # torch 2.13 deprecates with a warning per rank); buffers are still synced once at init
+        forward_sync_buffers=False,
     )
+    stepped = torch.compile(ddp, backend="hpu_backend") if args.mode == "compile" else ddp
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     else:
@@ -228,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
             inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
-            losses.append(training_step(ddp, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
+            losses.append(training_step(stepped, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
                                          autocast=args.autocast))
             t = device.end_step()
             if condition.active and total_steps == cluster.ALIGN_STEP:
@@ -291,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
         "units": {"sim_*_ns": "simulated Gaudi nanoseconds", "wall_*_s": "wall-clock seconds on this machine"},
     }
     if rank == 0 and args.summary:
-        with open(args.summary, "w") as f:
+        with atomic_open(args.summary) as f:  # NOTE [atomic files]: a kill leaves the old summary
             json.dump(summary, f, indent=2, default=str)
         log.info("summary written to %s", args.summary)
     if args.trace:

@@ -26,6 +26,12 @@ inserts what the reducer does in a live run, through the same device code:
   the bucket views directly. Either way no device work that reads a bucket starts before
   its allreduce ends.
 
+Under ``torch.compile(DDP(model))`` (the ``compile`` mode) the trace is compiled as the live
+run is, broken by DDPOptimizer at DDP's bucket sizes (``StepTrace.ddp_split``, which must be
+this plan's): each piece's backward is a compiled region that ends before its gradients are
+ready, so the reducer's copies (eager ops) and a full bucket's allreduce run between regions,
+the allreduce overlapping the backward regions still to come.
+
 Every rank of a data-parallel job runs the same ops, so on nominal cards every rank is ready
 for a bucket's allreduce at the same simulated time; the planner is given that time for all
 ranks. With variability or slow cards the ranks differ and are replayed in lock step
@@ -48,7 +54,7 @@ from hpu_runtime.device.cost_model import op_cost
 from hpu_runtime.device.lazy_graph import OpRecord
 from hpu_runtime.device.timeline import StepTimes
 from hpu_runtime.tools.replay import replay, replay_device, run_replays
-from hpu_runtime.tools.tracing import StepTrace
+from hpu_runtime.tools.tracing import StepTrace, ddp_graph_split
 
 from .timing import collective_times
 from .topology import Topology, load_topology
@@ -197,12 +203,20 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
 
     Raises:
         ValueError: ``world_size < 1``, a topology that cannot hold ``world_size`` ranks,
-            an unknown comm hook, a bad cap, or a what-if HCL cannot run with.
+            an unknown comm hook, a bad cap, a what-if HCL cannot run with, or a compile-mode
+            trace whose graph breaks are not DDPOptimizer's for this cap (see
+            :func:`hpu_runtime.tools.tracing.trace_step`).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if comm_hook not in COMM_HOOKS:
         raise ValueError(f"unknown comm hook {comm_hook!r}; known: {', '.join(COMM_HOOKS)}")
+    if trace.mode == "compile" and trace.ddp_split != ddp_graph_split(bucket_cap_mb, first_bucket_mb):
+        # torch.compile(DDP(model)) breaks the graph at DDPOptimizer's buckets: other regions
+        raise ValueError(f"this compile-mode trace was compiled {_split_text(trace.ddp_split)}, but DDP with"
+                         f" bucket_cap_mb={bucket_cap_mb} (first bucket {first_bucket_mb or 'default'} MiB) breaks"
+                         " the graph elsewhere: trace with trace_step(..., ddp_bucket_cap_mb=bucket_cap_mb,"
+                         " ddp_first_bucket_mb=first_bucket_mb)")
     del static_graph  # same buckets and reductions as without it once the graph is known
     lazy_coll = (trace.lazy_collectives if lazy_collectives is None else lazy_collectives) and trace.mode == "lazy"
     topo = _topology(topology, world_size)
@@ -322,6 +336,12 @@ class _Replayer:
                            graphs=tuple((g.reason, g.ops, g.device_ns) for g in graphs),
                            algorithm=self.algorithms[-len(buckets) + largest] if buckets else "none",
                            samples=tuple(samples))
+
+
+def _split_text(split: tuple[int, int] | None) -> str:
+    if split is None:
+        return "as one graph (no DDP)"
+    return f"with DDPOptimizer breaks at {split[1] / _MB:g} MiB buckets (first {split[0] / _MB:g} MiB)"
 
 
 def _remap(op: OpRecord, mapping: dict[int, int]) -> OpRecord:

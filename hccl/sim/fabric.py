@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,21 @@ SAMPLE_SHIFTS = 16
 """Box shifts hashed exactly on each side of a pod boundary (NOTE [sampled contention at scale])."""
 
 _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+_RANGES: dict[str, tuple] = {
+    "tiers": (numbers.Integral, 1, 2, "(1: one switch tier, 2: leaf/spine)"),
+    "planes": (numbers.Integral, 1, 4096, "planes"),
+    "leaf_uplinks": (numbers.Integral, 1, 1 << 16, "links"),
+    "leaf_radix": (numbers.Integral, 1, 1 << 16, "ports"),
+    "nic_cards": (numbers.Integral, 1, 1024, "cards"),
+    "uplink_gbps": (numbers.Real, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "leaf_port_gbps": (numbers.Real, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "host_latency_ns": (numbers.Integral, 0, 10**9, "simulated ns (up to 1 s)"),
+}
+"""Type, inclusive range and unit of every numeric ``[fabric]`` field (as the topology's own
+fields are checked): another type (``true`` is not a port count), ``inf``, ``nan`` or a value
+out of range is refused by name."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -82,19 +98,15 @@ class Fabric:
     """Where the numbers come from."""
 
     def __post_init__(self) -> None:
-        for name in ("tiers", "planes", "leaf_uplinks", "leaf_radix", "nic_cards"):
+        for name, (kind, lo, hi, unit) in _RANGES.items():
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"fabric: {name} must be an integer >= 1, got {v!r}")
-        if self.tiers not in (1, 2):
-            raise ValueError(f"fabric: tiers must be 1 (one switch tier) or 2 (leaf/spine), got {self.tiers}")
-        for name in ("uplink_gbps", "leaf_port_gbps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"fabric: {name} must be > 0, got {getattr(self, name)!r}")
+            if isinstance(v, bool) or not isinstance(v, kind) or not lo <= v <= hi:  # NaN fails too
+                what = "an integer" if kind is numbers.Integral else "a number"
+                raise ValueError(f"fabric: {name} must be {what} in [{lo:,}, {hi:,}] {unit}, got {v!r}")
         if not isinstance(self.ecmp, bool):
             raise ValueError(f"fabric: ecmp must be true or false, got {self.ecmp!r}")
-        if not isinstance(self.host_latency_ns, int) or self.host_latency_ns < 0:
-            raise ValueError(f"fabric: host_latency_ns must be an integer >= 0, got {self.host_latency_ns!r}")
+        if not isinstance(self.source, str):
+            raise ValueError(f"fabric: source must be a string, got {self.source!r}")
 
     def check(self, topo) -> None:
         """Raise ValueError if the fabric cannot serve ``topo``'s boxes (ports or planes)."""

@@ -38,6 +38,7 @@ NOTE [slices]
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -56,6 +57,8 @@ __all__ = [
     "Schedule",
     "layout",
     "slice_elements",
+    "SLICE_MB_RANGE",
+    "check_slice_mb",
     "validate_call",
     "build_schedule",
 ]
@@ -253,6 +256,20 @@ def layout(collective: str, count: int, world_size: int, rank: int, *, root: int
     raise ValueError(f"unknown collective {collective!r}")
 
 
+SLICE_MB_RANGE = (1 / 256, 65536.0)
+"""Accepted ``PT_HCCL_SLICE_SIZE_MB``, MiB: 4 KiB (a page; HCL's own slice is 512 KB) to 64 GiB.
+Below it a large collective becomes millions of slices (a 1 MB allreduce with 1-byte slices
+took 48 s to run)."""
+
+
+def check_slice_mb(mb, name: str = "PT_HCCL_SLICE_SIZE_MB") -> float:
+    """``mb`` as a float if it is a slice size in :data:`SLICE_MB_RANGE`; else ValueError naming ``name``."""
+    lo, hi = SLICE_MB_RANGE
+    if isinstance(mb, bool) or not isinstance(mb, numbers.Real) or not lo <= mb <= hi:  # NaN fails too
+        raise ValueError(f"{name}={mb!r} must be a number of MiB in [{lo:g}, {hi:g}] (4 KiB to 64 GiB)")
+    return float(mb)
+
+
 def slice_elements(dtype_bytes: int, slice_bytes: int | None = None) -> int:
     """Elements per slice: ``PT_HCCL_SLICE_SIZE_MB`` (default 16, MiB) unless ``slice_bytes`` given."""
     if slice_bytes is None:
@@ -261,9 +278,7 @@ def slice_elements(dtype_bytes: int, slice_bytes: int | None = None) -> int:
             mb = float(raw)
         except ValueError:
             raise ValueError(f"PT_HCCL_SLICE_SIZE_MB must be a number of MB, got {raw!r}") from None
-        if mb <= 0:
-            raise ValueError(f"PT_HCCL_SLICE_SIZE_MB must be > 0, got {raw!r}")
-        slice_bytes = int(mb * (1 << 20))
+        slice_bytes = int(check_slice_mb(mb) * (1 << 20))
     return max(1, slice_bytes // dtype_bytes)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -100,22 +101,14 @@ class Topology:
         def bad(msg: str) -> None:
             raise ValueError(f"topology {self.name!r}: {msg}")
 
-        if self.world_size < 1:
-            bad(f"world size must be >= 1, got {self.world_size}")
-        for name in ("cards_per_box", "scale_out_ports_per_card", "mtu_bytes", "boxes_per_leaf", "ports_per_card"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                bad(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if not isinstance(self.scale_up_ports_per_peer, int) or self.scale_up_ports_per_peer < 0:
-            bad(f"scale_up_ports_per_peer must be an integer >= 0 (0: box peers through the leaf), "
-                f"got {self.scale_up_ports_per_peer!r}")
-        for name in ("scale_up_line_rate_gbps", "scale_out_line_rate_gbps", "reduce_bytes_per_ns"):
-            if not getattr(self, name) > 0:
-                bad(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("header_bytes", "nic_latency_ns", "switch_latency_ns"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                bad(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
-        if not self.oversubscription >= 1.0:
-            bad(f"oversubscription must be >= 1.0, got {self.oversubscription!r}")
+        for name, (kind, lo, hi, unit) in _RANGES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind) or not lo <= value <= hi:  # NaN fails too
+                what = "an integer" if kind is _INT else "a number"
+                bad(f"{name} must be {what} in [{lo:,}, {hi:,}] {unit}, got {value!r}")
+        for name in ("name", "generation", "source"):
+            if not isinstance(getattr(self, name), str):
+                bad(f"{name} must be a string, got {getattr(self, name)!r}")
         needed = math.ceil(self.world_size / self.cards_per_box)
         if self.num_boxes == 0:
             object.__setattr__(self, "num_boxes", needed)
@@ -240,6 +233,27 @@ def builtin_topologies() -> tuple[str, ...]:
 
 _FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")} - {"faults"}
 
+_INT, _NUM = numbers.Integral, numbers.Real
+_RANGES: dict[str, tuple] = {
+    "world_size": (_INT, 1, 1 << 24, "ranks"),
+    "cards_per_box": (_INT, 1, 1024, "cards"),
+    "num_boxes": (_INT, 0, 1 << 24, "boxes (0: as many as the world size needs)"),
+    "ports_per_card": (_INT, 1, 4096, "ports"),
+    "scale_up_ports_per_peer": (_INT, 0, 4096, "ports (0: box peers reach each other through the leaf)"),
+    "scale_out_ports_per_card": (_INT, 1, 4096, "ports"),
+    "scale_up_line_rate_gbps": (_NUM, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "scale_out_line_rate_gbps": (_NUM, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "mtu_bytes": (_INT, 256, 65536, "bytes (RoCE path MTUs are 256 to 4096)"),
+    "header_bytes": (_INT, 0, 4096, "bytes"),
+    "nic_latency_ns": (_INT, 0, 10**9, "simulated ns (up to 1 s)"),
+    "switch_latency_ns": (_INT, 0, 10**9, "simulated ns (up to 1 s)"),
+    "reduce_bytes_per_ns": (_NUM, 0.001, 1e6, "bytes per ns (1 MB/s to 1 PB/s)"),
+    "oversubscription": (_NUM, 1.0, 1000.0, "(1 = non-blocking)"),
+    "boxes_per_leaf": (_INT, 1, 1 << 24, "boxes"),
+}
+"""Type, inclusive range and unit of every numeric field: a topology file that gives another
+type (``true`` is not an MTU), a value out of range, ``inf`` or ``nan`` is refused by name."""
+
 
 def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
     if name_or_path in _BUILTIN:
@@ -279,6 +293,9 @@ def load_topology(name_or_path: str, world_size: int | None = None, **overrides:
             or a world size the topology cannot hold.
     """
     data, origin = _read(name_or_path)
+    if not data:
+        raise ValueError(f"{origin} is empty: give at least cards_per_box and the line rates "
+                         f"(see the built-in {', '.join(_BUILTIN)} files)")
     unknown = sorted(set(data) - _FIELDS | set(overrides) - _FIELDS)
     if unknown:
         raise ValueError(f"{origin}: unknown field(s) {', '.join(unknown)}")

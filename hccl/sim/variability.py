@@ -101,8 +101,9 @@ class Variability:
             raise ValueError(f"variability jitter must be in [0, 1), got {self.jitter!r}")
         if not 0 <= self.slow_prob < 1:
             raise ValueError(f"variability slow_prob must be in [0, 1), got {self.slow_prob!r}")
-        if not 0 <= self.slow_min <= self.slow_max:
-            raise ValueError(f"variability needs 0 <= slow_min <= slow_max, got {self.slow_min!r}, {self.slow_max!r}")
+        if not 0 <= self.slow_min <= self.slow_max <= 100:  # NaN and inf fail too
+            raise ValueError(f"variability needs 0 <= slow_min <= slow_max <= 100 (a slow step at most 101x as"
+                             f" long), got {self.slow_min!r}, {self.slow_max!r}")
 
     @property
     def active(self) -> bool:

@@ -53,8 +53,9 @@ def _number(text: str, what: str, spec: str) -> float:
         value = float(text)
     except ValueError:
         raise ValueError(f"{what} {spec!r}: {text!r} is not a number") from None
-    if not value >= 1.0:
-        raise ValueError(f"{what} {spec!r}: the factor is a slowdown and must be >= 1 (2 = twice as slow), got {text}")
+    if not 1.0 <= value <= 1000.0:  # NaN and inf fail too
+        raise ValueError(f"{what} {spec!r}: the factor is a slowdown and must be a finite number in [1, 1,000]"
+                         f" (2 = twice as slow), got {text}")
     return value
 
 

@@ -1,4 +1,6 @@
-"""The ``torch.hpu``-like API of the simulated Gaudi (also registered as ``torch.hpu``).
+"""The ``torch.hpu`` API of the simulated Gaudi (registered as ``torch.hpu``; ``habana_frameworks.torch.hpu``
+re-exports exactly these names, so transformers' ``torch.hpu.manual_seed_all`` and a script's
+``hthpu.wrap_in_hpu_graph`` reach the same objects).
 
 One simulated device per process: ``device_count()`` is 1 and ``current_device()`` is 0,
 as in a Gaudi job where each rank is bound to one card. Memory figures come from the HBM
@@ -17,6 +19,7 @@ compute stream; :meth:`Event.elapsed_time` is the difference in *simulated* mill
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import threading
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ import torch
 from ..bridge import autocast as amp
 from ..bridge.runtime import get_device
 from ..bridge.hpu_graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
+from .hpex_kernels import recompute_sdp_enabled, sdp_kernel
 
 __all__ = [
     "is_available",
@@ -56,7 +60,38 @@ __all__ = [
     "ModuleCacher",
     "wrap_in_hpu_graph",
     "amp",
+    "memory_summary",
+    "enable_dynamic_shape",
+    "disable_dynamic_shape",
+    "get_dynamic_shape_status",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_rng_state_all",
+    "set_rng_state_all",
+    "is_autocast_hpu_enabled",
+    "get_autocast_hpu_dtype",
+    "sdp_kernel",
+    "recompute_sdp_enabled",
+    "graphs",
+    "memory",
+    "metrics",
+    "random",
 ]
+
+_SUBMODULES = ("graphs", "memory", "metrics", "random")
+
+
+def __getattr__(name: str):
+    """``torch.hpu.memory``, ``.random``, ``.metrics``, ``.graphs``: Gaudi's submodules, imported on first use."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"habana_frameworks.torch.hpu.{name}")
+    raise AttributeError(f"module 'torch.hpu' has no attribute {name!r} (not emulated by the simulated Gaudi; "
+                         "hpu_runtime/api/habana_frameworks/torch/__init__.py lists what is)")
 
 
 def is_available() -> bool:
@@ -135,6 +170,91 @@ def mem_get_info(device: object = None) -> tuple[int, int]:
 def memory_stats(device: object = None) -> dict[str, int]:
     """Gaudi-style statistics: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
     return get_device().hbm.stats().as_dict()
+
+
+def memory_summary(device: object = None) -> str:
+    """The :func:`memory_stats` dictionary as a two-column text table (bytes)."""
+    from tabulate import tabulate
+
+    return tabulate(sorted(memory_stats(device).items()), headers=["statistic", "bytes"], intfmt=",")
+
+
+# ---- dynamic shapes ---------------------------------------------------------------------------
+_dynamic_shapes = True
+
+
+def enable_dynamic_shape() -> None:
+    """Gaudi's dynamic-shape support on (recorded; see :func:`get_dynamic_shape_status`)."""
+    global _dynamic_shapes
+    _dynamic_shapes = True
+
+
+def disable_dynamic_shape() -> None:
+    """Gaudi's dynamic-shape support off (recorded only: here a new input shape is a new graph
+    key and a recipe-cache miss whatever this flag says)."""
+    global _dynamic_shapes
+    _dynamic_shapes = False
+
+
+def get_dynamic_shape_status() -> bool:
+    """The last value set by :func:`enable_dynamic_shape` / :func:`disable_dynamic_shape`."""
+    return _dynamic_shapes
+
+
+# ---- random numbers: the card's generator is the host generator (tensors live on the host) ---
+def manual_seed(seed: int) -> None:
+    """Seed the card's generator (``torch.manual_seed``: one generator, see above)."""
+    torch.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every card of this process (one); transformers' ``set_seed`` calls it."""
+    torch.manual_seed(seed)
+
+
+def seed() -> None:
+    """Seed from a non-deterministic source."""
+    torch.seed()
+
+
+def seed_all() -> None:
+    torch.seed()
+
+
+def initial_seed() -> int:
+    return torch.initial_seed()
+
+
+def get_rng_state(device: object = "hpu") -> torch.Tensor:
+    """The generator state as a uint8 tensor."""
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: object = "hpu") -> None:
+    torch.set_rng_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [torch.get_rng_state()]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    """Raises: ValueError: not exactly one state (one card per process)."""
+    if len(new_states) != 1:
+        raise ValueError(f"set_rng_state_all: this process has 1 card, got {len(new_states)} states")
+    torch.set_rng_state(new_states[0])
+
+
+# ---- autocast ---------------------------------------------------------------------------------
+def is_autocast_hpu_enabled() -> bool:
+    """Whether the calling thread is inside an enabled ``torch.autocast("hpu")`` region."""
+    return amp.hpu_region() is not None
+
+
+def get_autocast_hpu_dtype() -> torch.dtype:
+    """The lower-precision dtype of the innermost ``"hpu"`` autocast region (bf16 outside one)."""
+    region = amp.hpu_region()
+    return torch.bfloat16 if region is None else region
 
 
 # ---- streams and events (see NOTE [streams and events]) --------------------------------------

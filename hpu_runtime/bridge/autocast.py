@@ -23,18 +23,139 @@ a faithful region makes of each fp32 weight a matmul uses (to bf16 in forward, i
 back to fp32 in backward) are charged once per region at the weight's first use; the casts
 of activations are not (an fp32 activation is charged as bf16 without its cast).
 Use it for timing studies and long runs of big models; keep it off to test bf16 numerics.
+
+NOTE [Gaudi's autocast op lists]
+``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST`` and ``PT_HPU_AUTOCAST_FP32_OPS_LIST`` name files
+with one op per line (optimum-habana's ``GaudiConfig`` writes them from ``autocast_bf16_ops``
+/ ``autocast_fp32_ops``); on Gaudi they replace autocast's default lists. They are read at
+the first ``"hpu"`` autocast region of the process (Gaudi reads them when the bridge loads)
+and applied to the CPU autocast that region drives, by kernels registered for the
+``AutocastCPU`` key: a listed op casts its floating inputs to the region's dtype (lower list)
+or to fp32 (fp32 list); an op CPU autocast would cast by default but neither list names runs
+in its inputs' dtypes (the promote ops ``cat``, ``stack``, ``index_copy`` keep theirs).
+Python operator names Gaudi's lists use (``iadd``, ``truediv``, ``rsub``...) map to their
+aten ops; in-place overloads are not cast. Process-wide, for the life of the process.
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.amp import autocast_mode
 
+import logging
+import warnings
+
+from torch.utils._pytree import tree_map
+
+from .config import RuntimeConfig
 from .runtime import config, get_device
 
-__all__ = ["autocast", "install"]
+log = logging.getLogger(__name__)
+
+LOWER_LIST_VAR = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
+FP32_LIST_VAR = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+_PROMOTE = frozenset({"cat", "stack", "index_copy"})
+_PYTHON_NAMES = {"iadd": "add_", "isub": "sub_", "imul": "mul_", "itruediv": "div_", "truediv": "div",
+                 "floordiv": "floor_divide", "radd": "add", "rmul": "mul"}
+_op_lists_read = False
+_library = None  # keeps the registrations alive
+
+
+def _read_list(var: str, path: str | None) -> list[str] | None:
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    except OSError as exc:
+        raise ValueError(f"{var}={path!r}: cannot read the op list ({exc})") from None
+
+
+def _overloads(name: str) -> list[str] | None:
+    """The non-mutating overloads of aten op ``name`` (qualified names), or None if no such op."""
+    try:
+        packet = getattr(torch.ops.aten, _PYTHON_NAMES.get(name, name))
+    except AttributeError:
+        return None
+    out = []
+    for ov in packet.overloads():
+        op = getattr(packet, ov)
+        if not op._schema.is_mutable:
+            out.append(op._schema.name.split("::")[1] + ("" if ov == "default" else f".{ov}"))
+    return out
+
+
+def _casting_kernel(op, to_lower: bool):
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def kernel(*args, **kwargs):
+        dtype = torch.get_autocast_dtype("cpu") if to_lower else torch.float32
+
+        def cast(x):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+                return x.to(dtype)
+            return x
+
+        with torch._C._ExcludeDispatchKeyGuard(exclude):
+            return op(*tree_map(cast, args), **tree_map(cast, kwargs))
+
+    return kernel
+
+
+def apply_op_lists() -> bool:
+    """Apply Gaudi's autocast op lists once per process (NOTE [Gaudi's autocast op lists]).
+
+    Returns:
+        whether lists were given and applied (False on every call after the first).
+
+    Raises:
+        ValueError: a list variable names a file that cannot be read.
+    """
+    global _op_lists_read, _library
+    if _op_lists_read:
+        return False
+    _op_lists_read = True
+    cfg = RuntimeConfig.from_env()  # now, not at device creation: GaudiConfig sets them late
+    lower = _read_list(LOWER_LIST_VAR, cfg.autocast_lower_precision_ops_list)
+    fp32 = _read_list(FP32_LIST_VAR, cfg.autocast_fp32_ops_list)
+    if lower is None and fp32 is None:
+        return False
+    lower, fp32 = set(lower or ()), set(fp32 or ())
+    named = {_PYTHON_NAMES.get(n, n) for n in lower | fp32}
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+        for full in torch._C._dispatch_get_all_op_names():
+            if not full.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(full, "AutocastCPU"):
+                continue
+            base = full[len("aten::"):].split(".")[0]
+            if base not in named and base not in _PROMOTE:
+                lib.impl(full[len("aten::"):], torch.library.fallthrough_kernel, "AutocastCPU")
+        for names, to_lower in ((lower, True), (fp32, False)):
+            for name in sorted(names):
+                overloads = _overloads(name)
+                if overloads is None:
+                    log.warning("hpu autocast: %r in the op lists is not an aten op; ignored", name)
+                for qual in overloads or ():
+                    base, _, ov = qual.partition(".")
+                    op = getattr(getattr(torch.ops.aten, base), ov or "default")
+                    lib.impl(qual, _casting_kernel(op, to_lower), "AutocastCPU")
+    _library = lib
+    return True
+
+__all__ = ["apply_op_lists", "autocast", "hpu_region", "install"]
 
 _installed = False
+_regions = threading.local()
+
+
+def hpu_region() -> torch.dtype | None:
+    """The dtype of the calling thread's innermost enabled ``torch.autocast("hpu")`` region, or
+    None outside one (``torch.hpu.is_autocast_hpu_enabled`` / ``get_autocast_hpu_dtype``)."""
+    stack = getattr(_regions, "stack", None)
+    return stack[-1] if stack else None
 
 
 def install() -> None:
@@ -47,12 +168,16 @@ def install() -> None:
 
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
         self._hpu_emulated = False
+        self._hpu_region = None
         if isinstance(device_type, str) and device_type.startswith("hpu"):
+            apply_op_lists()
             device_type = "cpu"
             if dtype is None:
                 dtype = torch.bfloat16
             if dtype == torch.float32:  # an fp32 "autocast" region (Lightning's precision "32")
                 enabled = False         # is plain fp32, as on Gaudi; CPU autocast would warn
+            if enabled:
+                self._hpu_region = dtype
             if enabled and dtype in (torch.bfloat16, torch.float16) and config().autocast_fp32_on_host:
                 self._hpu_emulated, enabled = True, False
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
@@ -60,11 +185,18 @@ def install() -> None:
     enter, exit_ = cls.__enter__, cls.__exit__
 
     def __enter__(self):
+        region = getattr(self, "_hpu_region", None)
+        if region is not None:
+            if not hasattr(_regions, "stack"):
+                _regions.stack = []
+            _regions.stack.append(region)
         if getattr(self, "_hpu_emulated", False):
             get_device().set_fp32_as_bf16(True)
         return enter(self)
 
     def __exit__(self, *exc):
+        if getattr(self, "_hpu_region", None) is not None:
+            _regions.stack.pop()
         if getattr(self, "_hpu_emulated", False):
             get_device().set_fp32_as_bf16(False)
         return exit_(self, *exc)

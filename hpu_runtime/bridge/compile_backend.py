@@ -1,11 +1,29 @@
-"""``torch.compile(model, backend="hpu_backend")``: an FX graph is one recipe.
+"""``torch.compile(model, backend="hpu_backend")``: forward and backward graphs, one recipe each.
+
+NOTE [compiled regions]
+As Gaudi's ``hpu_backend``, the backend hands dynamo's FX graph to AOTAutograd, which
+traces the forward and the backward into two aten graphs (functionalized, partitioned on
+what backward needs). Each graph becomes a *compiled region* (:meth:`SimDevice.compiled_region`):
+its ops run for real on the CPU with the bridge on, accumulate with no per-op host cost
+(a compiled graph is not rebuilt every iteration, unlike lazy mode) and launch together
+as one recipe, keyed by its ops (NOTE [graph key]): the first run compiles it (charged on
+the host), later runs hit the recipe cache, and what makes dynamo recompile (a guard
+failure: a new shape, a new Python constant) gives a new graph and so a new compile.
+Everything outside the compiled regions (the loss when not compiled, DDP's reducer copies,
+the optimizer) runs as the device's mode says: op by op in eager mode
+(``PT_HPU_LAZY_MODE=0``, where Gaudi supports ``hpu_backend``), accumulated in lazy mode.
+
+Under ``torch.compile(DDP(model))`` dynamo's DDPOptimizer
+(``torch/_dynamo/backends/distributed.py``) splits the forward graph at DDP's bucket
+boundaries and compiles each piece with this backend: each piece has its own forward and
+backward region, so a bucket's gradients are ready (and its allreduce starts on the
+collective stream) while the earlier pieces' backward regions still run, as on Gaudi. A
+collective issued inside a region (compiled autograd's, see
+:mod:`habana_frameworks.torch.dynamo.compile_backend.experimental`) launches the ops
+before it, as any collective launches the graph producing its input.
 
 Dynamo traces with the bridge's dispatch mode switched off (the mode declares
-``ignore_compile_internals``) and runs the compiled artifact with it on. The artifact runs
-the FX graph's ops for real on the CPU inside :meth:`SimDevice.compiled_region`, so the
-whole graph is keyed, cached and launched as one recipe with no per-op host cost (a compiled
-region does not rebuild its graph every iteration, unlike lazy mode). The backward pass of
-a compiled forward runs op by op through the bridge, as Gaudi's eager mode would.
+``ignore_compile_internals``) and runs the compiled artifact with it on.
 
 Registration is lazy because importing ``torch._dynamo`` takes about a second: the backend
 is registered when ``torch.compile`` is first called (:func:`install` wraps it), or at once
@@ -18,29 +36,66 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 
 import torch
 
 from .runtime import get_device
 
-__all__ = ["BACKEND_NAME", "hpu_backend", "install", "register"]
+__all__ = ["BACKEND_NAME", "FORWARD", "BACKWARD", "hpu_backend", "install", "register"]
 
 BACKEND_NAME = "hpu_backend"
+FORWARD = "torch.compile forward"
+"""Label of a forward (or inference) region, in traces and graph logs."""
+BACKWARD = "torch.compile backward"
+"""Label of a backward region."""
 
 _registered = False
 _installed = False
+_warned_lazy = False
+
+
+def _region(label: str):
+    """An AOTAutograd compiler: the aten graph runs as one compiled region named ``label``."""
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        forward = gm.forward
+        ca = sys.modules.get("torch._dynamo.compiled_autograd")
+        name = BACKWARD if ca is not None and ca.in_compiled_autograd_region else label  # compiled autograd
+
+        def run(args: list):
+            with get_device().compiled_region(name):
+                return forward(*args)
+
+        run._boxed_call = True  # AOTAutograd passes the arguments as one list
+        return run
+
+    return compile_graph
+
+
+_COMPILERS = {"fw_compiler": _region(FORWARD), "bw_compiler": _region(BACKWARD),
+              "inference_compiler": _region(FORWARD),
+              "keep_inference_input_mutations": True}  # in-place updates stay in the recipe
 
 
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs, **_options):
-    """Dynamo backend: returns a callable running ``gm`` as one simulated recipe."""
-    forward = gm.forward
+    """Dynamo backend: forward and backward through AOTAutograd, each graph one simulated
+    recipe (NOTE [compiled regions]). Options (``torch.compile(options=...)``, e.g. Gaudi's
+    ``inference``, ``keep_input_mutations``) are accepted and ignored.
 
-    @functools.wraps(forward)
-    def run(*args):
-        with get_device().compiled_region("torch.compile"):
-            return forward(*args)
+    Warns once when the device is in lazy mode: Gaudi's support matrix runs ``hpu_backend``
+    with ``PT_HPU_LAZY_MODE=0`` only (row "torch.compile(backend="hpu_backend")"); here the
+    ops outside compiled regions then accumulate as lazy mode does.
+    """
+    global _warned_lazy
+    from torch._dynamo.backends.common import aot_autograd
 
-    return run
+    if get_device().lazy and not _warned_lazy:
+        _warned_lazy = True
+        warnings.warn('hpu_backend in lazy mode: the Gaudi PyTorch support matrix lists torch.compile(backend='
+                      '"hpu_backend") for PT_HPU_LAZY_MODE=0 only; set PT_HPU_LAZY_MODE=0 to run as Gaudi does',
+                      stacklevel=2)
+    return aot_autograd(**_COMPILERS)(gm, example_inputs)
 
 
 def register() -> None:

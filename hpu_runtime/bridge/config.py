@@ -167,6 +167,11 @@ class RuntimeConfig:
     autocast_fp32_on_host: bool = False
     """``PT_HPU_AUTOCAST_FP32_ON_HOST``: ``autocast("hpu")`` regions compute in fp32 on the
     host and are charged as bf16 (NOTE [fp32 on the host, bf16 on the device])."""
+    autocast_lower_precision_ops_list: str | None = None
+    """``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST``: a file naming, one per line, the ops autocast
+    runs in bf16/fp16 (NOTE [Gaudi's autocast op lists] in :mod:`hpu_runtime.bridge.autocast`)."""
+    autocast_fp32_ops_list: str | None = None
+    """``PT_HPU_AUTOCAST_FP32_OPS_LIST``: a file naming the ops autocast runs in fp32 (same note)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_compound_ops, int) or isinstance(self.max_compound_ops, bool) \
@@ -206,6 +211,8 @@ class RuntimeConfig:
             place_on_cpu=frozenset(n for n in names if n),
             log_fallback=level <= 1 and _bool(env, "ENABLE_CONSOLE", False),
             autocast_fp32_on_host=_bool(env, "PT_HPU_AUTOCAST_FP32_ON_HOST", False),
+            autocast_lower_precision_ops_list=env.get("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", "").strip() or None,
+            autocast_fp32_ops_list=env.get("PT_HPU_AUTOCAST_FP32_OPS_LIST", "").strip() or None,
         )
 
     @property

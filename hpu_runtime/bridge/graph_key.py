@@ -1,7 +1,8 @@
 """Graph keys: what makes two lazy-mode graphs "the same recipe".
 
 NOTE [graph key]
-A launched graph is keyed by the sequence of its ops, each as ``(op, signature)`` where the
+A launched graph is keyed by the sequence of its ops, each as ``(op name, signature)`` (the
+name, e.g. ``"aten.addmm.default"``: a string hashes faster than the op object) where the
 signature holds, per argument, ``(shape, dtype)`` for a tensor and the value itself for
 anything else (Python scalars, int lists, dtypes, devices, ``None``). So, as on Gaudi:
 
@@ -32,9 +33,17 @@ _Generator = torch.Generator
 _ScriptObject = torch.ScriptObject
 
 
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})
+"""Argument types that are their own signature, checked first: ``isinstance`` against
+``torch.ScriptObject`` runs a Python metaclass hook (about a microsecond per argument)."""
+
+
 def _item(a: object) -> object:
     if isinstance(a, _Tensor):
         return (a.shape, a.dtype)
+    if type(a) in _PLAIN:
+        return a
     if isinstance(a, (list, tuple)):
         return tuple((x.shape, x.dtype) if isinstance(x, _Tensor) else x for x in a)
     if isinstance(a, (_Generator, _ScriptObject)):
@@ -44,7 +53,7 @@ def _item(a: object) -> object:
 
 def op_signature(args: tuple, kwargs: dict) -> tuple:
     """Hashable signature of one op's arguments (see NOTE [graph key])."""
-    sig = [_item(a) for a in args]
+    sig = [(a.shape, a.dtype) if isinstance(a, _Tensor) else _item(a) for a in args]
     if kwargs:
         for k, v in kwargs.items():
             if v is not None:
@@ -61,12 +70,24 @@ def output_signature(out: object) -> tuple:
     return ()
 
 
+_ENTRY_TEXT: dict = {}
+_ENTRY_TEXT_LIMIT = 1 << 16
+
+
 def graph_digest(spec_name: str, key: tuple) -> bytes:
-    """Stable SHA-256 of a graph key for ``spec_name`` (the same in every process)."""
-    h = hashlib.sha256(spec_name.encode())
-    h.update(b"\0")
-    h.update(repr(key).encode())
-    return h.digest()
+    """Stable SHA-256 of a graph key for ``spec_name`` (the same in every process): of the
+    ``repr`` of each entry, one per line. Entries recur from graph to graph (a graph that
+    recompiles every step for a new constant differs in a few), so their text is kept."""
+    texts = _ENTRY_TEXT
+    if len(texts) >= _ENTRY_TEXT_LIMIT:
+        texts.clear()
+    parts = [spec_name.encode()]
+    for entry in key:
+        text = texts.get(entry)
+        if text is None:
+            text = texts[entry] = repr(entry).encode()
+        parts.append(text)
+    return hashlib.sha256(b"\n".join(parts)).digest()
 
 
 def recipe_name(digest: bytes, n_ops: int) -> str:

@@ -22,6 +22,7 @@ import collections
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .dispatch import bridge_disabled
 from .runtime import get_device
@@ -93,12 +94,14 @@ class graph:  # noqa: N801 - torch.hpu.graph, used as `with hpu.graph(g):`
         self.hpu_graph.capture_end()
 
 
-def _flatten(out: object) -> tuple[torch.Tensor, ...]:
-    if isinstance(out, torch.Tensor):
-        return (out,)
-    if isinstance(out, (list, tuple)):
-        return tuple(o for o in out if isinstance(o, torch.Tensor))
-    raise TypeError(f"HPU graphs need tensor outputs, got {type(out).__name__}")
+def _flatten(out: object) -> tuple[list, object, tuple[torch.Tensor, ...]]:
+    """``(leaves, spec, tensors)`` of an output pytree (a tensor, tuples, dicts, transformers'
+    ``ModelOutput``...): the graph replays the tensor leaves, the others are constants."""
+    leaves, spec = tree_flatten(out)
+    tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
+    if not tensors:
+        raise TypeError(f"HPU graphs need tensor outputs, got {type(out).__name__} without tensors")
+    return leaves, spec, tensors
 
 
 def _graphed(fn: Callable, sample_args: tuple, params: list[torch.nn.Parameter],
@@ -112,8 +115,7 @@ def _graphed(fn: Callable, sample_args: tuple, params: list[torch.nn.Parameter],
     fwd = HPUGraph()
     with graph(fwd):
         static_out_raw = fn(*static_in)
-    single = isinstance(static_out_raw, torch.Tensor)
-    static_out = _flatten(static_out_raw)
+    out_leaves, out_spec, static_out = _flatten(static_out_raw)
     diff_in = [t for t in (*static_in, *params) if t.requires_grad]
     needs_bwd = torch.is_grad_enabled() and bool(diff_in) and any(o.requires_grad for o in static_out)
     bwd = None
@@ -167,7 +169,8 @@ def _graphed(fn: Callable, sample_args: tuple, params: list[torch.nn.Parameter],
         else:
             with torch.no_grad():
                 outs = Graphed.forward(None, *args, *params)
-        return outs[0] if single else outs
+        it = iter(outs)
+        return tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in out_leaves], out_spec)
 
     run.forward_graph = fwd
     run.backward_graph = bwd
@@ -214,8 +217,10 @@ def _key_item(v: object) -> object:
 class ModuleCacher:
     """Caches one graphed forward/backward per input signature of a module (LRU, ``max_graphs``).
 
-    Use as on Gaudi: ``ModuleCacher(max_graphs=10)(model=model, inplace=True)``. Non-tensor
-    and keyword arguments are allowed; they are part of the cache key (with tensor shapes,
+    Use as on Gaudi: ``ModuleCacher(max_graphs=10)(model=model, inplace=True)``. Tensors may
+    be positional or keyword arguments, or inside lists and dicts (each is a graph input, copied
+    in at replay); outputs may be any pytree of tensors (tuples, dicts, transformers'
+    ``ModelOutput``). Non-tensor arguments are part of the cache key (with tensor shapes,
     dtypes, ``requires_grad``, grad mode and ``model.training``). A new key captures new
     graphs; beyond ``max_graphs`` the least recently used entry is evicted. The wrapped model
     also gets Gaudi's ``set_iteration_count(n)``, ``capture_start()`` and ``capture_end()``,
@@ -246,19 +251,23 @@ class ModuleCacher:
         cacher = self
 
         def forward(*args, **kwargs):
+            if get_device().launcher.capture is not None:  # called inside another capture (a model
+                return original(*args, **kwargs)         # wrapped twice): its ops join that graph
             key = (_key_item(args), _key_item(kwargs), torch.is_grad_enabled(), model.training)
             entry = cacher.cache.get(key)
+            leaves, spec = tree_flatten((args, kwargs))  # tensors anywhere, keyword ones included
             if entry is None:
-                positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                positions = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
 
-                def fn(*tensors, _args=args, _kwargs=kwargs):
-                    full = list(_args)
-                    for i, t in zip(positions, tensors):
+                def fn(*tensors, _leaves=leaves, _spec=spec, _positions=positions):
+                    full = list(_leaves)
+                    for i, t in zip(_positions, tensors):
                         full[i] = t
-                    return original(*full, **_kwargs)
+                    call_args, call_kwargs = tree_unflatten(full, _spec)
+                    return original(*call_args, **call_kwargs)
 
                 params = [p for p in model.parameters() if p.requires_grad]
-                entry = (_graphed(fn, tuple(args[i] for i in positions), params, warmup_iters=0), positions)
+                entry = (_graphed(fn, tuple(leaves[i] for i in positions), params, warmup_iters=0), positions)
                 cacher.cache[key] = entry
                 cacher.captures += 1
                 if len(cacher.cache) > cacher.max_graphs:
@@ -267,7 +276,7 @@ class ModuleCacher:
             else:
                 cacher.cache.move_to_end(key)
             run, positions = entry
-            return run(*(args[i] for i in positions))
+            return run(*(leaves[i] for i in positions))
 
         model.forward = forward
         # Gaudi's cacher adds these for gradient accumulation and manual capture; here every

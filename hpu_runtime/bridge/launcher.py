@@ -117,8 +117,10 @@ class Launcher:
             self.launch("max_compound_op_size")
 
     def append_view(self, key: object) -> None:
-        """A view op: free, but part of the pending graph's key (lazy mode and regions)."""
-        if self.lazy or self.region is not None:
+        """A view op: free, but part of the pending graph's key in lazy mode and in an HPU-graph
+        capture. Not in a compiled region: its views are fixed by its graph (and AOTAutograd's
+        first run of a graph adds ``detach`` views that later runs do not make)."""
+        if (self.lazy and self.region is None) or self.capture is not None:
             self._keys.append(key)
             if self.log is not None:
                 self.log.append(("view", key))

@@ -10,6 +10,18 @@ fall back to the CPU, fused kernels (the ``hpex`` optimizers) and the casts an e
 bf16 autocast region charges (NOTE [fp32 on the host, bf16 on the device] in
 :mod:`hpu_runtime.bridge.autocast`).
 
+NOTE [HBM before host]
+An op's outputs are checked against the simulated HBM before the host allocates them
+(:meth:`OpAccounting.check_outputs`, called by the dispatch mode before it runs the op): an
+output larger than the free HBM raises
+:class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` without touching host memory, even
+when its inputs are small (``ones(1).expand(30_000_000_000).contiguous()``, an outer product,
+a broadcast). The output size comes from running the op once on ``meta`` tensors (no
+storage) the first time an (op, signature) is seen, then from a memo: the steady-state cost
+is one dictionary lookup per op, and the signature is computed once for both the check and
+:meth:`OpAccounting.record`. Ops without a meta kernel, or whose output shape depends on the
+data (``nonzero``), are checked after they ran, when their outputs become resident.
+
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.
 """
@@ -33,7 +45,7 @@ from .fallback import FallbackPolicy
 from .graph_key import op_signature, output_signature
 from .launcher import Launcher
 
-__all__ = ["FP32_AUTOCAST_OPS", "OpAccounting", "OpInfo", "func_flags"]
+__all__ = ["FP32_AUTOCAST_OPS", "OpAccounting", "OpFacts", "OpInfo", "op_facts"]
 
 _Tensor = torch.Tensor
 _aten = torch.ops.aten
@@ -53,19 +65,76 @@ _NOT_DEVICE_WORK = frozenset({"profiler", "prim", "c10d"})
 C++ backend (a "gloo" group beside "hccl") reach the dispatcher as ``c10d`` ops, which are
 no compute-stream work; "hccl" records its own collectives on the collective stream."""
 
-_FUNC_FLAGS: dict = {}
+@dataclass(frozen=True, slots=True)
+class OpFacts:
+    """What the bridge needs to know about one op overload, whatever its arguments."""
+
+    func: object
+    """The ``torch._ops.OpOverload``."""
+    name: str
+    """``"aten.addmm.default"``: the op's entry in graph keys (a string hashes in C; an
+    OpOverload's ``__hash__`` is Python code)."""
+    ignored: bool
+    """Bookkeeping, not device work (:data:`_NOT_DEVICE_WORK`)."""
+    view: bool
+    allocates: bool
+    """Its outputs are new storages (not a view, not in place, not ``out=``)."""
+    dynamic: bool
+    """Its output shape depends on the data (``nonzero``)."""
+    keeps_fp32: bool
+    """In :data:`FP32_AUTOCAST_OPS`."""
 
 
-def func_flags(func) -> tuple[bool, bool, bool, bool]:
-    """(ignored, is_view, allocates_outputs, dynamic_output_shape) of an op overload, cached."""
-    flags = _FUNC_FLAGS.get(func)
-    if flags is None:
-        ignored = func.namespace in _NOT_DEVICE_WORK
+_FACTS: dict[int, OpFacts] = {}
+
+
+def op_facts(func) -> OpFacts:
+    """The :class:`OpFacts` of an op overload, computed once (looked up by ``id``: op
+    overloads live as long as the process; a dead one's id is caught by the identity check)."""
+    facts = _FACTS.get(id(func))
+    if facts is None or facts.func is not func:
         view = bool(func.is_view)
         aliased = any(r.alias_info is not None for r in func._schema.returns)
-        dynamic = torch.Tag.dynamic_output_shape in func.tags
-        flags = _FUNC_FLAGS[func] = (ignored, view, not view and not aliased, dynamic)
-    return flags
+        facts = _FACTS[id(func)] = OpFacts(
+            func=func, name=str(func), ignored=func.namespace in _NOT_DEVICE_WORK, view=view,
+            allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
+            keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS)
+    return facts
+
+
+_FLOAT = float  # stands for any float argument in a cost key
+_MEMO_LIMIT = 1 << 16
+
+
+def _cost_key(facts: OpFacts, sig: tuple, out: object, low: bool) -> tuple:
+    """A key for an op's cost that leaves out float arguments (a learning rate, Adam's bias
+    corrections: new values every step, same cost) but keeps the output shapes (an
+    ``arange`` with float bounds)."""
+    return (facts.name, low, output_signature(out),
+            tuple(_FLOAT if type(x) is float else
+                  tuple(_FLOAT if type(y) is float else y for y in x) if type(x) is tuple else x for x in sig))
+
+
+_OUT_BYTES_LIMIT = 100_000
+_META = torch.device("meta")
+
+
+def _meta_output_bytes(func, args: tuple, kwargs: dict) -> int:
+    """Bytes of storage ``func``'s outputs allocate, from a run on ``meta`` tensors (no data,
+    no host memory); 0 when it cannot tell (no meta kernel, or one that needs the data)."""
+    def meta(x):
+        if isinstance(x, _Tensor):
+            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=_META)
+        if isinstance(x, (list, tuple)):
+            return type(x)(meta(y) for y in x)
+        return x
+
+    try:
+        out = func(*[meta(a) for a in args],
+                   **{k: _META if k == "device" else meta(v) for k, v in kwargs.items()})
+        return sum(o.untyped_storage().nbytes() for o in out_tensors(out))
+    except Exception:  # noqa: BLE001 - checked after the op instead (NOTE [HBM before host])
+        return 0
 
 
 @dataclass(slots=True)
@@ -126,27 +195,53 @@ class OpAccounting:
         self.fp32_as_bf16 = False  # see NOTE [fp32 on the host, bf16 on the device] in autocast
         self._fp32_as_bf16_until_mark_step = False
         self._emulated_casts: set[int] = set()  # weights whose casts this region has charged
-        self._memo: dict = {}
+        self._memo: dict = {}  # graph-key entry -> OpInfo
+        self._costs: dict = {}  # cost key (float arguments left out) -> OpInfo
+        self._out_bytes: dict = {}  # (op, signature) -> bytes its outputs allocate (NOTE [HBM before host])
         self._in_kernel = 0  # > 0 inside fused_kernel(): the host ops are not charged one by one
 
-    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:
-        """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the hot path)."""
-        flags = _FUNC_FLAGS.get(func) or func_flags(func)
-        if flags[0] or self._in_kernel:
-            return
+    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:
+        """Before ``func`` runs: raise if its outputs would not fit in the free HBM (NOTE [HBM
+        before host]); returns the op's signature for :meth:`record` (None: not computed).
+
+        Raises:
+            HPUOutOfMemoryError: the outputs would not fit; nothing was allocated.
+        """
+        facts = _FACTS.get(id(func))
+        if facts is None or facts.func is not func:
+            facts = op_facts(func)
+        if facts.ignored or not facts.allocates or facts.dynamic or self._in_kernel:
+            return None
         sig = op_signature(args, kwargs)
-        low = self.fp32_as_bf16 and func._overloadpacket not in FP32_AUTOCAST_OPS
-        mk = (func, sig, "fp32-as-bf16") if low else (func, sig)
+        key = (facts.name, sig)
+        nbytes = self._out_bytes.get(key)
+        if nbytes is None:
+            if len(self._out_bytes) >= _OUT_BYTES_LIMIT:
+                self._out_bytes.clear()
+            nbytes = self._out_bytes[key] = _meta_output_bytes(func, args, kwargs)
+        hbm = self.residency.hbm
+        if nbytes > hbm.free_bytes:
+            hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
+        return sig
+
+    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:
+        """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the hot path; see
+        NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`); ``sig``: its
+        signature if :meth:`check_outputs` computed it."""
+        facts = _FACTS.get(id(func))
+        if facts is None or facts.func is not func:
+            facts = op_facts(func)
+        if facts.ignored or self._in_kernel:
+            return
+        if sig is None:
+            sig = op_signature(args, kwargs)
+        low = self.fp32_as_bf16 and not facts.keeps_fp32
+        mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
         info = self._memo.get(mk)
         if info is None:
-            _, view, allocates, dynamic = flags
-            info = OpInfo(cost=op_cost(self.spec, func, args, kwargs, out, low), view=view,
-                          allocates=allocates, dynamic=dynamic,
-                          fallback=not view and self.fallback.falls_back(func, _dtypes(args, kwargs, out)))
-            if not dynamic:
-                self._memo[mk] = info
+            info = self._op_info(facts, mk, args, kwargs, out, low)
         if info.dynamic:
-            mk = (func, sig, output_signature(out))
+            mk = (facts.name, sig, output_signature(out))
         with self.lock:
             if info.view:
                 self.launcher.append_view(mk)
@@ -162,7 +257,7 @@ class OpAccounting:
                 self._charge_weight_casts(args)
             reads = []
             rg = False  # autograd will record this op: its outputs are activations it may keep
-            for a in (*args, *kwargs.values()):
+            for a in (*args, *kwargs.values()) if kwargs else args:
                 if isinstance(a, _Tensor):
                     rg = rg or a.requires_grad
                     ref = resident.get(id(a.untyped_storage()))
@@ -179,7 +274,7 @@ class OpAccounting:
             writes = []
             allocates = info.allocates
             register = self.residency.register
-            for o in out_tensors(out):
+            for o in (out,) if isinstance(out, _Tensor) else out_tensors(out):
                 st = o.untyped_storage()
                 ref = register(st) if allocates else resident.get(id(st))
                 writes.append((-1 if ref is None else ref.serial, charged_nbytes(o, low) if low else o.nbytes,
@@ -188,6 +283,22 @@ class OpAccounting:
             if launcher.capture is not None:
                 launcher.capture.append((func, args, kwargs, out, allocates))
             launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes)))
+
+    def _op_info(self, facts: OpFacts, mk: tuple, args: tuple, kwargs: dict, out: object, low: bool) -> OpInfo:
+        """The :class:`OpInfo` of a graph-key entry not seen yet (priced once per cost key)."""
+        ck = _cost_key(facts, mk[1], out, low)
+        info = self._costs.get(ck)
+        if info is None:
+            func = facts.func
+            info = self._costs[ck] = OpInfo(
+                cost=op_cost(self.spec, func, args, kwargs, out, low), view=facts.view,
+                allocates=facts.allocates, dynamic=facts.dynamic,
+                fallback=not facts.view and self.fallback.falls_back(func, _dtypes(args, kwargs, out)))
+        if not facts.dynamic:
+            if len(self._memo) >= _MEMO_LIMIT:  # new float constants every step (Adam) must not pile up
+                self._memo.clear()
+            self._memo[mk] = info
+        return info
 
     def _cpu_fallback(self, func, args, kwargs, out, cost: OpCost) -> None:
         """The op ran "on the CPU": launch, wait, copy inputs down, run on host, copy back."""

@@ -111,6 +111,7 @@ class SimDevice:
                                 fallback if fallback is not None else FallbackPolicy(), self.lock)
         # The bridge's hot path, bound on the instance so a dispatched op costs no extra call.
         self.record = self.ops.record
+        self.check_outputs = self.ops.check_outputs
 
     # ---- residency and HBM -------------------------------------------------------------------
     def is_resident(self, t: torch.Tensor) -> bool:
@@ -151,10 +152,15 @@ class SimDevice:
                 self.launcher.log.append(("h2d", nbytes))
 
     # ---- ops and graphs ----------------------------------------------------------------------
-    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:  # shadowed in __init__
+    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:  # shadowed
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the bridge's hot
         path; see :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`)."""
-        self.ops.record(func, args, kwargs, out)
+        self.ops.record(func, args, kwargs, out, sig)
+
+    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:  # shadowed in __init__
+        """Raise ``HPUOutOfMemoryError`` before ``func`` runs if its outputs would not fit (see
+        :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`)."""
+        return self.ops.check_outputs(func, args, kwargs)
 
     def fused_kernel(self, name: str, reads, writes, flops: int):
         """Run the body's tensor ops uncharged and charge them as one fused TPC kernel (the
@@ -162,7 +168,7 @@ class SimDevice:
         return self.ops.fused_kernel(name, reads, writes, flops)
 
     def append_view(self, key: object) -> None:
-        """A view op: free, but part of the pending graph's key (lazy mode and regions)."""
+        """A view op: free, but part of the pending graph's key (lazy mode, HPU-graph capture)."""
         with self.lock:
             self.launcher.append_view(key)
 
@@ -293,8 +299,9 @@ class SimDevice:
             return self.card.collective_ready_ns()
 
     def record_collective(self, label: str, start_ns: int, end_ns: int,
-                          outputs: tuple | list = (), serials: tuple | list = ()) -> None:
-        """Occupy the collective stream from ``start_ns`` to ``end_ns``.
+                          outputs: tuple | list = (), serials: tuple | list = (), args: dict | None = None) -> None:
+        """Occupy the collective stream from ``start_ns`` to ``end_ns``; ``args`` (its bytes,
+        algorithm) go into the trace span.
 
         ``outputs`` (tensors, made resident) and ``serials`` (storage serials) are what the
         collective writes: no graph that reads or writes them starts, and no host read of
@@ -304,7 +311,7 @@ class SimDevice:
         with self.lock:
             register = self.residency.register
             marks = [register(t.untyped_storage()).serial for t in outputs if isinstance(t, _Tensor)]
-            self.card.record_collective(label, start_ns, end_ns, (*marks, *serials))
+            self.card.record_collective(label, start_ns, end_ns, (*marks, *serials), args)
 
     def stream_wait(self, until_ns: int) -> None:
         """The compute stream waits for an event at ``until_ns`` (e.g. a collective's end)."""
@@ -316,6 +323,11 @@ class SimDevice:
         """Keep every host, compute and collective span from now on (for :meth:`trace_events`)."""
         with self.lock:
             self.card.enable_trace()
+
+    def disable_trace(self) -> None:
+        """Stop keeping spans; those kept so far are dropped."""
+        with self.lock:
+            self.card.disable_trace()
 
     def trace_events(self, rank: int = 0) -> list[TraceEvent]:
         """The recorded spans as :class:`~hpu_runtime.device.timeline.TraceEvent` of ``rank``."""

@@ -170,10 +170,11 @@ class Card:
         :meth:`now_ns`."""
         return self.now_ns()
 
-    def record_collective(self, label: str, start_ns: int, end_ns: int, serials: Sequence[int] = ()) -> None:
+    def record_collective(self, label: str, start_ns: int, end_ns: int, serials: Sequence[int] = (),
+                          args: dict | None = None) -> None:
         """Occupy the collective stream from ``start_ns`` to ``end_ns``; ``serials`` are the
-        storages it writes."""
-        self.collective.run(start_ns, end_ns - start_ns, label)
+        storages it writes; ``args`` (bytes, algorithm) go into its trace span."""
+        self.collective.run(start_ns, end_ns - start_ns, label, args)
         self.collective.free_ns = max(self.collective.free_ns, end_ns)
         ready_after = self.ready_after
         for serial in serials:
@@ -274,6 +275,10 @@ class Card:
             self.trace = []
             self.compute.trace = self.trace
             self.collective.trace = self.trace
+
+    def disable_trace(self) -> None:
+        """Stop keeping spans (the profiler turns tracing on for its window only)."""
+        self.trace = self.compute.trace = self.collective.trace = None
 
     def trace_events(self, rank: int = 0) -> list[TraceEvent]:
         """The recorded spans as :class:`~hpu_runtime.device.timeline.TraceEvent` of ``rank``."""

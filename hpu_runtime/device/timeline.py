@@ -30,15 +30,17 @@ class Stream:
     intervals: list[tuple[int, int, str]] = field(default_factory=list)
     trace: list | None = None
 
-    def run(self, ready_ns: int, duration_ns: int, label: str) -> tuple[int, int]:
-        """Enqueue work ready at ``ready_ns``; returns its (start, end) in simulated ns."""
+    def run(self, ready_ns: int, duration_ns: int, label: str, args: dict | None = None) -> tuple[int, int]:
+        """Enqueue work ready at ``ready_ns``; returns its (start, end) in simulated ns.
+        ``args`` (e.g. a collective's bytes) go into the trace span."""
         start = max(ready_ns, self.free_ns)
         end = start + duration_ns
         self.free_ns = end
         if duration_ns > 0:
             self.intervals.append((start, end, label))
             if self.trace is not None:
-                self.trace.append((self.name, start, duration_ns, label))
+                self.trace.append((self.name, start, duration_ns, label) if args is None
+                                  else (self.name, start, duration_ns, label, args))
         return start, end
 
 

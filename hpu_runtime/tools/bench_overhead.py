@@ -6,7 +6,12 @@ process, one intra-op thread, batch 32 on 8 x 8 digits-shaped inputs. The two va
 alternate in rounds and the median per-step time of each is reported, so load from other
 processes affects both alike. Times here are *wall-clock* on this machine, not simulated::
 
-    python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048]
+    python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048] [--breakdown]
+
+``--breakdown`` says where the time goes: the plain step under a torch-function mode and a
+dispatch mode that do nothing (torch's own cost of a Python mode, which any bridge built on
+them pays per call and per aten op), against the bridge's step; the rest is the bridge's
+own work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import statistics
 import sys
 import time
 
-__all__ = ["measure", "main"]
+from ..cli_args import count
+
+__all__ = ["breakdown", "measure", "main"]
 
 
 def _step_fn(hidden: int, *, bridge: bool, batch: int):
@@ -53,6 +60,16 @@ def _step_fn(hidden: int, *, bridge: bool, batch: int):
     return step
 
 
+def _time_steps(step, steps: int) -> float:
+    """Wall seconds per step of ``steps`` steps, after 3 untimed ones."""
+    for _ in range(3):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps
+
+
 def _time(step, steps: int, *, bridge: bool) -> float:
     import hpu_runtime as hpu
 
@@ -61,18 +78,13 @@ def _time(step, steps: int, *, bridge: bool) -> float:
     else:
         hpu.deactivate()
     try:
-        for _ in range(3):
-            step()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return (time.perf_counter() - t0) / steps
+        return _time_steps(step, steps)
     finally:
         hpu.activate()
 
 
-def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
-    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio."""
+def _steps(hidden: int, batch: int):
+    """A fresh device, and the plain and the bridged step of the MLP of width ``hidden``."""
     import hpu_runtime as hpu
 
     hpu.reset_device("gaudi2")
@@ -80,6 +92,12 @@ def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -
     plain_step = _step_fn(hidden, bridge=False, batch=batch)
     hpu.activate()
     bridge_step = _step_fn(hidden, bridge=True, batch=batch)
+    return plain_step, bridge_step
+
+
+def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
+    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio."""
+    plain_step, bridge_step = _steps(hidden, batch)
     plain, bridged = [], []
     for _ in range(rounds):
         plain.append(_time(plain_step, steps, bridge=False))
@@ -88,12 +106,59 @@ def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -
     return {"hidden": hidden, "plain_s": p, "bridge_s": b, "ratio": b / p}
 
 
+def _noop_modes():
+    """A torch-function mode and a dispatch mode that only pass every call on."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoopFunctionMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class NoopDispatchMode(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # as the bridge's: no per-call dynamo wrapper
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return NoopFunctionMode, NoopDispatchMode
+
+
+def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
+    """Median wall seconds per step: plain, under no-op Python modes, and with the bridge."""
+    import contextlib
+
+    import hpu_runtime as hpu
+
+    plain_step, bridge_step = _steps(hidden, batch)
+    fmode, dmode = _noop_modes()
+    variants = {"plain": (), "no-op function mode": (fmode,), "no-op dispatch mode": (dmode,),
+                "both no-op modes": (fmode, dmode)}
+    times: dict[str, list[float]] = {name: [] for name in (*variants, "bridge")}
+    for _ in range(rounds):
+        for name, modes in variants.items():
+            hpu.deactivate()
+            try:
+                with contextlib.ExitStack() as stack:
+                    for mode in modes:
+                        stack.enter_context(mode())
+                    times[name].append(_time_steps(plain_step, steps))
+            finally:
+                hpu.activate()
+        times["bridge"].append(_time(bridge_step, steps, bridge=True))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpu_runtime.tools.bench_overhead", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 2048])
+    parser.add_argument("--steps", type=count(1, 10**6), default=30, help="timed steps per round")
+    parser.add_argument("--rounds", type=count(1, 1000), default=3, help="alternating rounds (median reported)")
+    parser.add_argument("--batch", type=count(1, 1 << 20), default=32)
+    parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the plain step under no-op Python modes (the floor of any Python-mode bridge)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -107,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         r = measure(hidden, steps=args.steps, rounds=args.rounds, batch=args.batch)
         name = "digits MLP" if hidden == 128 else f"MLP hidden {hidden}"
         print(f"{name:<22}{r['plain_s'] * 1e3:>15.3f}{r['bridge_s'] * 1e3:>16.3f}{r['ratio']:>7.2f}x")
+    if args.breakdown:
+        for hidden in args.hidden:
+            b = breakdown(hidden, steps=args.steps, rounds=args.rounds, batch=args.batch)
+            print(f"\nwhere the time goes, MLP hidden {hidden} (wall-clock ms per step, x plain):")
+            for name, sec in b.items():
+                print(f"  {name:<22}{sec * 1e3:>9.3f}{sec / b['plain']:>7.2f}x")
     return 0
 
 

@@ -38,43 +38,39 @@ from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
 from .replay import replay_device
 
-__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_parameters", "portable", "trace_step",
-           "training_step"]
+__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "portable",
+           "trace_step", "training_step"]
 
 MODES = ("lazy", "eager", "compile")
 """Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
-(forward and backward as compiled regions: one recipe each with no per-op host cost, the
-optimizer eager)."""
+(``PT_HPU_LAZY_MODE=0`` with the model compiled by ``hpu_backend``: its forward and backward
+graphs are compiled regions, one recipe each with no per-op host cost; the loss, DDP's
+reducer and the optimizer eager; see :mod:`hpu_runtime.bridge.compile_backend`)."""
 
 
 def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer, *,
-                  autocast: bool = False, compiled: bool = False) -> torch.Tensor:
+                  autocast: bool = False) -> torch.Tensor:
     """One training step on the simulated Gaudi; returns the loss (detached, on the device).
 
     Args:
-        model: the (DDP-wrapped or plain) model, its parameters on ``"hpu"``.
+        model: the (DDP-wrapped or plain) model, its parameters on ``"hpu"``; in the
+            ``"compile"`` mode, the ``torch.compile``'d model (its graphs run as compiled
+            regions, see :mod:`hpu_runtime.bridge.compile_backend`).
         inputs: host tensors; each is copied to the device (``.to("hpu")``, charged as PCIe).
         loss_fn: ``loss_fn(model(*inputs)) -> scalar loss``.
         optimizer: any ``torch.optim`` optimizer over the model's parameters.
         autocast: forward and loss under ``torch.autocast("hpu", dtype=torch.bfloat16)``,
             as Habana's ``--autocast`` recipes run (see :mod:`hpu_runtime.bridge.autocast`).
-        compiled: forward+loss and backward each run as one compiled region (the
-            ``"compile"`` mode of :data:`MODES`).
     """
     from ..api.hpu import mark_step
 
     device = get_device()
-
-    def region(label: str):
-        return device.compiled_region(label) if compiled else contextlib.nullcontext()
-
     dev = [t.to("hpu") for t in inputs]
-    with region("torch.compile forward"), torch.autocast("hpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast("hpu", dtype=torch.bfloat16, enabled=autocast):
         loss = loss_fn(model(*dev))
     device.mark(("phase", "forward_end"))
     optimizer.zero_grad(set_to_none=True)
-    with region("torch.compile backward"):
-        loss.backward()
+    loss.backward()
     device.mark(("phase", "backward_end"))
     mark_step()
     optimizer.step()
@@ -122,6 +118,9 @@ class StepTrace:
         frozen: names of parameters that do not require grad (DDP skips them).
         peak_hbm_bytes: simulated HBM high-water mark over the traced steps, bytes.
         wall_s: wall-clock seconds the trace took on this machine.
+        ddp_split: compile mode under DDP: the ``(first_bucket_bytes, bucket_bytes)`` at
+            which DDPOptimizer broke the model's graph (see :func:`trace_step`); None: one
+            graph (no DDP, or another mode).
     """
 
     spec: DeviceSpec
@@ -134,13 +133,14 @@ class StepTrace:
     frozen: list[str] = field(default_factory=list)
     peak_hbm_bytes: int = 0
     wall_s: float = 0.0
+    ddp_split: tuple[int, int] | None = None
 
 
 def portable(trace: StepTrace) -> StepTrace:
     """A copy of ``trace`` that pickles (to ship to other processes, e.g. Ray tasks).
 
-    Graph-key entries hold torch op objects, which do not pickle; they only identify
-    recipes, so each distinct entry becomes a distinct int. Timing is unchanged.
+    Graph-key entries only identify recipes, and may hold arguments that do not pickle (a
+    user op's objects), so each distinct entry becomes a distinct int. Timing is unchanged.
     """
     ids: dict = {}
     events = []
@@ -232,7 +232,8 @@ def _optimizer(name: str, params, lr: float, momentum: float):
 
 def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: DeviceSpec,
                mode: str = "lazy", lazy_collectives: bool = False, optimizer: str = "sgd",
-               lr: float = 0.05, momentum: float = 0.9, autocast: bool = False) -> StepTrace:
+               lr: float = 0.05, momentum: float = 0.9, autocast: bool = False,
+               ddp_bucket_cap_mb: float | None = None, ddp_first_bucket_mb: float | None = None) -> StepTrace:
     """Trace one steady-state training step of ``factory(batch_size)`` without data.
 
     Args:
@@ -244,14 +245,23 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         lazy_collectives: recorded in the trace for the planner.
         optimizer: one of :data:`OPTIMIZERS` (``"sgd"``: momentum, as ``models.train``).
         autocast: bf16 autocast of forward and loss (as :func:`training_step`).
+        ddp_bucket_cap_mb: compile mode only: the model is compiled as
+            ``torch.compile(DDP(model, bucket_cap_mb=...), backend="hpu_backend")`` compiles
+            it, broken by DDPOptimizer at these bucket boundaries (MiB; its first bucket is
+            ``ddp_first_bucket_mb``, default ``dist._DEFAULT_FIRST_BUCKET_BYTES``). None:
+            one graph, as without DDP. The planner needs a trace made for its cap.
+        ddp_first_bucket_mb: see ``ddp_bucket_cap_mb``.
 
     Returns:
         The :class:`StepTrace`; compile costs are left out (a steady-state step hits the
         recipe cache).
 
     Raises:
-        ValueError: unknown mode or optimizer, non-positive batch, or a factory that does
-            not return ``(nn.Module, tuple of tensors, callable)``.
+        ValueError: unknown mode or optimizer, non-positive batch, a factory that does not
+            return ``(nn.Module, tuple of tensors, callable)``, a DDP cap outside compile
+            mode or one smaller than its first bucket (DDPOptimizer refuses it), a model
+            torch.compile leaves uncompiled under DDP (one of torch's own modules, e.g. a bare
+            ``nn.Sequential``), or a compile-mode model of which dynamo compiled nothing.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -259,6 +269,9 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
+    split = ddp_graph_split(ddp_bucket_cap_mb, ddp_first_bucket_mb) if ddp_bucket_cap_mb is not None else None
+    if split is not None and mode != "compile":
+        raise ValueError(f"ddp_bucket_cap_mb breaks compiled graphs; it needs mode 'compile', not {mode!r}")
     wall0 = time.perf_counter()
     dev = replay_device(spec, mode, fallback=config().fallback)
     with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
@@ -287,7 +300,8 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                 dev.mark(("grad_ready", i))
 
             handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
-            run = _step_runner(mode, model, inputs, loss_fn, opt, autocast)
+            stepped = _compiled(model, split) if mode == "compile" else model
+            run = _step_runner(stepped, inputs, loss_fn, opt, autocast)
             with _fake_tensors_look_real():
                 run()  # warm-up: optimizer state
                 dev.begin_step()
@@ -296,6 +310,8 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                 run()
                 dev.end_step()
             events, dev.log = dev.log, None
+            if mode == "compile" and not any(ev[0] == "region" for ev in events):
+                raise ValueError("compile mode: dynamo compiled no graph of this model")
             for h in handles:
                 h.remove()
         finally:
@@ -304,10 +320,61 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
                         grad_serial=grad_serial.get(i, -1)) for i, (n, p) in enumerate(named)]
     return StepTrace(spec=spec, mode=mode, lazy_collectives=lazy_collectives, batch_size=batch_size, autocast=autocast,
                      events=events, params=params, frozen=frozen, peak_hbm_bytes=dev.hbm.peak_bytes,
-                     wall_s=time.perf_counter() - wall0)
+                     wall_s=time.perf_counter() - wall0, ddp_split=split)
 
 
-def _step_runner(mode: str, model, inputs, loss_fn, opt, autocast: bool) -> Callable[[], None]:
+def ddp_graph_split(bucket_cap_mb: float | None, first_bucket_mb: float | None = None) -> tuple[int, int]:
+    """``(first_bucket_bytes, bucket_bytes)`` at which DDPOptimizer breaks a model compiled under
+    ``DDP(model, bucket_cap_mb=...)``: DDP's ``bucket_bytes_cap`` (``bucket_cap_mb`` MiB, None:
+    DDP's default 25 MiB) and ``dist._DEFAULT_FIRST_BUCKET_BYTES`` when DDPOptimizer is made
+    (``first_bucket_mb`` MiB, None: torch's value), as ``torch/_dynamo/convert_frame.py`` builds it.
+
+    Raises:
+        ValueError: a non-positive size, or a first bucket larger than the cap (torch's
+            DDPOptimizer raises an AssertionError for it: "First bucket should be
+            smaller/equal to other buckets").
+    """
+    import torch.distributed as dist
+
+    mb = 1024 * 1024
+    cap = 25.0 if bucket_cap_mb is None else bucket_cap_mb
+    for name, v in (("bucket_cap_mb", cap), ("first_bucket_mb", first_bucket_mb)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{name} must be > 0, got {v!r}")
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES if first_bucket_mb is None else int(first_bucket_mb * mb)
+    if first > int(cap * mb):
+        raise ValueError(f"torch.compile of a DDP model needs bucket_cap_mb ({cap:g} MiB) >= the first bucket"
+                         f" ({first / mb:g} MiB, dist._DEFAULT_FIRST_BUCKET_BYTES): torch's DDPOptimizer refuses"
+                         " a smaller cap")
+    return first, int(cap * mb)
+
+
+def _compiled(model: torch.nn.Module, split: tuple[int, int] | None):
+    """``model`` compiled as the live step compiles it: ``hpu_backend``, behind DDPOptimizer's
+    graph breaks when ``split`` is given. Dynamo's caches are reset first (every traced model
+    is a new object: its compiled code would otherwise pile up to dynamo's recompile limit,
+    after which dynamo silently stops compiling)."""
+    import torch._dynamo
+
+    from ..bridge.compile_backend import hpu_backend
+
+    torch._dynamo.reset()
+    backend = hpu_backend
+    if split is not None:
+        from torch._dynamo import trace_rules
+        from torch._dynamo.backends.distributed import DDPOptimizer
+
+        if trace_rules.check(type(model).forward):
+            raise ValueError(f"under DDP, torch.compile leaves {type(model).__name__} uncompiled: dynamo skips the"
+                             " forward of torch's own modules (torch/nn) when DDP calls it; wrap the model in a"
+                             " module of your own")
+
+        backend = DDPOptimizer(bucket_bytes_cap=split[1], backend_compile_fn=hpu_backend,
+                               first_bucket_cap=split[0]).compile_fn
+    return torch.compile(model, backend=backend)
+
+
+def _step_runner(model, inputs, loss_fn, opt, autocast: bool) -> Callable[[], None]:
     def fresh_inputs() -> tuple:  # a new host batch every step, as a data loader gives
         bridge.deactivate()  # the bridge only: the fake mode below it stays on
         try:
@@ -315,5 +382,4 @@ def _step_runner(mode: str, model, inputs, loss_fn, opt, autocast: bool) -> Call
         finally:
             bridge.activate()
 
-    return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast,
-                                 compiled=mode == "compile")
+    return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast)

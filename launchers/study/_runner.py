@@ -15,16 +15,19 @@ import sys
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-__all__ = ["trace_steps", "run_points", "write_files", "study_topology"]
+__all__ = ["trace_steps", "run_points", "write_files", "save_figure", "study_topology"]
 
 
-def trace_steps(model: str, keys: Sequence[tuple[int, str, str]], *, seq_len: int | None = None,
+def trace_steps(model: str, keys: Sequence[tuple], *, seq_len: int | None = None,
                 image_size: int | None = None, precision: str = "bf16", **config) -> dict:
-    """One traced training step per ``(batch, mode, device)`` in ``keys`` (no data; each once);
-    ``config``: fields of the model's config (e.g. ``hidden``, ``layers``).
+    """One traced training step per key in ``keys`` (no data; each once): ``(batch, mode,
+    device)``, or ``(batch, "compile", device, bucket_cap_mb, first_bucket_mb)`` for a step
+    compiled as under DDP with that cap (DDPOptimizer breaks the graph at DDP's buckets:
+    :func:`hpu_runtime.tools.tracing.trace_step`'s ``ddp_bucket_cap_mb``); ``config``: fields of
+    the model's config (e.g. ``hidden``, ``layers``).
 
     Raises:
-        ValueError: an unknown model, config field or device.
+        ValueError: an unknown model, config field or device, or a cap DDPOptimizer refuses.
     """
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import trace_step
@@ -33,10 +36,12 @@ def trace_steps(model: str, keys: Sequence[tuple[int, str, str]], *, seq_len: in
     kwargs = {k: v for k, v in (("seq_len", seq_len), ("image_size", image_size)) if v is not None} | config
     factory = resolve_factory(model, **kwargs)
     out = {}
-    for batch, mode, dev in keys:
-        if (batch, mode, dev) not in out:
-            out[batch, mode, dev] = trace_step(factory, batch, spec=get_device_spec(dev), mode=mode,
-                                               autocast=precision == "bf16")
+    for key in keys:
+        if key not in out:
+            batch, mode, dev, *ddp = key
+            out[key] = trace_step(factory, batch, spec=get_device_spec(dev), mode=mode, autocast=precision == "bf16",
+                                  ddp_bucket_cap_mb=ddp[0] if ddp else None,
+                                  ddp_first_bucket_mb=ddp[1] if ddp else None)
     return out
 
 
@@ -106,17 +111,28 @@ def write_files(out_dir: str | Path, *, rows: list[dict], fields: Sequence[str],
     """``study.csv`` (``fields``; lists space-separated), ``study.json`` (``config``, ``rows``,
     ``units`` and ``extra``'s keys), ``study.png`` (``plot(path)``) and the summary
     (``(file name, markdown)``) in ``out_dir``; returns the paths by kind."""
+    from hpu_runtime.files import atomic_open, atomic_write
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "study.csv", "json": out / "study.json", "png": out / "study.png",
              "md": out / summary[0]}
-    with open(paths["csv"], "w", newline="") as f:
+    # NOTE [atomic files] (hpu_runtime/files.py): a kill leaves each output old or new, never torn
+    with atomic_open(paths["csv"], newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in r.items()})
-    with open(paths["json"], "w") as f:
+    with atomic_open(paths["json"]) as f:
         json.dump({"config": config, "rows": rows, **extra, "units": units}, f, indent=1, default=str)
     plot(paths["png"])
-    paths["md"].write_text(summary[1])
+    atomic_write(paths["md"], summary[1])
     return paths
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write a matplotlib figure as PNG, whole or not at all (NOTE [atomic files])."""
+    from hpu_runtime.files import atomic_open
+
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)

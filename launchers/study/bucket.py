@@ -1,7 +1,7 @@
 """The bucket-size study: which ``bucket_cap_mb`` at which scale, for one model.
 
 One traced step per (model, batch, mode, device) (:func:`hpu_runtime.tools.tracing.trace_step`,
-no data), then every study point (world size x topology x bucket cap x the other DDP and
+no data; in compile mode one per DDP cap as well, :func:`trace_key`), then every study point (world size x topology x bucket cap x the other DDP and
 Gaudi knobs) through :func:`hccl.sim.ddp_plan.plan_ddp_step` (the planner), locally with a
 progress bar or as Ray tasks. ``--live`` also runs the points that fit this machine as
 real DDP jobs (``models.train`` under torchrun or Ray) and puts their steady-state
@@ -36,11 +36,12 @@ from pathlib import Path
 from hccl.sim import cluster
 from hccl.sim.cluster import Cluster
 from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
+from hpu_runtime.cli_args import count
 
-from ._args import add_fabric_arg, add_model_args, boolean, env_mode, first_mb, list_of, positive_float, positive_int
-from ._runner import run_points, study_topology, trace_steps, write_files
+from ._args import add_fabric_arg, add_model_args, boolean, env_mode, first_mb, list_of, mb, ranks
+from ._runner import run_points, save_figure, study_topology, trace_steps, write_files
 
-__all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "run_study", "recommend",
+__all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "trace_key", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
 
 _MB = 1024 * 1024
@@ -91,7 +92,8 @@ class StudyConfig:
     gradient_as_bucket_view: tuple[bool, ...] = (False,)
     static_graph: tuple[bool, ...] = (False,)
     modes: tuple[str, ...] = ("lazy",)
-    """``lazy``, ``eager``, ``compile``."""
+    """Execution modes (:data:`hpu_runtime.tools.tracing.MODES`); compile mode traces one step
+    per DDP cap (:func:`trace_key`)."""
     device_specs: tuple[str, ...] = ("gaudi2",)
     precision: str = "bf16"
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
@@ -132,7 +134,7 @@ def validate(cfg: StudyConfig) -> None:
     from hccl.sim.ddp_plan import COMM_HOOKS
     from hccl.sim.topology import load_topology
     from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import MODES
+    from hpu_runtime.tools.tracing import MODES, ddp_graph_split
     from models.zoo import resolve_factory
 
     resolve_factory(cfg.model, **_model_kwargs(cfg))
@@ -160,6 +162,9 @@ def validate(cfg: StudyConfig) -> None:
     for m in cfg.modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}; known: {', '.join(MODES)}")
+    if "compile" in cfg.modes:  # torch.compile(DDP(model)) refuses a cap below its first bucket
+        for cap, first in itertools.product(cfg.bucket_caps_mb, cfg.first_bucket_mb):
+            ddp_graph_split(cap, first)
     for h in cfg.comm_hooks:
         if h not in COMM_HOOKS:
             raise ValueError(f"unknown comm hook {h!r}; known: {', '.join(COMM_HOOKS)}")
@@ -239,6 +244,20 @@ def mean_times(plan):
                                for f in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "host_ns")})
 
 
+def trace_key(mode: str, device_spec: str, bucket_cap_mb: float | None, first_bucket_mb: float | None) -> tuple:
+    """Which traced step a point is planned from: one per (mode, device); in compile mode one
+    per DDP cap too, because DDPOptimizer breaks the compiled graph at DDP's bucket sizes
+    (:func:`hpu_runtime.tools.tracing.trace_step`, ``ddp_bucket_cap_mb``)."""
+    if mode == "compile":
+        return mode, device_spec, DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb, first_bucket_mb
+    return mode, device_spec
+
+
+def _runner_key(cfg: StudyConfig, p: Point) -> tuple:
+    """``p``'s trace in :func:`._runner.trace_steps`' keys: ``(batch, *trace_key)``."""
+    return (cfg.batch_size, *trace_key(p.mode, p.device_spec, p.bucket_cap_mb, p.first_bucket_mb))
+
+
 def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool = False,
               progress: bool = True) -> list[dict]:
     """Trace and plan every point; returns the table rows (planned only).
@@ -250,13 +269,16 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
         progress: show a progress bar (tqdm) on stderr.
     """
     validate(cfg)
-    traces = trace_steps(cfg.model, [(cfg.batch_size, m, d) for m in cfg.modes for d in cfg.device_specs],
-                         seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision)
-    any_trace = next(iter(traces.values()))
-    grad_mb = sum(p.nbytes for p in any_trace.params) / _MB
+    trace_kw = dict(seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision)
+    probe = (cfg.batch_size, *trace_key(cfg.modes[0], cfg.device_specs[0], cfg.bucket_caps_mb[0],
+                                        cfg.first_bucket_mb[0]))
+    traces = trace_steps(cfg.model, [probe], **trace_kw)
+    grad_mb = sum(p.nbytes for p in traces[probe].params) / _MB
     points = study_points(cfg, grad_mb)
-    return run_points(points, lambda p: (cfg.batch_size, p.mode, p.device_spec), traces,
-                      functools.partial(_plan, cfg), progress=progress, use_ray=use_ray, ray_address=ray_address)
+    traces |= trace_steps(cfg.model, [k for k in dict.fromkeys(_runner_key(cfg, p) for p in points)
+                                      if k not in traces], **trace_kw)
+    return run_points(points, functools.partial(_runner_key, cfg), traces, functools.partial(_plan, cfg),
+                      progress=progress, use_ray=use_ray, ray_address=ray_address)
 
 
 def _plan(cfg: StudyConfig, trace, point: Point) -> dict:
@@ -342,7 +364,7 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
         train = ["-m", "models.train", "--model", name, "--batch-size", str(cfg.batch_size),
                  "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", str(steps),
                  "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology", row["topology"],
-                 "--summary", summary]
+                 "--mode", row["mode"], "--summary", summary]
         if flavour:
             train += ["--flavour", flavour]
         if cfg.seq_len:
@@ -360,8 +382,8 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             cmd = [sys.executable, "-m", "launchers.ray", "--num-workers", n, *train]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *train]
-        env = dict(os.environ, PT_HPU_LAZY_MODE="0" if row["mode"] == "eager" else "1",
-                   PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower(), **cfg.condition.env())
+        env = dict(os.environ, PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower(),
+                   **cfg.condition.env())
         if cfg.fabric == "ideal":
             raise ValueError("--live runs the topology's own fabric: leave out --fabric ideal")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
@@ -411,6 +433,7 @@ def gain_text(rec: dict) -> str:
 def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     import matplotlib
 
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -435,18 +458,19 @@ def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     ax1.legend(fontsize=8)
     fig.suptitle(f"{cfg.model}, batch {cfg.batch_size}/card: bucket-size study (simulated Gaudi)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def add_parser(sub) -> None:
     """Add the ``bucket`` subcommand to ``sub`` (an argparse subparsers object)."""
     from hpu_runtime.device.spec import DEVICE_SPECS
+    from hpu_runtime.tools.tracing import MODES
 
     b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
     add_model_args(b)
-    b.add_argument("--world-sizes", type=list_of(positive_int, "--world-sizes"), default=(8,))
-    b.add_argument("--bucket-cap-mb", type=list_of(positive_float, "--bucket-cap-mb"),
+    b.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), default=(8,))
+    b.add_argument("--bucket-cap-mb", type=list_of(mb, "--bucket-cap-mb"),
                    default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
     b.add_argument("--topology", type=list_of(str, "--topology"), default=("hls2",),
                    help="hls1, hls2, hls3 or topology files, comma-separated")
@@ -459,15 +483,15 @@ def add_parser(sub) -> None:
     b.add_argument("--gradient-as-bucket-view", type=list_of(boolean, "--gradient-as-bucket-view"), nargs="?",
                    const=(True,), default=(False,))
     b.add_argument("--static-graph", type=list_of(boolean, "--static-graph"), nargs="?", const=(True,), default=(False,))
-    b.add_argument("--mode", type=list_of(str, "--mode"), default=None, help="lazy, eager, compile (default:"
-                   " PT_HPU_LAZY_MODE)")
+    b.add_argument("--mode", type=list_of(str, "--mode"), default=None,
+                   help=f"{', '.join(MODES)} (default: PT_HPU_LAZY_MODE); compile traces one step per cap")
     b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=("gaudi2",),
                    help=f"{', '.join(sorted(DEVICE_SPECS))}")
     b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
     b.add_argument("--live", action="store_true",
                    help="also run the points whose world size fits this machine as real DDP jobs")
-    b.add_argument("--live-max-ranks", type=positive_int, default=None,
+    b.add_argument("--live-max-ranks", type=count(1, 4096, "ranks"), default=None,
                    help="largest world size run live (default: this machine's cores)")
     b.add_argument("--launcher", default="torchrun", choices=["torchrun", "ray"], help="for --live")
     b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -475,7 +499,7 @@ def add_parser(sub) -> None:
     b.add_argument("--sweep-only", action="store_true",
                    help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
     add_fabric_arg(b)
-    b.add_argument("--steps", type=positive_int, default=8, help="steps planned per point when the cluster varies")
+    b.add_argument("--steps", type=count(1, 10_000, "steps"), default=8, help="steps planned per point when the cluster varies")
     cluster.add_arguments(b, variability="on")
     b.add_argument("--no-progress", action="store_true")
 
@@ -500,7 +524,7 @@ def bucket_main(args: argparse.Namespace) -> dict:
     if args.live:
         limit = args.live_max_ranks or (os.cpu_count() or 1)
         for row in rows:
-            if row["world_size"] <= limit and row["mode"] != "compile":
+            if row["world_size"] <= limit:
                 row["live_step_ns"] = live_step_ns(cfg, row, launcher=args.launcher)
     recs = recommend(rows)
     paths = write_outputs(args.out, cfg, rows, recs)

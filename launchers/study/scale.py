@@ -40,8 +40,10 @@ from hccl.sim import cluster
 from hccl.sim.cluster import Cluster
 from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 
-from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, positive_float, positive_int
-from ._runner import run_points, study_topology, trace_steps, write_files
+from hpu_runtime.cli_args import count, real
+
+from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, mb, ranks
+from ._runner import run_points, save_figure, study_topology, trace_steps, write_files
 
 __all__ = ["ScaleConfig", "add_parser", "scale_main", "run_scale", "plan_world_size", "print_result", "CAUSES"]
 
@@ -183,9 +185,12 @@ def run_scale(cfg: ScaleConfig, *, progress: bool = True) -> list[dict]:
     """Validate, trace, plan every world size; the rows with efficiency and its causes."""
     validate(cfg)
     batches = sorted({cfg.batch_at(n) for n in cfg.world_sizes})
-    traces = trace_steps(cfg.model, [(b, cfg.mode, cfg.device_spec) for b in batches], seq_len=cfg.seq_len,
-                         image_size=cfg.image_size, precision=cfg.precision)
-    by_batch = {b: traces[b, cfg.mode, cfg.device_spec] for b in batches}
+    # compile mode: the step compiled as under DDP with this cap (DDPOptimizer's graph breaks)
+    ddp = (cfg.bucket_cap_mb, cfg.first_bucket_mb) if cfg.mode == "compile" else ()
+    keys = {b: (b, cfg.mode, cfg.device_spec, *ddp) for b in batches}
+    traces = trace_steps(cfg.model, list(keys.values()), seq_len=cfg.seq_len, image_size=cfg.image_size,
+                         precision=cfg.precision)
+    by_batch = {b: traces[keys[b]] for b in batches}
     sizes = sorted(cfg.world_sizes)
     rows = run_points(sizes, lambda n: "all", {"all": by_batch}, functools.partial(_plan, cfg), progress=progress,
                       desc="world sizes")
@@ -293,7 +298,7 @@ def _plot(path: Path, cfg: ScaleConfig, rows: list[dict]) -> None:
     ax.legend(fontsize=8, loc="lower left")
     ax.set_title(f"{cfg.model} on {cfg.topology} ({cfg.device_spec}): scaling efficiency and where it goes")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -301,18 +306,18 @@ def add_parser(sub) -> None:
     """Add the ``scale`` subcommand to ``sub`` (an argparse subparsers object)."""
     s = sub.add_parser("scale", help="per-card throughput and efficiency from few cards to many, and where it goes")
     add_model_args(s, batch_required=False)
-    s.add_argument("--global-batch", type=positive_int, default=None,
+    s.add_argument("--global-batch", type=count(1, 1 << 30, "samples"), default=None,
                    help="keep the global batch instead: the per-card batch is GLOBAL / cards")
-    s.add_argument("--world-sizes", type=list_of(positive_int, "--world-sizes"), required=True)
+    s.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), required=True)
     s.add_argument("--topology", default="hls2", help="hls1, hls2, hls3, hls1h, dl1 or a topology file")
     s.add_argument("--device-spec", default="gaudi2")
     s.add_argument("--mode", default=None, help="lazy, eager or compile (default: PT_HPU_LAZY_MODE)")
     s.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
-    s.add_argument("--bucket-cap-mb", type=positive_float, default=256.0)
+    s.add_argument("--bucket-cap-mb", type=mb, default=256.0)
     s.add_argument("--first-bucket-mb", type=first_mb, default=None)
     add_fabric_arg(s)
-    s.add_argument("--steps", type=positive_int, default=16, help="sampled steps per world size")
-    s.add_argument("--pg-timeout", type=positive_float, default=1800.0,
+    s.add_argument("--steps", type=count(1, 10_000, "steps"), default=16, help="sampled steps per world size")
+    s.add_argument("--pg-timeout", type=real(0.0, 1e7, "wall seconds", lo_open=True), default=1800.0,
                    help="process-group timeout in seconds, for --dead-rank's cost")
     s.add_argument("--recipe-cache", default="cold", choices=["cold", "warm"], help="after a --dead-rank restart")
     cluster.add_arguments(s, variability="on")

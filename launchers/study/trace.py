@@ -19,8 +19,9 @@ order: ``bytes``, ``ready_ns``, ``params``) and ``planned`` (the DDP step on
 ``gpt2``; ``name:flavour`` for a flavour such as ``resnet50:debug``) or
 ``package.module:factory`` for your own model, where ``factory(batch_size)`` returns
 ``(model, inputs, loss_fn)`` and one step is ``loss_fn(model(*inputs)).backward()``.
-The mode follows ``PT_HPU_LAZY_MODE`` (1: lazy, 0: eager) unless ``--mode`` says
-``lazy``, ``eager`` or ``compile``.
+The mode follows ``PT_HPU_LAZY_MODE`` (1: lazy, 0: eager) unless ``--mode`` names one of
+:data:`hpu_runtime.tools.tracing.MODES`; in ``compile`` mode with ``--bucket-cap-mb`` the model
+is compiled as ``torch.compile(DDP(model))`` compiles it, broken by DDPOptimizer at that cap.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._args import add_model_args, env_flag, env_mode, positive_float, positive_int
+from ._args import add_model_args, env_flag, env_mode, mb, ranks
 
 __all__ = ["add_parser", "trace_json", "run"]
 
@@ -41,18 +42,19 @@ def add_parser(sub) -> None:
     t = sub.add_parser("trace", help="trace one training step without data; print a summary, write JSON")
     add_model_args(t)
     t.add_argument("--device-spec", default="gaudi2", choices=sorted(DEVICE_SPECS))
-    t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager)")
+    t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager);"
+                   " compile with --bucket-cap-mb: the graph broken at DDP's buckets, as under DDP")
     t.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS),
                    help="torch's sgd/adamw, or Gaudi's fused hpex optimizers (one kernel per group)")
     t.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
                    help="bf16 (default): forward and loss under bf16 autocast, as Habana's --autocast"
                         " recipes train these models; fp32: no autocast")
-    t.add_argument("--bucket-cap-mb", type=positive_float, default=None,
+    t.add_argument("--bucket-cap-mb", type=mb, default=None,
                    help="also give DDP's buckets for this bucket_cap_mb and the planned DDP step")
-    t.add_argument("--first-bucket-mb", type=positive_float, default=None,
+    t.add_argument("--first-bucket-mb", type=mb, default=None,
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB (torch uses it only with the default cap)")
     t.add_argument("--gradient-as-bucket-view", action="store_true")
-    t.add_argument("--world-size", type=positive_int, default=8, help="ranks for the planned DDP step")
+    t.add_argument("--world-size", type=ranks, default=8, help="ranks for the planned DDP step")
     t.add_argument("--topology", default="hls2", help="hls1, hls2, hls3 or a topology file")
     t.add_argument("--json", default=None, metavar="PATH", help="write the JSON here")
 
@@ -72,9 +74,11 @@ def trace_json(args: argparse.Namespace) -> dict:
     kwargs = {k: v for k, v in (("seq_len", args.seq_len), ("image_size", args.image_size)) if v is not None}
     factory = resolve_factory(args.model, **kwargs)
     mode = args.mode or env_mode()
+    ddp = mode == "compile" and args.bucket_cap_mb is not None  # compiled as torch.compile(DDP(model)) is
     trace = trace_step(factory, args.batch_size, spec=get_device_spec(args.device_spec), mode=mode,
                        lazy_collectives=env_flag("PT_HPU_ENABLE_LAZY_COLLECTIVES"), optimizer=args.optimizer,
-                       autocast=args.precision == "bf16")
+                       autocast=args.precision == "bf16", ddp_bucket_cap_mb=args.bucket_cap_mb if ddp else None,
+                       ddp_first_bucket_mb=args.first_bucket_mb if ddp else None)
     s = summarize(trace)
     out = {
         "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
@@ -137,7 +141,9 @@ def run(args: argparse.Namespace) -> int:
     out = trace_json(args)
     _print_summary(out)
     if args.json:
-        with open(args.json, "w") as f:
+        from hpu_runtime.files import atomic_open
+
+        with atomic_open(args.json) as f:  # NOTE [atomic files]
             json.dump(out, f, indent=1)
         print(f"  JSON written to {args.json}")
     return 0

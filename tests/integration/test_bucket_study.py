@@ -77,6 +77,35 @@ def test_bucket_study_live_points_equal_planned(tmp_path, capsys):
     assert all(r["live_step_ns"] == r["step_ns"] for r in live)
 
 
+@pytest.mark.timeout(200)
+def test_bucket_study_compile_mode_traces_per_cap_and_runs_live_in_that_mode(tmp_path, capsys, monkeypatch):
+    """--mode compile plans each cap from a step compiled for that cap (DDPOptimizer breaks the
+    graph into more pieces at a smaller cap: more compiled regions launched), and --live runs
+    models.train --mode compile (live == planned in compile mode: test_live_vs_planned.py; here
+    the job's command is captured instead of run)."""
+    import subprocess
+
+    from launchers.study import bucket
+
+    commands = []
+
+    def fake_run(cmd, **_kw):
+        commands.append(cmd)
+        summary = cmd[cmd.index("--summary") + 1]
+        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 123}]}]}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bucket.subprocess, "run", fake_run)
+    rc, out = _run(tmp_path, "--mode", "compile", "--live", "--live-max-ranks", "2", "--sweep-only",
+                   caps="1,5", ws="2")
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "study.json").read_text())["rows"]
+    assert [(r["mode"], r["bucket_cap_mb"]) for r in rows] == [("compile", 1.0), ("compile", 5.0)]
+    assert rows[0]["graph_launches"] > rows[1]["graph_launches"]
+    assert len(commands) == 2 and all(c[c.index("--mode") + 1] == "compile" for c in commands)
+    assert all(r["live_step_ns"] == 123 for r in rows)
+
+
 @pytest.mark.timeout(240)
 def test_bucket_study_on_an_embedded_ray_cluster(tmp_path, capsys):
     """--ray spreads the points as Ray tasks; the rows equal the local ones."""
@@ -99,11 +128,13 @@ def _one_box_topology(tmp_path) -> str:
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "no-such-model"], "registered: .*resnet50"),
-    (["--bucket-cap-mb", "0"], "must be > 0"),
+    (["--bucket-cap-mb", "0"], r"0 is not a finite number in \(0, "),
+    (["--bucket-cap-mb", "inf"], "inf is not a finite number"),
     (["--bucket-cap-mb", ","], "empty list"),
-    (["--world-sizes", "0"], "must be >= 1"),
+    (["--world-sizes", "0"], r"0 is not in \[1, "),
     (["--topology", "no-such-topology"], "no-such-topology"),
     (["--mode", "turbo"], "unknown mode"),
+    (["--mode", "compile", "--bucket-cap-mb", "0.5"], "DDPOptimizer refuses"),
     (["--comm-hook", "int4"], "unknown comm hook"),
 ])
 def test_bucket_study_bad_input_fails_before_work(args, message, tmp_path, capsys):

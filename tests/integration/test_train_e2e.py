@@ -44,3 +44,38 @@ def test_torchrun_digits_job(tmp_path):
     assert {e["pid"] for e in events} == {0, 1}  # one process row per rank
     spans = [e for e in events if e.get("ph") == "X"]
     assert spans and all(e["dur"] >= 0 for e in spans)
+
+
+
+@pytest.mark.timeout(120)
+def test_train_modes_compute_the_same_numbers(monkeypatch):
+    """In one process (1 rank over gloo): ``--mode hpu_graphs`` (the model in HPU graphs by
+    ModuleCacher: forward and backward replayed) and the mode ``PT_HPU_LAZY_MODE=0`` selects
+    when ``--mode`` is absent (eager) train the same numbers; HPU graphs replace per-op host
+    work with replays."""
+    from models import train
+
+    import hpu_runtime as hpu
+
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    runs = {}
+    for name, flags, lazy_env in (("graphs", ["--mode", "hpu_graphs"], "1"), ("eager", [], "0")):
+        monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_env)
+        runs[name] = train.main(["--model", "mlp", "--backend", "gloo", "--epochs", "1", "--max-steps", "4",
+                                 "--eval-samples", "64", "--log-level", "WARNING", *flags])
+    monkeypatch.undo()
+    hpu.reset_device("gaudi2")
+    graphs, eager = runs["graphs"], runs["eager"]
+    assert (graphs["config"]["mode"], eager["config"]["mode"]) == ("hpu_graphs", "eager")
+    g, e = graphs["epochs"][0], eager["epochs"][0]
+    assert g["train_loss"] == pytest.approx(e["train_loss"], rel=1e-6)
+    assert g["test_accuracy"] == e["test_accuracy"]
+    assert g["sim_steps"][-1]["host_ns"] < e["sim_steps"][-1]["host_ns"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

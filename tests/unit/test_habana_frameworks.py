@@ -224,8 +224,8 @@ def test_hpex_dynamo_and_transformer_engine_names() -> None:
     from hpu_runtime.api import hpex
 
     assert FusedSGD is hpex.FusedSGD and FusedClipNorm is hpex.FusedClipNorm
-    enable_compiled_autograd(dynamic=False)
-    assert compiled_autograd_requested() == {"dynamic": False}
+    # enabling it changes dynamo process-wide: tests/unit/test_compile_backend.py runs it in a fresh process
+    assert callable(enable_compiled_autograd) and compiled_autograd_requested() is None
     torch.manual_seed(0)
     lin = te.Linear(4, 3, bias=True, params_dtype=torch.float32)
     x = torch.randn(2, 4)

@@ -197,3 +197,27 @@ def test_stream_work_runs_on_the_one_compute_queue(dev):
         return d.host_ns, d.compute.free_ns
 
     assert run(side=True) == run(side=False)
+
+
+def test_torch_hpu_and_habana_frameworks_hpu_expose_the_same_names() -> None:
+    """transformers' set_seed calls torch.hpu.manual_seed_all; Gaudi scripts call hthpu.*: one set of names."""
+    import habana_frameworks.torch.hpu as hthpu
+    import torch
+
+    assert sorted(torch.hpu.__all__) == sorted(hthpu.__all__)
+    for name in torch.hpu.__all__:
+        assert getattr(torch.hpu, name) is getattr(hthpu, name), name
+    torch.hpu.manual_seed_all(3)
+    a = torch.rand(2)
+    torch.manual_seed(3)
+    assert torch.equal(a, torch.rand(2))
+
+
+def test_host_read_inside_vmap_is_not_a_device_read() -> None:
+    """transformers builds attention masks under vmap with .to(device): a batched tensor has no
+    storage to look up (it raised NotImplementedError inside the bridge)."""
+    import torch
+
+    x = torch.randn(3, 4).to("hpu")
+    out = torch.vmap(lambda row: row.to("cpu") * 2)(x)
+    assert torch.equal(out, x * 2)

@@ -72,7 +72,7 @@ def test_bad_model_specs_fail_with_a_message(spec, message, capsys):
 def test_bad_flags_fail_before_work(capsys):
     with pytest.raises(SystemExit):
         study.main(["trace", "--model", "mlp", "--batch-size", "0"])
-    assert "must be >= 1" in capsys.readouterr().err
+    assert "argument --batch-size: 0 is not in [1, " in capsys.readouterr().err
 
 
 class _TiedFrozen(torch.nn.Module):
@@ -164,14 +164,43 @@ def test_planned_step_bounds():
 
 
 def test_compile_mode_traces_regions_without_per_op_host_cost():
-    """mode="compile": forward and backward are one recipe each, with no per-op host cost."""
+    """mode="compile": the model's forward and backward are one compiled region each (no
+    per-op host cost); the loss and the optimizer run op by op as in eager mode."""
     factory = resolve_factory("mlp:debug")
-    lazy = summarize(trace_step(factory, 8, spec=GAUDI2, mode="lazy"))
+    eager = summarize(trace_step(factory, 8, spec=GAUDI2, mode="eager"))
     comp = summarize(trace_step(factory, 8, spec=GAUDI2, mode="compile"))
     reasons = [g[0] for g in comp.graphs]
-    assert reasons[:2] == ["torch.compile forward", "torch.compile backward"]
-    assert comp.times.host_ns < lazy.times.host_ns
-    assert comp.forward_ns + comp.backward_ns == lazy.forward_ns + lazy.backward_ns
+    assert [r for r in reasons if r != "eager"] == ["torch.compile forward", "torch.compile backward"]
+    assert reasons[0] == "torch.compile forward"  # the model first, then the loss, op by op
+    assert comp.times.host_ns < eager.times.host_ns
+    assert len(reasons) < len(eager.graphs)
+
+
+def test_compile_mode_under_ddp_breaks_the_graph_at_bucket_boundaries():
+    """With a DDP cap, the traced model is broken as DDPOptimizer breaks it live: one forward
+    and one backward region per piece, gradients ready between the backward regions, and the
+    planner refuses a trace made for another cap."""
+    factory = resolve_factory("mlp", hidden=512)  # 1.2 MB of gradients: two pieces at 1 MiB
+    trace = trace_step(factory, 4, spec=GAUDI2, mode="compile", ddp_bucket_cap_mb=1)
+    regions = [ev[1] for ev in trace.events if ev[0] == "region" and ev[1] is not None]
+    assert regions == ["torch.compile forward"] * 2 + ["torch.compile backward"] * 2
+    kinds = [ev[1] if ev[0] == "region" else ev[1][0] for ev in trace.events
+             if ev[0] == "region" and ev[1] or ev[0] == "mark" and ev[1][0] == "grad_ready"]
+    first_bwd = kinds.index("torch.compile backward")
+    assert "grad_ready" in kinds[first_bwd:kinds.index("torch.compile backward", first_bwd + 1)]
+    planned = plan_ddp_step(trace, world_size=2, bucket_cap_mb=1)
+    assert len(planned.buckets) == 2 and planned.buckets[0].start_ns < planned.buckets[1].ready_ns
+    with pytest.raises(ValueError, match="ddp_bucket_cap_mb"):
+        plan_ddp_step(trace, world_size=2, bucket_cap_mb=5)
+    with pytest.raises(ValueError, match="DDPOptimizer"):
+        trace_step(factory, 4, spec=GAUDI2, mode="compile", ddp_bucket_cap_mb=0.5)
+
+    def bare(batch_size):  # live, DDP calls nn.Sequential.forward and dynamo skips torch's own modules
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+        return model, (torch.randn(batch_size, 8),), lambda out: out.sum()
+
+    with pytest.raises(ValueError, match="uncompiled"):
+        trace_step(bare, 4, spec=GAUDI2, mode="compile", ddp_bucket_cap_mb=1)
 
 
 def test_unknown_mode_is_rejected():

@@ -17,6 +17,7 @@ name                                                  status here
 ``torch.core.iter_mark_step``, ``step_closure``       same
 ``torch.core.hpu_set_env``, ``hpu_initialize``        accepted, nothing to set up (fp8 inference not emulated)
 ``torch.core.quantization.*``                         accepted no-ops (fp8 inference not emulated)
+``torch.hpu`` and ``habana_frameworks.torch.hpu``      the same names (one module's ``__all__``)
 ``torch.hpu.is_available/device_count/current_device  same: one simulated card per process
 /set_device/get_device_name/synchronize``
 ``torch.hpu.enable/disable_dynamic_shape``,           recorded; shapes are always dynamic here (every new
@@ -48,8 +49,24 @@ state[_all]``)
 ``torch.hpex.normalization.FusedClipNorm``            same numerics, one fused kernel
 ``torch.dynamo.compile_backend.experimental.          accepted and recorded; backward stays eager autograd
 enable_compiled_autograd``                            (charged op by op) and torch's C++ reducer
+``torch.hpex.kernels`` (``FusedSDPA``,                same signatures, the unfused PyTorch reference's numerics, one
+``RotaryPosEmbeddingHelperV1/V2/V3``,                 fused kernel forward and one backward (``torch.ops.hpu`` custom
+``RotaryPosEmbeddingMode``, ``apply_rotary_pos_emb``, ops, :mod:`hpu_runtime.api.hpu_ops`); ``FusedSDPA``'s
+``CTCLoss``, ``Fp8Ops.cast_to_fp8_v2``/                ``valid_seq_len``/``window_size``/``sink`` and other kernels
+``cast_from_fp8``), ``hpex.normalization.             (``CustomNms``, ``fp8_fused_sdpa``...) raise naming them
+FusedRMSNorm``
+``torch.ops.hpu.rotary_pos_embedding[_backward]``,     same (see above); ``fp8_gemm_v2``, ``cast_to_fp8_just_in_time``,
+``softmax_fp8``, ``mixture_of_experts``               ``convert_from_uint4`` raise ``NotImplementedError`` naming them
+``torch.hpu.sdp_kernel``, ``recompute_sdp_enabled``,  same (the recompute flag changes neither values nor cost);
+``is_autocast_hpu_enabled``, ``get_autocast_hpu_      the innermost ``torch.autocast("hpu")`` region
+dtype``
+``torch.core.hpu``                                    the ``torch.hpu`` module, as Gaudi's ``htcore.hpu``
+``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST``,         honoured: replace autocast's default lists
+``PT_HPU_AUTOCAST_FP32_OPS_LIST``
 ``torch.hpex.experimental.transformer_engine``        ``Linear``/``fp8_autocast``/``recipe`` accepted; layers compute
-                                                      in their own dtype; ``fp8.is_fp8_available()`` is False
+                                                      in their own dtype; ``fp8.is_fp8_available()`` is False;
+                                                      ``FusedAttention`` is ``FusedSDPA``; ``distributed.
+                                                      activation_checkpointing`` a no-op context
 ``mediapipe``, top-level ``habana_dataloader``        import-only placeholders (lightning-habana and ResNet-50
                                                       import them); building a media pipeline raises
                                                       ``NotImplementedError`` and ResNet-50 falls back to

@@ -1,16 +1,21 @@
-"""``habana_frameworks.torch.core`` (``htcore``): lazy-mode control of the simulated Gaudi."""
+"""``habana_frameworks.torch.core`` (``htcore``): lazy-mode control of the simulated Gaudi.
+
+``htcore.hpu`` is the device API (``torch.hpu``), as Gaudi's ``core`` exposes it
+(optimum-habana calls ``htcore.hpu.set_device``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
 import hpu_runtime
+from hpu_runtime.api import hpu
 from hpu_runtime.api.hpu import mark_step
 
 from . import quantization
 
 __all__ = ["mark_step", "is_lazy", "iter_mark_step", "step_closure", "hpu_set_env", "hpu_initialize",
-           "quantization"]
+           "quantization", "hpu"]
 
 
 def is_lazy() -> bool:

@@ -1,0 +1,86 @@
+"""optimum-habana's throughput figures on the simulated Gaudi clock.
+
+``GaudiTrainer`` times training and evaluation with ``time.time()`` and reports
+``{split}_runtime``, ``{split}_samples_per_second``, ``{split}_steps_per_second`` and
+``{split}_tokens_per_second`` (``optimum.habana.utils.speed_metrics``). On a Gaudi those
+figures are the device's; on the emulator the wall clock measures a CPU. When
+``optimum.habana.transformers.trainer`` is imported, :mod:`hpu_runtime.import_hooks` calls
+:func:`patch_trainer_module`, which
+
+* gives that module a ``time`` whose ``time()`` also notes the simulated host clock
+  (:attr:`SimDevice.host_ns`, simulated ns) at each instant it returns (a dict lookup per
+  call; nothing is written to the timeline), and
+* wraps its ``speed_metrics`` so the runtime and rates it reports are computed from the
+  simulated clock between the same instants, with the wall-clock runtime kept as
+  ``{split}_wall_runtime`` and ``{split}_clock: "simulated Gaudi"`` saying which is which.
+
+The simulated figures leave out nothing the wall-clock ones subtract except
+``log_evaluate_save_time`` (a wall duration the trainer measures itself): logging, saving
+and evaluation inside a training run count in the simulated runtime. Instants the patched
+``time()`` did not serve leave the metrics as optimum-habana computed them.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from types import ModuleType
+
+from ..bridge.runtime import get_device
+
+__all__ = ["CLOCK", "patch_trainer_module"]
+
+CLOCK = "simulated Gaudi"
+"""Value of ``{split}_clock`` in the patched metrics."""
+
+_KEEP = 64  # instants remembered (the trainer asks for a handful per run)
+
+
+class _NotingTime:
+    """The ``time`` module, whose ``time()`` remembers the simulated host clock at each value it returns."""
+
+    def __init__(self) -> None:
+        self.sim_ns: dict[float, int] = {}
+
+    def time(self) -> float:
+        now = _time.time()
+        self.sim_ns[now] = get_device().host_ns
+        if len(self.sim_ns) > _KEEP:
+            self.sim_ns.pop(next(iter(self.sim_ns)))
+        return now
+
+    def __getattr__(self, name: str):
+        return getattr(_time, name)
+
+
+def _simulated(clock: _NotingTime, original):
+    def speed_metrics(split, start_time, end_time, num_samples=None, num_steps=None, num_tokens=None,
+                      start_time_after_warmup=None, log_evaluate_save_time=None, **kwargs):
+        result = original(split, start_time, end_time, num_samples=num_samples, num_steps=num_steps,
+                          num_tokens=num_tokens, start_time_after_warmup=start_time_after_warmup,
+                          log_evaluate_save_time=log_evaluate_save_time, **kwargs)
+        begin = start_time if start_time_after_warmup is None else start_time_after_warmup
+        if begin not in clock.sim_ns or end_time not in clock.sim_ns:
+            return result
+        runtime = (clock.sim_ns[end_time] - clock.sim_ns[begin]) / 1e9
+        whole = (clock.sim_ns[end_time] - clock.sim_ns[start_time]) / 1e9
+        result[f"{split}_wall_runtime"] = result.pop(f"{split}_runtime")
+        result[f"{split}_runtime"] = round(whole, 6)
+        result[f"{split}_clock"] = CLOCK
+        for name, count in (("samples", num_samples), ("steps", num_steps), ("tokens", num_tokens)):
+            key = f"{split}_{name}_per_second"
+            if key in result or (count is not None and name == "tokens"):
+                result[key] = round(count / runtime, 3) if count is not None and runtime > 0 else 0.0
+        return result
+
+    speed_metrics.__wrapped__ = original
+    return speed_metrics
+
+
+def patch_trainer_module(module: ModuleType) -> None:
+    """Put the simulated clock under ``module``'s ``time`` and ``speed_metrics`` (idempotent)."""
+    if isinstance(getattr(module, "time", None), _NotingTime):
+        return
+    clock = _NotingTime()
+    module.time = clock
+    if hasattr(module, "speed_metrics"):
+        module.speed_metrics = _simulated(clock, module.speed_metrics)
