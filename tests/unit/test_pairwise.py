@@ -199,8 +199,12 @@ def test_fabric_table_errors(tmp_path):
     path.write_text("cards_per_box = 8\nboxes_per_leaf = 64\n[fabric]\nleaf_radix = 8\n")
     with pytest.raises(ValueError, match="more than 8 x 400 Gb/s ports"):
         load_topology(str(path))
-    with pytest.raises(ValueError, match="tiers must be 1"):
+    with pytest.raises(ValueError, match=r"tiers must be an integer in \[1, 2\]"):
         Fabric(tiers=3)
+    for field, value in (("uplink_gbps", True), ("uplink_gbps", float("inf")), ("leaf_uplinks", 2.0),
+                         ("host_latency_ns", -1)):  # `true` is not a rate, nor 2.0 a count
+        with pytest.raises(ValueError, match=f"fabric: {field} must be"):
+            Fabric(**{field: value})
 
 
 def test_new_topologies():
