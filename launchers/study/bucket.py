@@ -393,6 +393,9 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
                                f"{proc.stderr[-2000:]}")
         with open(summary) as f:
             steps_ns = [s["step_ns"] for s in json.load(f)["epochs"][0]["sim_steps"]]
+        if len(steps_ns) < steps:
+            raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} ran {len(steps_ns)} steps,"
+                               f" fewer than the {steps} planned (too little data for the batch?)")
         return sum(steps_ns[WARMUP:]) // len(steps_ns[WARMUP:]) if varies else steps_ns[-1]
 
 
