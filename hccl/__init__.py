@@ -42,6 +42,7 @@ __all__ = [
     "CollectiveMismatchError",
     "HcclTimeoutError",
     "PeerFailure",
+    "SettingsMismatchError",
 ]
 
 _LAZY = {
@@ -52,6 +53,7 @@ _LAZY = {
     "CollectiveMismatchError": ".transport.shm_engine",
     "HcclTimeoutError": ".transport.shm",
     "PeerFailure": ".transport.shm",
+    "SettingsMismatchError": ".agreement",
 }
 
 

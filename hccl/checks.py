@@ -116,6 +116,19 @@ def reducible(side: str) -> Rule:
     return rule
 
 
+def written(side: str) -> Rule:
+    """No tensor of ``side`` (written by the collective) has elements sharing memory (an
+    ``expand``-ed view): writing it is undefined (gloo corrupts the heap)."""
+
+    def rule(call: Call) -> None:
+        for t in _tensors(_side(call, side)):
+            if t.layout == torch.strided and torch._debug_has_internal_overlap(t) == 1:
+                raise ValueError(f"hccl: {call.name} would write into a tensor whose elements share memory"
+                                 " (an expanded view?): clone() it first")
+
+    return rule
+
+
 def one_dtype(*sides: str) -> Rule:
     """All tensors of ``sides`` share one dtype."""
 
@@ -181,31 +194,34 @@ def on_root(*rules: Rule, empty_elsewhere: str) -> Rule:
 
 SIGNATURES: dict[str, tuple[Rule, ...]] = {
     # in place
-    "allreduce": (exactly("tensors", 1), reducible("tensors")),
-    "allreduce_coalesced": (nonempty("tensors"), one_dtype("tensors"), reducible("tensors")),
-    "reduce": (root, exactly("tensors", 1), reducible("tensors")),
-    "broadcast": (root, nonempty("tensors"), supported("tensors")),
+    "allreduce": (exactly("tensors", 1), reducible("tensors"), written("tensors")),
+    "allreduce_coalesced": (nonempty("tensors"), one_dtype("tensors"), reducible("tensors"), written("tensors")),
+    "reduce": (root, exactly("tensors", 1), reducible("tensors"), written("tensors")),
+    "broadcast": (root, nonempty("tensors"), supported("tensors"), written("tensors")),
     # outputs[i] (per rank) <- inputs[i]
-    "allgather": (paired, supported("inputs"), per_rank("outputs"), matches("outputs", "inputs")),
-    "all_gather_into_tensor": (paired, supported("inputs"), world_times("outputs", "inputs")),
-    "all_gather_coalesced": (paired, supported("inputs"), per_rank("outputs"), matches("outputs", "inputs")),
+    "allgather": (paired, supported("inputs"), per_rank("outputs"), matches("outputs", "inputs"),
+                  written("outputs")),
+    "all_gather_into_tensor": (paired, supported("inputs"), world_times("outputs", "inputs"), written("outputs")),
+    "all_gather_coalesced": (paired, supported("inputs"), per_rank("outputs"), matches("outputs", "inputs"),
+                             written("outputs")),
     # outputs[i] <- inputs[i] (per rank), reduced
-    "reduce_scatter": (paired, reducible("outputs"), per_rank("inputs"), matches("inputs", "outputs")),
-    "reduce_scatter_tensor": (paired, reducible("outputs"), world_times("inputs", "outputs")),
+    "reduce_scatter": (paired, reducible("outputs"), per_rank("inputs"), matches("inputs", "outputs"),
+                       written("outputs")),
+    "reduce_scatter_tensor": (paired, reducible("outputs"), world_times("inputs", "outputs"), written("outputs")),
     # one list of per-rank outputs, one of per-rank inputs
     "alltoall": (paired, per_rank("outputs"), per_rank("inputs"), one_dtype("outputs", "inputs"),
-                 supported("inputs")),
-    "all_to_all_single": (paired, one_dtype("outputs", "inputs"), supported("inputs")),
+                 supported("inputs"), written("outputs")),
+    "all_to_all_single": (paired, one_dtype("outputs", "inputs"), supported("inputs"), written("outputs")),
     # rooted, lists only on the root
     "gather": (root, exactly("inputs", 1), supported("inputs"),
                on_root(exactly("outputs", 1), per_rank("outputs"), matches("outputs", "inputs"),
-                       empty_elsewhere="outputs")),
-    "scatter": (root, exactly("outputs", 1), supported("outputs"),
+                       written("outputs"), empty_elsewhere="outputs")),
+    "scatter": (root, exactly("outputs", 1), supported("outputs"), written("outputs"),
                 on_root(exactly("inputs", 1), per_rank("inputs"), matches("inputs", "outputs"),
                         empty_elsewhere="inputs")),
     # point to point
     "send": (exactly("tensors", 1), supported("tensors")),
-    "recv": (exactly("tensors", 1), supported("tensors")),
+    "recv": (exactly("tensors", 1), supported("tensors"), written("tensors")),
     "barrier": (),
 }
 """Collective name -> the rules its arguments must pass, in order (first failure raises)."""

@@ -21,6 +21,9 @@ from .work import HcclWork
 __all__ = ["CollectivesMixin"]
 
 
+_SUM = reduce_op_code(dist.ReduceOp.SUM)
+
+
 def _op(opts) -> int:
     """The reduce-op wire code of ``opts`` (SUM without options); ValueError for an unsupported op."""
     return reduce_op_code(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -65,6 +68,8 @@ class CollectivesMixin:
     def allreduce_coalesced(self, tensors, opts=None):
         """Allreduce several tensors of one dtype fused into one buffer (one collective)."""
         op = _op(opts)
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo and op == _SUM:
+            return self._allreduce_sparse(tensors[0])
         self._check("allreduce_coalesced" if len(tensors) != 1 else "allreduce", tensors=tensors, op=op)
         dcode = check_dtype(tensors[0])
         with torch._C._DisableTorchDispatch():

@@ -1,8 +1,10 @@
 """Collectives HCCL has no algorithm of its own for, built from those it has.
 
 gather is moved (and timed) as an allgather whose non-root outputs are dropped, scatter as
-one broadcast of the root's whole list, and the fused coalesced forms as one
-``all_gather_into_tensor`` / ``reduce_scatter_tensor`` of a concatenated buffer. Each
+one broadcast of the root's whole list, the fused coalesced forms as one
+``all_gather_into_tensor`` / ``reduce_scatter_tensor`` of a concatenated buffer, and a sparse
+COO allreduce (SUM, as gloo takes it: DDP's sparse embedding gradients) as allgathers of every
+rank's indices and values, summed and coalesced. Each
 returns the Work of the collective that moved the bytes, its outputs replaced by the
 caller's tensors.
 """
@@ -13,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 from hpu_runtime import bridge_disabled
+
+from .transport.reduce_ops import check_dtype
 
 __all__ = ["CompositeMixin"]
 
@@ -61,6 +65,36 @@ class CompositeMixin:
         with bridge_disabled(), torch.no_grad():
             out.copy_(buf[self._rank * m : (self._rank + 1) * m].view(out.shape))
         work.replace_outputs([out])
+        return work
+
+    def _allreduce_sparse(self, t: torch.Tensor):
+        """SUM of a sparse COO tensor over ranks, in place (gloo's result, coalesced): the
+        ranks' entry counts, then their indices and values (padded to the largest count) are
+        allgathered, concatenated and coalesced."""
+        check_dtype(t.values(), "allreduce tensor (sparse values)")
+        n = self._world_size
+        with bridge_disabled(), torch.no_grad():
+            mine = t.coalesce()
+            idx, val = mine.indices(), mine.values()
+            count = torch.tensor([idx.shape[1]], dtype=torch.int64)
+            counts = [torch.empty_like(count) for _ in range(n)]
+        self.allgather([counts], [count])
+        with bridge_disabled(), torch.no_grad():
+            sizes = [int(c) for c in counts]
+            m = max(sizes)
+            idx_p = torch.zeros(idx.shape[0], m, dtype=idx.dtype)
+            idx_p[:, : sizes[self._rank]] = idx
+            val_p = torch.zeros((m, *val.shape[1:]), dtype=val.dtype)
+            val_p[: sizes[self._rank]] = val
+            idxs = [torch.empty_like(idx_p) for _ in range(n)]
+            vals = [torch.empty_like(val_p) for _ in range(n)]
+        self.allgather([idxs], [idx_p])
+        work = self.allgather([vals], [val_p])
+        with bridge_disabled(), torch.no_grad():
+            total = torch.sparse_coo_tensor(torch.cat([i[:, :k] for i, k in zip(idxs, sizes)], dim=1),
+                                            torch.cat([v[:k] for v, k in zip(vals, sizes)]), t.shape)
+            t.copy_(total.coalesce())
+        work.replace_outputs([t])
         return work
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):

@@ -10,18 +10,24 @@ Not here: the launcher's rank variables (``RANK``, ``OMPI_COMM_WORLD_RANK``...),
 
 from __future__ import annotations
 
+import numbers
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["HcclConfig", "DEFAULT_SLICE_SIZE_MB", "DEFAULT_SHM_BUFFER_MB", "TRANSPORTS"]
+from .sim.schedule import check_slice_mb
+
+__all__ = ["HcclConfig", "DEFAULT_SLICE_SIZE_MB", "DEFAULT_SHM_BUFFER_MB", "SHM_BUFFER_MB_RANGE", "TRANSPORTS"]
 
 DEFAULT_SLICE_SIZE_MB = 16.0
 """``PT_HCCL_SLICE_SIZE_MB`` default: the PyTorch bridge's slice (HCL's own is 512 KB)."""
 
 DEFAULT_SHM_BUFFER_MB = 16.0
 """``HCCL_SHM_BUFFER_MB`` default: each rank's shared-memory staging region."""
+
+SHM_BUFFER_MB_RANGE = (1 / 256, 4096.0)
+"""Accepted ``HCCL_SHM_BUFFER_MB``, MiB: 4 KiB to 4 GiB per region."""
 
 TRANSPORTS = ("shm", "mpi")
 """``HCCL_TRANSPORT`` values: ``shm`` (shared memory in a host, TCP between) or ``mpi``."""
@@ -40,11 +46,13 @@ class HcclConfig:
     algorithm: str | None = None
     """``HCCL_ALGO``: a registered algorithm forced on every collective; None: the selection rule."""
     slice_size_mb: float = DEFAULT_SLICE_SIZE_MB
-    """``PT_HCCL_SLICE_SIZE_MB``: simulated pipelining slice, MiB, > 0."""
+    """``PT_HCCL_SLICE_SIZE_MB``: simulated pipelining slice, MiB, in
+    :data:`~hccl.sim.schedule.SLICE_MB_RANGE` (4 KiB to 64 GiB)."""
     transport: str = "shm"
     """``HCCL_TRANSPORT``: one of :data:`TRANSPORTS`."""
     shm_buffer_mb: float = DEFAULT_SHM_BUFFER_MB
-    """``HCCL_SHM_BUFFER_MB``: size of each rank's shared-memory staging region, MiB, in (0, 4096]."""
+    """``HCCL_SHM_BUFFER_MB``: size of each rank's shared-memory staging region, MiB, in
+    :data:`SHM_BUFFER_MB_RANGE` (4 KiB to 4 GiB)."""
     socket_addr: str | None = None
     """``HCCL_SOCKET_ADDR``: address the TCP transport listens on (default loopback)."""
     socket_ifname: str | None = None
@@ -72,12 +80,14 @@ class HcclConfig:
                 algorithms.get(self.algorithm)
             except ValueError as exc:
                 raise ValueError(f"HCCL_ALGO={self.algorithm!r}: {exc}") from None
-        if not self.slice_size_mb > 0:
-            raise ValueError(f"PT_HCCL_SLICE_SIZE_MB={self.slice_size_mb:g} must be > 0")
+        check_slice_mb(self.slice_size_mb)
         if self.transport not in TRANSPORTS:
             raise ValueError(f"HCCL_TRANSPORT={self.transport!r} is not a transport; use 'shm' (the default) or 'mpi'")
-        if not 0 < self.shm_buffer_mb <= 4096:
-            raise ValueError(f"HCCL_SHM_BUFFER_MB={self.shm_buffer_mb:g} must be in (0, 4096]")
+        lo, hi = SHM_BUFFER_MB_RANGE
+        if isinstance(self.shm_buffer_mb, bool) or not isinstance(self.shm_buffer_mb, numbers.Real) \
+                or not lo <= self.shm_buffer_mb <= hi:  # NaN fails too
+            raise ValueError(f"HCCL_SHM_BUFFER_MB={self.shm_buffer_mb!r} must be a number of MiB in"
+                             f" [{lo:g}, {hi:g}] (4 KiB to 4 GiB)")
         if self.comm_id is not None:
             host, sep, port = self.comm_id.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -33,6 +33,7 @@ and a compiled region around a collective is cut there (see
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
@@ -42,15 +43,21 @@ from hpu_runtime import bridge_disabled, get_device
 from hpu_runtime.bridge.dynamo_skip import skip_dynamo
 
 from ._buffers import meta_words
+from .agreement import settings_of
 from .collectives import CollectivesMixin
 from .composite import CompositeMixin
 from .config import HcclConfig
 from .plans import make_planner
 from .point_to_point import PointToPointMixin
 from .rendezvous import rendezvous
+from .sim.cluster import from_env as cluster_from_env
 from .sim.placement import place_group
+from .sim.variability import rank_slowdown
+from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
+from .transport.shm import HcclTimeoutError
+from .transport.tcp import ConnectionLost
 from .work import CollectiveRecord, HcclWork
 
 __all__ = ["ProcessGroupHCCL", "HcclError"]
@@ -84,6 +91,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     Raises:
         ValueError: a bad variable of :class:`~hccl.config.HcclConfig` (the message names
             it), or a world size the topology cannot hold.
+        SettingsMismatchError: ranks disagree on a setting they must share (NOTE
+            [settings agreement] in :mod:`hccl.agreement`), raised on every rank.
         HcclTimeoutError: peers did not rendezvous within ``timeout``.
     """
 
@@ -116,8 +125,15 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         # eager mode has no graph to join
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
         self._planner = None  # set with the placement, before any collective runs
+        self.cluster = cluster_from_env()  # variability and what-ifs (hccl.sim.cluster)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt and attempt != "0":  # torchrun --max-restarts keeps the store: the last attempt's keys are stale
+            store = dist.PrefixStore(f"hccl/attempt{attempt}/", store)
+        self._store = store  # NOTE [the first failure names the cause]
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
-        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names)
+        self._names = names
+        found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
+                           settings_of(self.config, self._device.spec, self.cluster))
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
@@ -127,7 +143,10 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             else:
                 sizes = {len(h) for h in self.layout.hosts}  # hosts of equal size become boxes
                 per_host = sizes.pop() if len(self.layout.hosts) > 1 and len(sizes) == 1 else 0
-                self._placement = place_group(self._load_topology(world_size, per_host), range(world_size))
+                job = link_faults(self._load_topology(world_size, per_host), self.cluster.whatif)
+                self._placement = place_group(job, range(world_size))
+                # this process's card: its slowdown in each step (NOTE [a slower card, step by step])
+                self._device.set_step_slowdown(rank_slowdown(self.cluster.variability, self.cluster.whatif, rank))
         except BaseException:
             self.shutdown()
             raise
@@ -207,11 +226,31 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             with bridge_disabled(), torch.no_grad():  # as gloo: collectives are not autograd ops
                 return fn()
         except BaseException as exc:
-            self._error = f"{what}: {exc}"
+            cause = self._first_failure(exc)
+            self._error = f"{what}: {cause or exc}"
             if self._coll is not None:
-                self._coll.abort(f"{what}: {exc}")
+                self._coll.abort(self._error)
                 self._coll.close()
+            if cause is not None:
+                raise type(exc)(cause) from exc
             raise
+
+    def _first_failure(self, exc: BaseException) -> str | None:
+        """NOTE [the first failure names the cause]: the first rank of a group to fail posts
+        why in the group's store (first writer wins) before it drops its connections. A rank
+        that then loses a connection (a peer on another host "closed its connection" only
+        because it passed the failure on) or times out reports that first failure instead.
+        Returns the message to raise instead of ``exc``'s, or None to keep ``exc``."""
+        me = self._names[self._rank]
+        try:
+            first = self._store.compare_set("hccl/first_failure", "", f"{me}\n{type(exc).__name__}\n{exc}").decode()
+        except Exception:  # noqa: BLE001 - the store may have gone with a dead rank 0: keep exc
+            return None
+        rank, kind, reason = first.split("\n", 2)
+        # a timeout is no cause of another (each names the ranks it waited for)
+        if rank == str(me) or not isinstance(exc, (ConnectionLost, HcclTimeoutError)) or kind == "HcclTimeoutError":
+            return None
+        return f"{reason} [reported by rank {rank}; rank {me} then saw: {exc}]"
 
     def _record(self, label: str, kind: str, seq: int, nbytes: int, start: int, end: int, algorithm: str, outputs,
                 **work_args) -> HcclWork:

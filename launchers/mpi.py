@@ -103,6 +103,25 @@ def import_mpi() -> Any:
     return MPI
 
 
+def _port(text: str) -> int:
+    """``--master-port``: 0 (pick one) or a TCP port."""
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in [0, 65535] (0: pick a free one)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: finite wall seconds, 0 for none (not :mod:`hpu_runtime.cli_args`: importing
+    ``hpu_runtime`` here would start the simulated device in the target's process before it asks)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 1e7:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1e7] wall seconds (0: no limit)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The launcher's command line (``[options] [-m] TARGET [ARGS...]``)."""
     parser = argparse.ArgumentParser(
@@ -116,13 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--master-port",
-        type=int,
+        type=_port,
         default=0,
         help="rendezvous port (default: a free port picked by rank 0)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=0.0,
         help="abort the whole job if this rank's target has not finished after this "
         "many seconds (default: no limit)",

@@ -46,6 +46,7 @@ import sys
 import time
 from typing import Any
 
+from hpu_runtime.cli_args import count, real
 from launchers.env import configure_logging
 from launchers.ray_cluster import LaunchError, check_address, import_ray, is_loopback, start_ray
 from launchers.ray_train import JobFailedError, JobResult, RayJobConfig, run_job
@@ -82,11 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m launchers.ray",
         description="Run a torchrun-style DDP job on Ray Train, one worker per simulated Gaudi.",
     )
-    p.add_argument("--num-workers", type=int, required=True, help="ranks (simulated Gaudis)")
+    p.add_argument("--num-workers", type=count(1, 1 << 16, "ranks"), required=True, help="ranks (simulated Gaudis)")
     p.add_argument("--address", help="join this Ray cluster (default: embedded local Ray)")
-    p.add_argument("--cpus-per-worker", type=float, default=0.5, help="Ray CPUs per worker")
-    p.add_argument("--timeout", type=float, default=900.0, help="wall seconds for the whole job")
-    p.add_argument("--placement-timeout", type=float, default=60.0,
+    p.add_argument("--cpus-per-worker", type=real(0.0, 1024.0, "CPUs", lo_open=True), default=0.5,
+                   help="Ray CPUs per worker")
+    p.add_argument("--timeout", type=real(1.0, 1e7, "wall seconds"), default=900.0,
+                   help="wall seconds for the whole job")
+    p.add_argument("--placement-timeout", type=real(1.0, 1e7, "wall seconds"), default=60.0,
                    help="wall seconds to wait for free HPU/CPU resources")
     p.add_argument("--storage-path",
                    help="Ray Train/Tune storage (shared on a multi-node cluster; default: a "
@@ -121,9 +124,9 @@ def _print_job(result: JobResult) -> None:
 
 
 def _write_json(path: str, data: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.write("\n")
+    from hpu_runtime.files import atomic_write
+
+    atomic_write(path, json.dumps(data, indent=1, default=str) + "\n")  # NOTE [atomic files]
 
 
 def _sweep(ray: Any, job: RayJobConfig, args: argparse.Namespace) -> int:
@@ -137,8 +140,9 @@ def _sweep(ray: Any, job: RayJobConfig, args: argparse.Namespace) -> int:
     print(format_table(rows, "markdown"), end="")
     if args.sweep_table:
         fmt = "csv" if args.sweep_table.endswith(".csv") else "markdown"
-        with open(args.sweep_table, "w") as f:
-            f.write(format_table(rows, fmt))
+        from hpu_runtime.files import atomic_write
+
+        atomic_write(args.sweep_table, format_table(rows, fmt))
         logger.info("wrote sweep table %s", args.sweep_table)
     if args.summary:
         _write_json(args.summary, {"sweep": rows})

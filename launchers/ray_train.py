@@ -308,7 +308,12 @@ def _job_failed(exc: Any, config: RayJobConfig, deadline_unix: float) -> JobFail
     failures: dict[int, BaseException] = dict(getattr(exc, "worker_failures", None) or {})
     died = {r: e for r, e in failures.items() if type(e).__name__ in _DEAD}
     failed = {r: e for r, e in failures.items() if r not in died}
-    if died and time.time() >= deadline_unix - 1.0:  # the ranks' watchdogs (exit 124)
+    expired = time.time() >= deadline_unix - 1.0  # the ranks' watchdogs (exit 124) have fired
+    if expired and not failures:
+        # a rank's watchdog fired before Ray Train had the worker group up (a loaded machine):
+        # the controller fails with no per-worker failures; every rank was past the deadline
+        died = dict.fromkeys(range(config.num_workers), exc)
+    if died and expired:
         lines = [f"ranks {sorted(died)} did not finish within --timeout {config.timeout_s:g} s"]
     else:
         lines = [f"rank {r} died (its worker process exited): {_error_text(e)}" for r, e in sorted(died.items())]

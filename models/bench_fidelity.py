@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-host", action="store_true", help="leave out the seed host-time table")
     p.add_argument("--refit", action="store_true",
                    help="fit the calibrated constants again from scratch and print them beside the spec's (minutes)")
+    p.add_argument("--skip-scaling", action="store_true",
+                   help="leave out the scaling table of published series (models.bench_scaling)")
     args = p.parse_args(argv)
     from hpu_runtime.device.spec import get_device_spec
 
@@ -141,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         table = [[c.name, v, getattr(get_device_spec(c.devices[0]), c.field)] for c, v in device.items()]
         table += [[name, v, getattr(gen1, name)] for name, v in host.items()]
         print(tabulate(table, headers=["constant", "refit", "spec"], tablefmt="github"))
+    if not args.skip_scaling:
+        from .bench_scaling import print_table, scaling_rows
+
+        print_table(scaling_rows())
     print(f"\n(wall-clock {time.perf_counter() - wall0:.1f} s)")
     return 0
 

@@ -27,6 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from hpu_runtime.cli_args import count
+from hpu_runtime.files import atomic_write
+
 from . import text
 
 __all__ = ["load_dataset", "dataset_names", "DigitsImages", "write_mnist", "MNIST_FILES"]
@@ -178,10 +181,7 @@ def write_mnist(root: str, *, test_fraction: float = 0.2, seed: int = 0) -> str:
     os.makedirs(raw, exist_ok=True)
     arrays = (_mnist_images(x_tr), y_tr.astype(np.uint8), _mnist_images(x_te), y_te.astype(np.uint8))
     for name, array in zip(MNIST_FILES, arrays):
-        path = os.path.join(raw, name)
-        with open(path + ".tmp", "wb") as f:
-            f.write(_idx_bytes(array))
-        os.replace(path + ".tmp", path)
+        atomic_write(os.path.join(raw, name), _idx_bytes(array))
     return raw
 
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("mnist", help="write the digits as MNIST raw files under ROOT/MNIST/raw")
     m.add_argument("root")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=count(0, 2**32 - 1), default=0)
     args = ap.parse_args(argv)
     print(write_mnist(args.root, seed=args.seed))
 

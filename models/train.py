@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
+from hccl.sim import cluster
 from hpu_runtime.bridge.config import RuntimeConfig
+from hpu_runtime.cli_args import count, real
+from hpu_runtime.files import atomic_open
 from hpu_runtime.tools.tracing import MODES, OPTIMIZERS, ddp_graph_split, make_optimizer, prepare_model, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
@@ -46,27 +50,29 @@ from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
 from .zoo import check_sizes, split_batch, task_loss
 
-__all__ = ["build_parser", "main"]
+__all__ = ["MODES", "build_parser", "main", "DEAD_RANK_EXIT"]
+
+DEAD_RANK_EXIT = 43
+"""Exit status of a process killed by ``--dead-rank``."""
 
 log = logging.getLogger("models.train")
-
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", choices=model_names(), help="registered model name")
     p.add_argument("--flavour", default=None, help="model flavour (e.g. debug; mlp also has large)")
-    p.add_argument("--hidden", type=int, default=None, help="override the hidden width (mlp, bert-large, gpt2)")
+    p.add_argument("--hidden", type=count(1, 1 << 20), default=None, help="override the hidden width (mlp, bert-large, gpt2)")
     p.add_argument("--dataset", default=None, choices=dataset_names(),
                    help="default: the model's own (mlp: digits, vision: digits-images, bert-large: text-mlm,"
                         " gpt2: text-lm)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample, text models (default: the flavour's)")
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--seq-len", type=count(1, 1 << 20), default=None, help="tokens per sample, text models (default: the flavour's)")
+    p.add_argument("--image-size", type=count(8, 8192, "pixels"), default=None,
                    help="pixels per side, image models (default: the flavour's, 224 full / 32 debug)")
-    p.add_argument("--eval-samples", type=int, default=0,
+    p.add_argument("--eval-samples", type=count(0, 10**9), default=0,
                    help="evaluate on at most this many held-out samples (0 = all)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16, help="per-rank batch size")
+    p.add_argument("--epochs", type=count(1, 10**6), default=5)
+    p.add_argument("--batch-size", type=count(1, 1 << 20), default=16, help="per-rank batch size")
     p.add_argument(
         "--optimizer",
         default="sgd",
@@ -75,10 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         " fused-lamb, fused-lars: one kernel per group); torch's Adam reads its step counter on the host and"
         " feeds it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
     )
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size, MB")
+    p.add_argument("--lr", type=real(0.0, 100.0), default=0.05)
+    p.add_argument("--momentum", type=real(0.0, 1.0), default=0.9, help="SGD momentum")
+    p.add_argument("--seed", type=count(0, 2**63 - 1), default=0)
+    p.add_argument("--bucket-cap-mb", type=real(0.0, 1e6, "MB", lo_open=True), default=25.0, help="DDP bucket size, MB")
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--static-graph", action="store_true")
     p.add_argument("--autocast", action="store_true",
@@ -95,21 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=None, choices=MODES,
                    help="execution mode (default: PT_HPU_LAZY_MODE, 1 lazy / 0 eager); compile: torch.compile with"
                         " hpu_backend, hpu_graphs: lazy with the model in HPU graphs (ModuleCacher)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0 = all)")
+    p.add_argument("--max-steps", type=count(0, 10**9), default=0, help="stop each epoch after this many steps (0 = all)")
     p.add_argument("--summary", default=None, help="rank 0 writes the JSON summary here")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write each rank's Chrome trace of the simulated timeline to DIR (rank 0 merges them)")
+    p.add_argument("--pg-timeout", type=real(0.0, 1e7, "wall seconds", lo_open=True), default=None, metavar="SECONDS",
+                   help="the process group's timeout (default: torch's); a dead peer ends the job within it")
+    cluster.add_arguments(p)
     return p
 
 
-def _init_distributed(backend: str) -> tuple[int, int]:
+def _init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend, **kw)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -175,6 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
                          f" not {args.dataset!r}")
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
+    condition = cluster.from_args(args)  # flags given here override a launcher's HCCL_SIM_* variables
+    os.environ.update(condition.env())
+    condition = cluster.from_env()  # what every rank's process group reads
+    dead = condition.whatif.dead_rank if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else None
     if args.mode is None:
         args.mode = "lazy" if RuntimeConfig.from_env().lazy else "eager"
     if args.mode == "compile":  # torch's DDPOptimizer refuses a cap below its first bucket: say so now
@@ -183,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = hpu.reset_device(args.device_spec)
     if args.trace:
         device.enable_trace()
-    rank, world = _init_distributed(args.backend)
+    rank, world = _init_distributed(args.backend, args.pg_timeout)
 
     torch.manual_seed(args.seed)
     # hpu_graphs: the model in ModuleCacher before DDP wraps it (the tracer does the same)
@@ -193,7 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
         bucket_cap_mb=args.bucket_cap_mb,
         gradient_as_bucket_view=args.gradient_as_bucket_view,
         static_graph=args.static_graph,
-        broadcast_buffers=False,  # as Habana's ResNet scripts do
+        # no buffer sync in forward, as Habana's ResNet scripts do (broadcast_buffers=False, which
+        # torch 2.13 deprecates with a warning per rank); buffers are still synced once at init
+        forward_sync_buffers=False,
     )
     stepped = torch.compile(ddp, backend="hpu_backend") if args.mode == "compile" else ddp
     if args.optimizer == "adam":
@@ -208,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     device.begin_step()
 
     epochs = []
+    total_steps = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         wall0 = time.perf_counter()
@@ -222,12 +239,19 @@ def main(argv: list[str] | None = None) -> dict:
                 batch = next(batches, None)
             if batch is None or (args.max_steps and steps >= args.max_steps):
                 break
+            if dead == (rank, total_steps):  # --dead-rank: this process dies (NOTE [a dead rank], hccl.sim.whatif)
+                log.error("rank %d: --dead-rank %d@%d: exiting at step %d", rank, rank, total_steps, total_steps)
+                logging.shutdown()
+                os._exit(DEAD_RANK_EXIT)
+            total_steps += 1
             inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
             losses.append(training_step(stepped, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
                                          autocast=args.autocast))
             t = device.end_step()
+            if condition.active and total_steps == cluster.ALIGN_STEP:
+                dist.barrier()  # ranks and hosts aligned once, as the planner does (hccl.sim.straggler_plan)
             for k in sim:
                 sim[k] += getattr(t, k)
             step_ns.append(t.step_ns)
@@ -286,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
         "units": {"sim_*_ns": "simulated Gaudi nanoseconds", "wall_*_s": "wall-clock seconds on this machine"},
     }
     if rank == 0 and args.summary:
-        with open(args.summary, "w") as f:
+        with atomic_open(args.summary) as f:  # NOTE [atomic files]: a kill leaves the old summary
             json.dump(summary, f, indent=2, default=str)
         log.info("summary written to %s", args.summary)
     if args.trace:

@@ -19,9 +19,19 @@ NOTE [port serialization]
         arrival  = max(tx_start + latency, ingress_free) + serialization
 
     which is ``max(ready, port free) + bytes / goodput + latency`` when nothing queues.
+
+NOTE [rates as integers]
+    Every amount-to-time conversion (bits at a line rate, bytes at the reduction rate) is
+    :func:`transfer_ns`: ``ceil(amount / rate)`` in integer arithmetic, with the rate
+    floored to a whole number of micro-units per ns (:data:`RATE_SCALE`). Flooring the
+    rate and rounding the time up are both monotone, so a slower link is never faster,
+    and a rate that floors to zero (below 10^-6 units per ns, a thousand times under the
+    1 Mb/s a topology file may state) is refused instead of dividing by zero.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -29,6 +39,8 @@ from hccl.sim.topology import Topology
 
 __all__ = [
     "wire_bytes",
+    "transfer_ns",
+    "RATE_SCALE",
     "serialization_ns",
     "goodput_gbps",
     "message_ns",
@@ -44,18 +56,36 @@ def wire_bytes(nbytes, mtu_bytes: int, header_bytes: int):
     return int(out) if np.ndim(out) == 0 else out
 
 
+RATE_SCALE = 1_000_000
+"""Rates are whole multiples of 1/RATE_SCALE unit per ns (NOTE [rates as integers])."""
+_MAX_AMOUNT = np.iinfo(np.int64).max // RATE_SCALE  # 9.2e12: bits of a 1.1 TB message
+
+
+def transfer_ns(amount, per_ns: float):
+    """Simulated ns to move ``amount`` units (bits, bytes) at ``per_ns`` units per ns, rounded
+    up (NOTE [rates as integers]): the one conversion from an amount to time.
+
+    Accepts an int or an int64 array; returns the same shape.
+
+    Raises:
+        ValueError: a rate that is not finite or floors to zero, or an amount over 9.2e12.
+    """
+    if not math.isfinite(per_ns) or per_ns * RATE_SCALE < 1:
+        raise ValueError(f"rate must be a finite number >= {1 / RATE_SCALE:g} per ns, got {per_ns!r}")
+    rate = math.floor(per_ns * RATE_SCALE)
+    amount = np.asarray(amount, dtype=np.int64)
+    if amount.size and int(amount.max()) > _MAX_AMOUNT:
+        raise ValueError(f"cannot time {int(amount.max())} units in one message: at most {_MAX_AMOUNT}")
+    out = -(-amount * RATE_SCALE // rate)
+    return int(out) if np.ndim(out) == 0 else out
+
+
 def serialization_ns(nbytes, rate_gbps: float, mtu_bytes: int, header_bytes: int):
     """Time to put a message on the wire at ``rate_gbps`` (Gb/s = bit/ns), simulated ns, rounded up.
 
     Accepts an int or an int64 array of payload sizes (bytes).
     """
-    if not rate_gbps > 0:
-        raise ValueError(f"rate must be > 0 Gb/s, got {rate_gbps}")
-    bits = wire_bytes(nbytes, mtu_bytes, header_bytes) * 8
-    # integer ceil of bits / rate with the rate expressed in milli-bit/ns
-    milli = int(round(rate_gbps * 1000))
-    out = -(-np.asarray(bits, dtype=np.int64) * 1000 // milli)
-    return int(out) if np.ndim(out) == 0 else out
+    return transfer_ns(wire_bytes(nbytes, mtu_bytes, header_bytes) * 8, rate_gbps)
 
 
 def goodput_gbps(rate_gbps: float, mtu_bytes: int, header_bytes: int) -> float:
@@ -74,21 +104,24 @@ class LinkParams:
     """
 
     __slots__ = ("topo", "up_gbps", "out_gbps", "up_latency_ns", "leaf_latency_ns",
-                 "spine_latency_ns", "mtu", "hdr", "reduce_bpns", "cpb", "bpl", "oversub", "_box", "_leaf")
+                 "spine_latency_ns", "mtu", "hdr", "reduce_bpns", "cpb", "bpl", "oversub", "no_up", "_box", "_leaf")
 
     def __init__(self, topo: Topology):
         self.topo = topo
         self.up_gbps = topo.scale_up_peer_gbps
         self.out_gbps = topo.scale_out_card_gbps
         self.up_latency_ns = topo.nic_latency_ns
-        self.leaf_latency_ns = 2 * topo.nic_latency_ns + topo.switch_latency_ns
-        self.spine_latency_ns = 4 * topo.nic_latency_ns + 3 * topo.switch_latency_ns
+        host = topo.fabric.host_latency_ns if topo.fabric is not None else 0
+        self.leaf_latency_ns = 2 * topo.nic_latency_ns + topo.switch_latency_ns + host
+        self.spine_latency_ns = 4 * topo.nic_latency_ns + 3 * topo.switch_latency_ns + host
         self.mtu = topo.mtu_bytes
         self.hdr = topo.header_bytes
         self.reduce_bpns = topo.reduce_bytes_per_ns
         self.cpb = topo.cards_per_box
         self.bpl = topo.boxes_per_leaf
-        self.oversub = topo.oversubscription
+        # an ECMP fabric charges contention on its links instead (hccl.sim.fabric)
+        self.oversub = 1.0 if topo.fabric is not None and topo.fabric.ecmp else topo.oversubscription
+        self.no_up = topo.scale_up_ports_per_peer == 0  # box peers through the leaf switch
         self._box = None
         self._leaf = None
 
@@ -105,19 +138,18 @@ class LinkParams:
             self._box = r // self.cpb
             self._leaf = self._box // self.bpl
         box_s, box_d = self._box[src], self._box[dst]
-        out = box_s != box_d
+        out = src != dst if self.no_up else box_s != box_d
         cross = self._leaf[src] != self._leaf[dst]
         any_out = bool(out.any())
         all_out = any_out and bool(out.all())
-        bits = wire_bytes(nbytes, self.mtu, self.hdr) * 8000  # milli-bits
+        bits = wire_bytes(nbytes, self.mtu, self.hdr) * 8
         ser = None
         if not all_out:
-            ser = -(-bits // int(round(self.up_gbps * 1000)))
+            ser = transfer_ns(bits, self.up_gbps)
         if any_out:
-            ser_out = -(-bits // int(round(self.out_gbps * 1000)))
+            ser_out = transfer_ns(bits, self.out_gbps)
             if self.oversub != 1.0:
-                ser_over = -(-bits // int(round(self.out_gbps / self.oversub * 1000)))
-                ser_out = np.where(cross, ser_over, ser_out)
+                ser_out = np.where(cross, transfer_ns(bits, self.out_gbps / self.oversub), ser_out)
             ser = ser_out if all_out else np.where(out, ser_out, ser)
         lat_out = np.where(cross, np.int64(self.spine_latency_ns), np.int64(self.leaf_latency_ns))
         lat = lat_out if all_out else np.where(out, lat_out, np.int64(self.up_latency_ns))
@@ -125,7 +157,7 @@ class LinkParams:
 
     def reduce_ns(self, nbytes):
         """Time to reduce ``nbytes`` received bytes into the buffer, simulated ns."""
-        return -(-np.asarray(nbytes, dtype=np.int64) * 1000 // int(round(self.reduce_bpns * 1000)))
+        return transfer_ns(nbytes, self.reduce_bpns)
 
 
 def link_params(topo: Topology) -> LinkParams:

@@ -4,8 +4,10 @@ A topology says who is linked to whom by which ports; it does not turn bytes int
 (that is :mod:`hccl.sim.link_model`) and does not know about collectives.
 
 Built-in systems are TOML data files in ``hccl/sim/topologies/`` (``hls1``, ``hls2``,
-``hls3``: boxes of 8 Gaudi, Gaudi2, Gaudi3 cards). Each number there carries its unit
-in its name and its source beside it.
+``hls3``: boxes of 8 Gaudi, Gaudi2, Gaudi3 cards; ``hls1h``: first-gen nodes of 4 cards
+whose 40 ports all go to the switches; ``dl1``: AWS DL1, 8 first-gen cards scaling out
+through 4 host NICs). Each number there carries its unit in its name and its source beside
+it; a ``[fabric]`` table describes the switches (:class:`~hccl.sim.fabric.Fabric`).
 
 NOTE [rank placement]
     Rank ``r`` sits in box ``r // cards_per_box`` at local index ``r % cards_per_box``.
@@ -24,17 +26,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hccl.sim.fabric import Fabric
+
 __all__ = ["Topology", "load_topology", "builtin_topologies"]
 
 logger = logging.getLogger(__name__)
 
-_BUILTIN = ("hls1", "hls2", "hls3")
+_BUILTIN = ("hls1", "hls2", "hls3", "hls1h", "dl1")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -82,6 +87,11 @@ class Topology:
     """Boxes whose scale-out ports share one leaf switch."""
     nic_peer: tuple[tuple[int, ...], ...] = ()
     """Per local card, the peer of each NIC: a local card index or -1 (scale-out)."""
+    fabric: Fabric | None = None
+    """The scale-out switches (``[fabric]`` table); None: an ideal fabric."""
+    faults: tuple[tuple[str, int, int, float], ...] = ()
+    """Degraded or down links, ``(kind, a, b, slowdown)`` (0.0: down), from what-ifs
+    (:func:`hccl.sim.whatif.link_faults`); not read from topology files."""
     source: str = ""
     """Where the numbers come from."""
     _up_ports: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), repr=False, compare=False)
@@ -91,20 +101,14 @@ class Topology:
         def bad(msg: str) -> None:
             raise ValueError(f"topology {self.name!r}: {msg}")
 
-        if self.world_size < 1:
-            bad(f"world size must be >= 1, got {self.world_size}")
-        for name in ("cards_per_box", "scale_up_ports_per_peer", "scale_out_ports_per_card",
-                     "mtu_bytes", "boxes_per_leaf", "ports_per_card"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                bad(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("scale_up_line_rate_gbps", "scale_out_line_rate_gbps", "reduce_bytes_per_ns"):
-            if not getattr(self, name) > 0:
-                bad(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("header_bytes", "nic_latency_ns", "switch_latency_ns"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                bad(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
-        if not self.oversubscription >= 1.0:
-            bad(f"oversubscription must be >= 1.0, got {self.oversubscription!r}")
+        for name, (kind, lo, hi, unit) in _RANGES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind) or not lo <= value <= hi:  # NaN fails too
+                what = "an integer" if kind is _INT else "a number"
+                bad(f"{name} must be {what} in [{lo:,}, {hi:,}] {unit}, got {value!r}")
+        for name in ("name", "generation", "source"):
+            if not isinstance(getattr(self, name), str):
+                bad(f"{name} must be a string, got {getattr(self, name)!r}")
         needed = math.ceil(self.world_size / self.cards_per_box)
         if self.num_boxes == 0:
             object.__setattr__(self, "num_boxes", needed)
@@ -183,7 +187,7 @@ class Topology:
         if src == dst:
             raise ValueError(f"rank {src} has no port to itself")
         ls = self.local_rank_of(src)
-        if self.same_box(src, dst):
+        if self.same_box(src, dst) and self.scale_up_ports_per_peer:
             return self._up_ports[ls][self.local_rank_of(dst)]
         return self._out_ports[ls]
 
@@ -193,7 +197,7 @@ class Topology:
 
     def switch_hops(self, src: int, dst: int) -> int:
         """Switches crossed from ``src`` to ``dst``: 0 in a box, 1 on one leaf, 3 via a spine."""
-        if self.same_box(src, dst):
+        if self.same_box(src, dst) and self.scale_up_ports_per_peer:
             return 0
         return 1 if self.leaf_of(src) == self.leaf_of(dst) else 3
 
@@ -201,7 +205,8 @@ class Topology:
         """One-way latency from ``src`` to ``dst``, simulated ns (hops x per-hop latency)."""
         s = self.switch_hops(src, dst)
         links = 1 if s == 0 else s + 1
-        return links * self.nic_latency_ns + s * self.switch_latency_ns
+        host = self.fabric.host_latency_ns if self.fabric is not None and s else 0
+        return links * self.nic_latency_ns + s * self.switch_latency_ns + host
 
     @property
     def scale_up_peer_gbps(self) -> float:
@@ -226,7 +231,28 @@ def builtin_topologies() -> tuple[str, ...]:
     return _BUILTIN
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")}
+_FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")} - {"faults"}
+
+_INT, _NUM = numbers.Integral, numbers.Real
+_RANGES: dict[str, tuple] = {
+    "world_size": (_INT, 1, 1 << 24, "ranks"),
+    "cards_per_box": (_INT, 1, 1024, "cards"),
+    "num_boxes": (_INT, 0, 1 << 24, "boxes (0: as many as the world size needs)"),
+    "ports_per_card": (_INT, 1, 4096, "ports"),
+    "scale_up_ports_per_peer": (_INT, 0, 4096, "ports (0: box peers reach each other through the leaf)"),
+    "scale_out_ports_per_card": (_INT, 1, 4096, "ports"),
+    "scale_up_line_rate_gbps": (_NUM, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "scale_out_line_rate_gbps": (_NUM, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "mtu_bytes": (_INT, 256, 65536, "bytes (RoCE path MTUs are 256 to 4096)"),
+    "header_bytes": (_INT, 0, 4096, "bytes"),
+    "nic_latency_ns": (_INT, 0, 10**9, "simulated ns (up to 1 s)"),
+    "switch_latency_ns": (_INT, 0, 10**9, "simulated ns (up to 1 s)"),
+    "reduce_bytes_per_ns": (_NUM, 0.001, 1e6, "bytes per ns (1 MB/s to 1 PB/s)"),
+    "oversubscription": (_NUM, 1.0, 1000.0, "(1 = non-blocking)"),
+    "boxes_per_leaf": (_INT, 1, 1 << 24, "boxes"),
+}
+"""Type, inclusive range and unit of every numeric field: a topology file that gives another
+type (``true`` is not an MTU), a value out of range, ``inf`` or ``nan`` is refused by name."""
 
 
 def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
@@ -267,6 +293,9 @@ def load_topology(name_or_path: str, world_size: int | None = None, **overrides:
             or a world size the topology cannot hold.
     """
     data, origin = _read(name_or_path)
+    if not data:
+        raise ValueError(f"{origin} is empty: give at least cards_per_box and the line rates "
+                         f"(see the built-in {', '.join(_BUILTIN)} files)")
     unknown = sorted(set(data) - _FIELDS | set(overrides) - _FIELDS)
     if unknown:
         raise ValueError(f"{origin}: unknown field(s) {', '.join(unknown)}")
@@ -281,6 +310,17 @@ def load_topology(name_or_path: str, world_size: int | None = None, **overrides:
         world_size = data.get("world_size") or (
             int(data["num_boxes"]) * int(data.get("cards_per_box", 8)) if fixed else int(data.get("cards_per_box", 8)))
     data["world_size"] = world_size
+    if data.get("fabric") is not None and not isinstance(data["fabric"], Fabric):
+        if not isinstance(data["fabric"], dict):
+            raise ValueError(f"{origin}: [fabric] must be a table")
+        known = {f.name for f in dataclasses.fields(Fabric)}
+        extra = sorted(set(data["fabric"]) - known)
+        if extra:
+            raise ValueError(f"{origin}: unknown [fabric] field(s) {', '.join(extra)}")
+        try:
+            data["fabric"] = Fabric(**data["fabric"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{origin}: {exc}") from None
     if "nic_peer" in data:
         try:
             data["nic_peer"] = tuple(tuple(int(p) for p in row) for row in data["nic_peer"])
@@ -290,5 +330,10 @@ def load_topology(name_or_path: str, world_size: int | None = None, **overrides:
         topo = Topology(**data)
     except TypeError as exc:
         raise ValueError(f"malformed {origin}: {exc}") from None
+    if topo.fabric is not None:
+        try:
+            topo.fabric.check(topo)
+        except ValueError as exc:
+            raise ValueError(f"{origin}: {exc}") from None
     logger.debug("loaded %s: %d ranks on %d boxes", origin, topo.world_size, topo.num_boxes)
     return topo

@@ -30,8 +30,11 @@ import tempfile
 from typing import Sequence
 
 from hccl.sim import algorithms
+from hccl.sim.fabric import ideal
+from hpu_runtime.cli_args import count, real
 from hccl.sim.planner import simulate
 from hccl.sim.topology import load_topology
+from hccl.sim.variability import OFF, PPM, Variability, parse
 
 __all__ = ["TESTS", "MAX_LIVE_RANKS", "bus_factor", "parse_size", "run", "run_live", "planner_cost", "main"]
 
@@ -41,6 +44,7 @@ TESTS = ("all_reduce", "all_gather", "all2all", "reduce_scatter", "broadcast", "
 """hccl_demo's tests."""
 
 _DTYPES = {"float": 4, "bfloat16": 2}
+_T0 = 0.0
 MAX_LIVE_RANKS = 16
 """Largest ``--ranks`` for ``--live`` (one process per rank on this host)."""
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
@@ -59,24 +63,41 @@ def bus_factor(test: str, n: int) -> float:
     raise ValueError(f"unknown test {test!r}; expected one of {', '.join(TESTS)}")
 
 
+_MAX_SIZE = 1 << 40
+
+
 def parse_size(text: str) -> int:
     """Bytes from ``1KB``, ``32m``, ``1G``, ``4096`` (powers of 1024, like hccl_demo)."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMGkmg]?[Bb]?)\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 1KB, 32MB, 1G or a byte count")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+    size = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if size > _MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"size {text!r} is over 1 TB per rank")
+    return size
 
 
 def run(test: str, sizes: Sequence[int], *, ranks: int, topology: str, dtype: str = "float",
-        redop: str = "sum", root: int = 0, algorithm: str | None = None) -> list[dict]:
-    """Simulate ``test`` at each size; return one hccl_demo summary row per size."""
+        redop: str = "sum", root: int = 0, algorithm: str | None = None, ideal_fabric: bool = False,
+        variability: Variability = OFF, compute_ns: int = 0) -> list[dict]:
+    """Simulate ``test`` at each size; return one hccl_demo summary row per size.
+
+    ``ideal_fabric``: no ECMP contention (:func:`hccl.sim.fabric.ideal`). With ``variability``,
+    every rank first computes ``compute_ns`` at its step-0 speed and the collective starts when
+    the slowest is ready (NOTE [the slowest member starts the collective]); ``time`` then counts
+    from the nominal end of that compute, so it includes the wait (``wait_ms`` column).
+    """
     topo = load_topology(topology, world_size=ranks)
+    if ideal_fabric:
+        topo = ideal(topo)
     db = _DTYPES[dtype]
+    wait = compute_ns * (variability.slowest_ppm(ranks, 0) - PPM) // PPM if variability.active else 0
     rows = []
     for size in sizes:
         size -= size % db
         r = simulate(test, size, topo, world_size=ranks, dtype_bytes=db, root=root, algorithm=algorithm)
-        rows.append(_row(test, size, db, dtype, redop, ranks, r.duration_ns, r.algorithm))
+        rows.append(_row(test, size, db, dtype, redop, ranks, r.duration_ns + max(wait, 0), r.algorithm))
+        rows[-1]["wait_ms"] = max(wait, 0) / 1e6
     return rows
 
 
@@ -202,24 +223,34 @@ def planner_cost(test: str, size: int, *, ranks: int, topology: str, repeats: in
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
+    global _T0
+    import time
+    _T0 = time.process_time()
     p = argparse.ArgumentParser(prog="python -m hccl.tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--test", default="all_reduce", choices=TESTS + ("all",))
     p.add_argument("--size", type=parse_size, help="one size (default 32MB if no --size_range)")
     p.add_argument("--size_range", nargs=2, type=parse_size, metavar=("MIN", "MAX"),
                    help="sizes MIN, 2*MIN, ... up to MAX")
-    p.add_argument("--ranks", type=int, default=8, help="world size")
+    p.add_argument("--ranks", type=count(1, 1 << 24, "ranks"), default=8, help="world size")
     p.add_argument("--topology", default="hls2", help="hls1, hls2, hls3 or a topology file")
     p.add_argument("--data_type", default="float", choices=sorted(_DTYPES))
     p.add_argument("--redop", default="sum", choices=["sum", "avg", "min", "max", "prod"])
-    p.add_argument("--test_root", type=int, default=0, help="root of broadcast / reduce")
+    p.add_argument("--test_root", type=count(0, (1 << 24) - 1), default=0, help="root of broadcast / reduce")
     p.add_argument("--algorithm", default=None, help="force an algorithm (like HCCL_ALGO)")
     p.add_argument("--csv", metavar="PATH", help="also write the rows to this CSV file")
     p.add_argument("--live", action="store_true",
                    help=f"run real ranks on this host through the 'hccl' backend (--ranks <= {MAX_LIVE_RANKS})")
-    p.add_argument("--iters", type=int, default=1, help="--live: timed calls per size (after one warm-up)")
-    p.add_argument("--timeout", type=float, default=600.0, help="--live: seconds allowed per test")
+    p.add_argument("--iters", type=count(1, 100_000), default=1, help="--live: timed calls per size (after one warm-up)")
+    p.add_argument("--timeout", type=real(1.0, 86_400.0, "wall seconds"), default=600.0,
+                   help="--live: seconds allowed per test")
     p.add_argument("--planner_cost", action="store_true",
                    help="print the planner's wall cost per call (cold, then cached) instead of the table")
+    p.add_argument("--fabric", choices=["topology", "ideal"], default="topology",
+                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")
+    p.add_argument("--variability", default="off",
+                   help="off, on or seed=N,...: the collective waits for the slowest rank's --compute_ms")
+    p.add_argument("--compute_ms", type=real(0.0, 1e9, "simulated ms"), default=100.0,
+                   help="with --variability: nominal compute before the collective, simulated ms")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING)
@@ -241,14 +272,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 root=a.test_root, algorithm=a.algorithm, iters=a.iters, timeout=a.timeout)
             else:
                 rows = run(t, sizes, ranks=a.ranks, topology=a.topology, dtype=a.data_type, redop=a.redop,
-                           root=a.test_root, algorithm=a.algorithm)
+                           root=a.test_root, algorithm=a.algorithm, ideal_fabric=a.fabric == "ideal",
+                           variability=parse(a.variability), compute_ns=int(a.compute_ms * 1e6))
             _print(rows, t, a.ranks, a.topology, sys.stdout, live=a.live)
             all_rows += rows
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not a.live:
+        import resource
+        import time
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        var = parse(a.variability)
+        note = f"; variability {var.describe()}, slowest-rank wait {all_rows[-1]['wait_ms']:.3f} ms" if var.active else ""
+        print(f"(fabric: {a.fabric}{note}; planner CPU time {time.process_time() - _T0:.2f} s, "
+              f"peak RSS {rss:.0f} MB, this machine)")
     if a.csv:
-        with open(a.csv, "w", newline="") as f:
+        from hpu_runtime.files import atomic_open
+
+        with atomic_open(a.csv, newline="") as f:  # NOTE [atomic files]: a kill leaves the old table
             wr = csv.DictWriter(f, fieldnames=list(all_rows[0]))
             wr.writeheader()
             wr.writerows(all_rows)

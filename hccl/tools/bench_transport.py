@@ -8,8 +8,10 @@ python -m hccl.tools.bench_transport --mpi-worker ...``, which measures "hccl" w
 ``HCCL_TRANSPORT=mpi`` the same way, and adds that column; without MPI it says so and
 prints the rest. ``--hosts H`` splits the ranks into H emulated hosts (``HCCL_HOST_ID``), so the
 "hccl" column measures the multi-host path (the schedule executor: shared memory inside a
-host, TCP between hosts) and the MPI column is left out. These are *wall-clock* figures of the emulator's data movement on this
-machine, not simulated Gaudi times.
+host, TCP between hosts) and the MPI column is left out. ``--load N`` starts N CPU-bound
+processes beside the ranks (and stops them at the end), as a busy laptop or CI runner would
+have: every column is measured under the same load. These are *wall-clock* figures of the
+emulator's data movement on this machine, not simulated Gaudi times.
 
 Bus bandwidth follows hccl_demo/nccl-tests: ``busbw = algbw x 2(n-1)/n`` for allreduce,
 ``algbw = bytes / time``.
@@ -33,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tabulate import tabulate
+
+from hpu_runtime.cli_args import count, real
 
 __all__ = ["main"]
 
@@ -128,23 +132,45 @@ def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None
         return json.loads(Path(out_file).read_text()), ""
 
 
+def _start_load(n: int) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes (a busy loop each); stopped by :func:`_stop_load`."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            for _ in range(n)]
+
+
+def _stop_load(procs: list[subprocess.Popen]) -> None:
+    for pr in procs:
+        pr.kill()
+    for pr in procs:
+        pr.wait()
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m hccl.tools.bench_transport", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--timeout", type=float, default=600.0, help="wall seconds before giving up (per run)")
-    p.add_argument("--hosts", type=int, default=1,
+    p.add_argument("--ranks", type=count(2, 256, "ranks on this host"), default=2)
+    p.add_argument("--iters", type=count(1, 100_000), default=20)
+    p.add_argument("--timeout", type=real(1.0, 86_400.0, "wall seconds"), default=600.0,
+                   help="wall seconds before giving up (per run)")
+    p.add_argument("--hosts", type=count(1, 256, "hosts"), default=1,
                    help="split the ranks into this many emulated hosts (HCCL_HOST_ID): the hccl column is then "
                         "the multi-host path (shared memory inside a host, TCP between hosts); no MPI column")
+    p.add_argument("--load", type=count(0, 256, "processes"), default=0,
+                   help="start this many CPU-bound processes beside the ranks for the whole run (stopped at the end)")
     p.add_argument("--mpi-worker", nargs=2, metavar=("INIT_FILE", "OUT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.mpi_worker:
         _mpi_worker(*args.mpi_worker, args.iters)
         return []
-    if args.ranks < 2:
-        raise SystemExit("--ranks must be >= 2")
-    if args.hosts < 1 or args.ranks % args.hosts:
+    if args.ranks % args.hosts:
         raise SystemExit(f"--hosts must divide --ranks ({args.ranks}); got {args.hosts}")
+    load = _start_load(args.load)
+    try:
+        return _bench(args)
+    finally:
+        _stop_load(load)
+
+
+def _bench(args: argparse.Namespace) -> list[dict]:
     # one intra-op thread per rank, as torchrun sets: ranks spinning on shared memory must
     # not compete with OpenMP worker threads for the cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -172,7 +198,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     factor = 2 * (n - 1) / n
     out = []
     where = f"in {args.hosts} emulated hosts" if args.hosts > 1 else "on this host"
-    print(f"allreduce, {n} ranks {where}, wall-clock (not simulated) figures")
+    beside = f", {args.load} busy process(es) beside them" if args.load else ""
+    print(f"allreduce, {n} ranks {where}{beside}, {os.cpu_count()} cores, wall-clock (not simulated) figures")
     if mpi_times is None:
         print(f"hccl (MPI transport): {why}")
     table = []

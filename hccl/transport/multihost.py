@@ -127,8 +127,9 @@ class HostsTransport:
                 for peer, items in remote_recvs.items():
                     _recv_all(mesh, peer, items, tag)
                 return
-            threads = [_start(errors, _send_all, mesh, peer, items, tag) for peer, items in remote_sends.items()]
-            threads += [_start(errors, _recv_all, mesh, peer, items, tag) for peer, items in remote_recvs.items()]
+            wake = self._wake_self  # a failed helper wakes the pump if it sleeps on its doorbell
+            threads = [_start(errors, wake, _send_all, mesh, peer, items, tag) for peer, items in remote_sends.items()]
+            threads += [_start(errors, wake, _recv_all, mesh, peer, items, tag) for peer, items in remote_recvs.items()]
             if local_sends or local_recvs:
                 def done() -> bool:
                     for queue in (local_sends, local_recvs):
@@ -163,6 +164,9 @@ class HostsTransport:
             for t in threads:
                 t.join()
 
+    def _wake_self(self) -> None:
+        self.arena.ring((self.arena.rank,), always=True)
+
     def abort(self, reason: str) -> None:
         """Raise this rank's abort flag for its host and drop its TCP connections."""
         self.arena.abort(reason)
@@ -184,13 +188,15 @@ def _recv_all(mesh: TcpMesh, peer: int, items: list[torch.Tensor], tag: int) -> 
         mesh.recv(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
 
 
-def _start(errors: list[BaseException], fn, *args) -> threading.Thread:
-    """``fn(*args)`` on a daemon thread; what it raises is appended to ``errors``."""
+def _start(errors: list[BaseException], on_error, fn, *args) -> threading.Thread:
+    """``fn(*args)`` on a daemon thread; what it raises is appended to ``errors``, then
+    ``on_error()`` is called."""
     def body() -> None:
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - re-raised by exchange()
             errors.append(exc)
+            on_error()
 
     t = threading.Thread(target=body, daemon=True, name="hccl-tcp-phase")
     t.start()

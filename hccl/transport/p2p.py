@@ -70,7 +70,7 @@ class SendOp:
             if chunk:
                 slot[_HDR_BYTES : _HDR_BYTES + chunk].copy_(self.data[self.off : self.off + chunk])
             me.ctrl[P2P_SENT_W + dst] = sent + 1
-            self.arena.note_progress()
+            self.arena.note_progress(dst)
             self.off += chunk
             self.done = self.off >= total
         return True
@@ -153,7 +153,7 @@ class RecvOp:
             if h_chunk:
                 self.data[h_off : h_off + h_chunk].copy_(slot[_HDR_BYTES : _HDR_BYTES + h_chunk])
             me.ctrl[P2P_TAKEN_W + src] = taken + 1
-            arena.note_progress()
+            arena.note_progress(src)
             self.off = h_off + h_chunk
             self.done = self.off >= total
         return True

@@ -88,10 +88,13 @@ def check_dtype(tensor: torch.Tensor, what: str = "tensor") -> int:
 
     Raises:
         TypeError: if the dtype is not one HCCL emulation moves (e.g. complex, quantized),
-            naming the dtype; or if the tensor is not on the CPU/"hpu".
+            naming the dtype; or if the tensor is not on the CPU/"hpu", or not dense.
     """
     if tensor.device.type != "cpu":
         raise TypeError(f"hccl: {what} must live on the (emulated) hpu/CPU, got {tensor.device}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"hccl: {what} has layout {str(tensor.layout).removeprefix('torch.')}: only dense"
+                        " tensors are moved (and sparse COO tensors reduced with SUM by allreduce); call .to_dense()")
     code = DTYPE_CODES.get(tensor.dtype)
     if code is None:
         supported = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)

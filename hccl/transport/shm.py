@@ -33,7 +33,12 @@ process's descriptor needs the same user (ptrace read access), which ranks of on
 
 Every wait has a deadline; while waiting, peers are checked for death (their pid) and for
 an abort flag they raise when they fail, so a failure on one rank becomes a clear error on
-every rank instead of a hang.
+every rank instead of a hang. A wait spins briefly, then sleeps in the kernel until a peer
+rings its doorbell (NOTE [futex doorbells] in :mod:`.futex`): every store a peer may wait
+for (a round, a point-to-point counter, an abort) is followed by :meth:`ShmArena.ring`.
+
+Length: a little over 400 lines, on purpose: the segment layout, the round protocol and the
+waits that poll and sleep on it are one protocol, read together.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .futex import PURE_SPIN_S, SPIN_S, fence, futex_wait, futex_wake
 from .reduce_ops import CODE_DTYPES
 
 __all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE", "P2P_SLOT_BYTES", "P2P_SENT_W", "P2P_TAKEN_W"]
@@ -53,6 +59,7 @@ __all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FI
 _MAGIC = 0x4843434C53484D31  # "HCCLSHM1"
 _CTRL_BYTES = 4096
 _MAGIC_W, _PID_W, _STATE_W, _ABORT_W = 0, 1, 2, 3
+_SLEEP_W, _BELL_W = 4, 5  # NOTE [futex doorbells]: "I sleep" flag; the doorbell (its low 32 bits)
 _META_W = 8  # metadata slots start here: slot p (round parity) at _META_W + 16 * p
 #: names of the metadata words every rank publishes with a collective's first slice.
 META_FIELDS = ("seq", "kind", "dtype", "numel", "op", "root", "ready_ns", "x0", "x1", "x2", "x3")
@@ -64,6 +71,9 @@ P2P_SLOT_BYTES = 256 * 1024
 #: control words: messages sent to local rank d / messages taken from local rank s.
 P2P_SENT_W, P2P_TAKEN_W = 256, 320
 MAX_LOCAL_RANKS = 64
+CHECK_S = 0.05
+"""Wall seconds between checks of the awaited peers' pids (and the longest kernel sleep): a
+dead peer is named within about this long, as before the waits slept."""
 _REASON_OFF = 1024  # bytes: abort reason text (utf-8, NUL padded)
 _REASON_LEN = 1024
 #: bytes per element of every dtype the transport moves.
@@ -127,6 +137,8 @@ class ShmSegment:
             finally:
                 os.close(fd)
         self.ctrl = np.frombuffer(self._mm, dtype=np.int64, count=_CTRL_BYTES // 8)
+        #: address of the doorbell word in this process (little-endian: its low 32 bits first)
+        self.bell_addr = self.ctrl.ctypes.data + 8 * _BELL_W
         raw = torch.frombuffer(self._mm, dtype=torch.uint8)
         self.a = raw[_CTRL_BYTES : _CTRL_BYTES + capacity]
         self.b = raw[_CTRL_BYTES + capacity : _CTRL_BYTES + 2 * capacity]
@@ -217,7 +229,9 @@ class ShmArena:
         self.round = 0
         self.moved = 0
         """Point-to-point chunks moved by this rank (:meth:`note_progress`): a wait that sees it
-        change starts its back-off again."""
+        change spins again before it sleeps."""
+        self._rings = 0  # doorbell values this rank wrote (NOTE [futex doorbells])
+        self._peer_idx = [i for i in range(len(segments)) if i != rank]
         self._small_views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
 
     @property
@@ -235,10 +249,22 @@ class ShmArena:
         return views
 
     def signal(self) -> int:
-        """Finish the next round; returns its number."""
+        """Finish the next round (and wake the peers that sleep); returns its number."""
         self.round += 1
         self.me.ctrl[_STATE_W] = self.round
+        self.ring(self._peer_idx)
         return self.round
+
+    def ring(self, targets: Sequence[int], *, always: bool = False) -> None:
+        """Wake the ranks of local indices ``targets`` that sleep (all of them if ``always``),
+        after this rank published something they may wait for (NOTE [futex doorbells])."""
+        fence()
+        for i in targets:
+            seg = self.segments[i]
+            if always or seg.ctrl[_SLEEP_W]:
+                self._rings += 1
+                seg.ctrl[_BELL_W] = (self.rank + 1) << 24 | (self._rings & 0xFFFFFF)
+                futex_wake(seg.bell_addr)
 
     def wait_all(self, what: str) -> None:
         """Block until every peer finished the current round.
@@ -282,60 +308,80 @@ class ShmArena:
         late = [self.peers.index(self.segments[i]) for i in awaited] if awaited is not None else list(range(len(self.peers)))
         self._spin(arrived, lambda: late, what)
 
-    def note_progress(self) -> None:
-        """Record that a point-to-point chunk moved (NOTE [back-off restarts on progress])."""
+    def note_progress(self, peer: int) -> None:
+        """Record that a point-to-point chunk moved to or from local index ``peer`` (whose
+        counter this rank just bumped): wake ``peer`` if it sleeps; this rank's own wait
+        spins again (NOTE [back-off restarts on progress])."""
         self.moved += 1
+        self.ring((peer,))
 
     def _spin(self, arrived, pending, what: str) -> None:
-        """Poll ``arrived()`` until true: spin, then yield, then sleep (growing to 1 ms).
+        """Poll ``arrived()`` until true: spin (:data:`~.futex.PURE_SPIN_S`), spin yielding the
+        core (up to :data:`~.futex.SPIN_S`), then sleep on this rank's doorbell until a peer
+        rings it (NOTE [futex doorbells]), then spin again.
 
         NOTE [back-off restarts on progress]: one wait can cover a whole multi-chunk message
         (a receive pumps its chunks from inside ``arrived()``); when a chunk moved since the
-        last poll, the back-off starts again from spinning, so a long message is not paced
-        by the 1 ms sleeps meant for a peer that is busy elsewhere (they held a 64 MB
-        point-to-point transfer to 0.4 GB/s).
+        last poll, the wait spins again before it sleeps, so a long message is not paced by
+        wake-ups.
 
-        Every 50 ms the peers are checked for death or abort, and past ``timeout_s`` the
-        peers ``pending()`` returns (indices into ``self.peers``) are named in the error.
+        After every wake-up the peers are checked for abort, and every :data:`CHECK_S` for
+        death; past ``timeout_s`` the peers ``pending()`` returns (indices into
+        ``self.peers``) are named in the error.
         """
-        start = time.monotonic()
-        spins = 0
-        next_check = start + 0.05
-        delay = 0.0
-        seen = self.moved
-        while not arrived():
-            if self.moved != seen:
-                seen, spins, delay = self.moved, 0, 0.0
-            spins += 1
-            if spins > 2000:
-                if delay:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1e-3)
-                else:
-                    os.sched_yield()
-                    if spins > 4000:
-                        delay = 2e-5
-            if spins % 64 == 0 or delay:
+        if arrived():
+            return
+        me = self.me.ctrl
+        start = now = time.monotonic()
+        deadline = start + self.timeout_s
+        next_check = start + CHECK_S
+        spin_from, seen = start, self.moved
+        while True:
+            if now - spin_from < SPIN_S:
+                for _ in range(16):
+                    if arrived():
+                        return
+                if now - spin_from >= PURE_SPIN_S:
+                    os.sched_yield()  # a peer queued on this core runs now, not at the next tick
                 now = time.monotonic()
-                if now >= next_check:
-                    next_check = now + 0.05
-                    late = pending()
-                    self._check_peers(late, what)
-                    if now - start > self.timeout_s:
-                        names = ", ".join(str(self.peer_ranks[i]) for i in late)
-                        raise HcclTimeoutError(
-                            f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
-                            f" in {what} waiting for rank(s) {names}"
-                        )
+                if self.moved != seen:
+                    spin_from, seen = now, self.moved
+                continue
+            bell = int(me[_BELL_W])
+            me[_SLEEP_W] = 1
+            fence()  # the flag is visible before the check below reads the peers (Dekker)
+            try:
+                if arrived():
+                    return
+                futex_wait(self.me.bell_addr, bell, max(1e-4, min(next_check, deadline) - now))
+            finally:
+                me[_SLEEP_W] = 0
+            if arrived():
+                return
+            now = time.monotonic()
+            spin_from, seen = now, self.moved
+            self._check_aborts(what)
+            if now >= next_check:
+                next_check = now + CHECK_S
+                late = pending()
+                self._check_peers(late, what)
+                if now >= deadline:
+                    names = ", ".join(str(self.peer_ranks[i]) for i in late)
+                    raise HcclTimeoutError(
+                        f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
+                        f" in {what} waiting for rank(s) {names}"
+                    )
 
-    def _check_peers(self, pending: list[int], what: str) -> None:
+    def _check_aborts(self, what: str) -> None:
         for i, seg in enumerate(self.peers):
-            r = self.peer_ranks[i]
             if seg.aborted:
                 raise PeerFailure(
-                    f"hccl: rank {r} aborted while rank {self.group_ranks[self.rank]} was in {what}:"
+                    f"hccl: rank {self.peer_ranks[i]} aborted while rank {self.group_ranks[self.rank]} was in {what}:"
                     f" {seg.abort_reason()}"
                 )
+
+    def _check_peers(self, pending: list[int], what: str) -> None:
+        self._check_aborts(what)
         for i in pending:
             pid = self.peers[i].pid
             if not _pid_alive(pid):
@@ -347,6 +393,7 @@ class ShmArena:
     def abort(self, reason: str) -> None:
         """Tell every peer this rank failed (they raise PeerFailure instead of timing out)."""
         self.me.set_abort(reason)
+        self.ring(self._peer_idx, always=True)
 
     def unlink_own(self) -> None:
         self.me.unlink()

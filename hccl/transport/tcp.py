@@ -11,7 +11,7 @@ sequence number, int64 payload bytes) followed by the raw payload bytes.
 Sockets listen on 127.0.0.1 unless the group's ``HCCL_SOCKET_ADDR`` names an address, or
 ``HCCL_SOCKET_IFNAME`` names an interface whose IPv4 address is used. Every blocking call
 has the process group's timeout; a peer that closes its socket raises
-:class:`~hccl.transport.shm.PeerFailure` naming the rank.
+:class:`ConnectionLost` (a :class:`~hccl.transport.shm.PeerFailure`) naming the rank.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from .shm import HcclTimeoutError, PeerFailure
 
-__all__ = ["TcpMesh", "listen_address", "HELLO_BYTES"]
+__all__ = ["TcpMesh", "ConnectionLost", "listen_address", "HELLO_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,11 @@ _TOKEN_LEN = 48
 HELLO_BYTES = 8 + 8 + _TOKEN_LEN
 _HDR = struct.Struct("<4s4sqq")
 _MSG_MAGIC = b"HCCL"
+
+
+class ConnectionLost(PeerFailure):
+    """A peer's connection closed or broke: it failed, or it dropped its connections because
+    another rank failed (the torch face then names that first failure)."""
 
 
 def _ifname_address(ifname: str) -> str:
@@ -87,10 +92,15 @@ class TcpMesh:
         token: the job token every peer must present (from the rendezvous store).
         timeout_s: limit for connecting and for every send/receive, wall seconds.
         address: the address to listen on (:func:`listen_address`; default loopback).
+        origin: where ``address`` came from (``HCCL_SOCKET_ADDR='...'``), for errors.
+
+    Raises:
+        ValueError: ``address`` cannot be listened on (not an address of this host, or a
+            name that does not resolve), naming ``origin``.
     """
 
     def __init__(self, rank: int, peers: Sequence[int], token: str, timeout_s: float, *,
-                 address: str = "127.0.0.1") -> None:
+                 address: str = "127.0.0.1", origin: str = "") -> None:
         if len(token.encode()) > _TOKEN_LEN:
             raise ValueError("hccl: job token too long")
         self.rank = rank
@@ -101,7 +111,12 @@ class TcpMesh:
         self.refused = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((address, 0))
+        try:
+            self._listener.bind((address, 0))
+        except OSError as exc:  # socket.gaierror too: a name that does not resolve
+            self._listener.close()
+            where = f" ({origin})" if origin else ""
+            raise ValueError(f"hccl: rank {rank} cannot listen on {address!r}{where}: {exc}") from None
         self._listener.listen(max(8, len(self.peers)))
         self._accept_thread: threading.Thread | None = None
         self._accept_error: BaseException | None = None
@@ -207,7 +222,7 @@ class TcpMesh:
         except (TimeoutError, socket.timeout):
             raise HcclTimeoutError(f"hccl: rank {self.rank} timed out sending to rank {peer}") from None
         except OSError as exc:
-            raise PeerFailure(f"hccl: rank {peer} is unreachable from rank {self.rank}: {exc}") from None
+            raise ConnectionLost(f"hccl: rank {peer} is unreachable from rank {self.rank}: {exc}") from None
 
     def recv(self, peer: int, tag: bytes, seq: int, into: memoryview) -> None:
         """Receive one framed message from ``peer`` into ``into`` (its size must match)."""
@@ -233,7 +248,7 @@ class TcpMesh:
                 f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s waiting for rank {peer}"
             ) from None
         except ConnectionError as exc:
-            raise PeerFailure(f"hccl: rank {peer} closed its connection to rank {self.rank} ({exc})") from None
+            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {self.rank} ({exc})") from None
 
     def exchange(self, tag: bytes, seq: int, send: memoryview, recv: dict[int, memoryview]) -> None:
         """Send ``send`` to every peer and receive ``recv[p]`` from each, without deadlock.

@@ -63,6 +63,7 @@ from torch.profiler import ProfilerActivity as _CActivity
 
 from ..bridge.runtime import get_device
 from ..device.timeline import TraceEvent
+from ..files import atomic_write
 
 __all__ = ["LANES", "ProfilerActivity", "install", "device_events"]
 
@@ -230,17 +231,24 @@ def install() -> None:
         return exit_(self, *exc)
 
     def export_chrome_trace(self, path, metadata=None, use_python_export=False):
-        result = export(self, path, metadata, use_python_export)
         window = getattr(self, "_hpu_window", None)
-        if window and window["spans"] is not None:
-            path = Path(path)
-            trace = json.loads(path.read_text())
-            events = trace.setdefault("traceEvents", [])
-            steps = sorted(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
-            events.extend(device_events(window["spans"], window["t0_ns"], _first_cpu_ts(events), _rank(),
-                                        window["steps"], steps))
-            trace.setdefault("deviceProperties", []).append({"id": _rank(), "name": f"simulated {get_device().spec.name}"})
-            path.write_text(json.dumps(trace))
+        if not (window and window["spans"] is not None):
+            return export(self, path, metadata, use_python_export)
+        # Kineto writes in place: it writes a temporary file here, and the trace with the device
+        # lanes replaces ``path`` whole (NOTE [atomic files] in hpu_runtime.files)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.kineto.tmp")
+        try:
+            result = export(self, str(tmp), metadata, use_python_export)
+            trace = json.loads(tmp.read_text())
+        finally:
+            tmp.unlink(missing_ok=True)
+        events = trace.setdefault("traceEvents", [])
+        steps = sorted(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+        events.extend(device_events(window["spans"], window["t0_ns"], _first_cpu_ts(events), _rank(),
+                                    window["steps"], steps))
+        trace.setdefault("deviceProperties", []).append({"id": _rank(), "name": f"simulated {get_device().spec.name}"})
+        atomic_write(path, json.dumps(trace))
         return result
 
     def _ensure_function_events(self):

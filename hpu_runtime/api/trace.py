@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..device.timeline import STREAMS, TraceEvent
+from ..files import atomic_write
 
 __all__ = [
     "STREAMS",
@@ -93,13 +94,11 @@ def to_chrome_trace(events: Iterable[TraceEvent], *,
 
 
 def write_trace(path: str | Path, trace: Mapping[str, Any]) -> Path:
-    """Write a trace object as JSON (parent directories are created)."""
+    """Write a trace object as JSON (parent directories are created), whole or not at all
+    (NOTE [atomic files] in :mod:`hpu_runtime.files`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(trace, separators=(",", ":")))
-    tmp.replace(path)
-    return path
+    return atomic_write(path, json.dumps(trace, separators=(",", ":")))
 
 
 def rank_trace_path(directory: str | Path, rank: int) -> Path:

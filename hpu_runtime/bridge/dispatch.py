@@ -205,13 +205,14 @@ class HpuDispatchMode(TorchDispatchMode):
                     kwargs["device"] = _CPU
         else:
             kwargs = {}
+        sig = self.device.check_outputs(func, args, kwargs)  # NOTE [HBM before host] in op_accounting
         out = func(*args, **kwargs)
         if func is _LOCAL_SCALAR:
             if self.device.is_resident(args[0]):
                 self.device.host_read(args[0].element_size(), args[0])
             return out
         try:
-            self.device.record(func, args, kwargs, out)
+            self.device.record(func, args, kwargs, out, sig)
         except HPUOutOfMemoryError:
             raise
         except Exception:  # noqa: BLE001 - accounting must never break the user's numerics

@@ -101,6 +101,16 @@ class Launcher:
         self._colls: list[GraphCollective] = []  # lazy collectives in the pending graph
         self._host_start = 0
         self._op_host_ns = spec.host_op_ns
+        self._eager_ns = spec.eager_op_launch_ns
+        self._launch_ns = spec.graph_launch_ns
+
+    def rescale(self) -> None:
+        """Take the card's slowdown of this step into the cached host costs (NOTE [a slower
+        card, step by step] in :mod:`hpu_runtime.device.card`)."""
+        scaled, spec = self.card.scaled, self.spec
+        self._op_host_ns = 0 if self.region is not None else scaled(spec.host_op_ns)
+        self._eager_ns = scaled(spec.eager_op_launch_ns)
+        self._launch_ns = scaled(spec.graph_launch_ns)
 
     # ---- accumulate ------------------------------------------------------------------------
     def append_op(self, op: OpRecord) -> None:
@@ -115,7 +125,7 @@ class Launcher:
         accumulate = self.lazy or self.region is not None
         if not pending:
             self._host_start = card.host_ns
-        card.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
+        card.host_ns += self._op_host_ns if accumulate else self._eager_ns
         pending.append(op.cost)
         self._keys.append(op.key)
         self._ops.append(op)
@@ -149,7 +159,7 @@ class Launcher:
         """
         card = self.card
         if launch_host_ns is None:
-            launch_host_ns = self.spec.graph_launch_ns
+            launch_host_ns = self._launch_ns
         n = len(self.pending)
         if self.log is not None:  # logged even when empty: a replay may put ops before it (DDP's)
             self.log.append(("launch", reason))
@@ -172,7 +182,7 @@ class Launcher:
             colls, self._colls = self._colls, []
             span = card.run_graph(ready, self._ops, times, colls, label)
         else:
-            span = card.compute.run(ready, recipe.device_ns, label)
+            span = card.run_compute(ready, recipe.device_ns, label)
         if self.graph_log is not None:
             if times is None:
                 times = graph_op_times(self.spec, self._ops)
@@ -220,7 +230,7 @@ class Launcher:
         if self.log is not None:
             self.log.append(("region", label))
         self.region = label
-        self._op_host_ns = 0 if label is not None else self.spec.host_op_ns
+        self._op_host_ns = 0 if label is not None else self.card.scaled(self.spec.host_op_ns)
 
     def begin_capture(self, ops: list) -> None:
         """Start recording ops into ``ops`` as one HPU graph (ops keep their host cost)."""
@@ -249,11 +259,11 @@ class Launcher:
         records = graph.records if graph is not None else ()
         if self.log is not None:
             self.log.append(("replay", records, label))
-        card.host_ns += self.spec.graph_replay_ns
+        card.host_ns += card.scaled(self.spec.graph_replay_ns)
         dep = max((card.dependency_ns(op) for op in records), default=0) if card.ready_after else 0
         times = graph_op_times(self.spec, list(records))
         device_ns = sum(times)
-        span = card.compute.run(max(card.host_ns, dep), device_ns, f"{label} replay")
+        span = card.run_compute(max(card.host_ns, dep), device_ns, f"{label} replay")
         if self.graph_log is not None:
             self.graph_log.append(GraphInfo("replay", len(records), span[0], device_ns, tuple(times)))
         self.replays += 1

@@ -10,6 +10,18 @@ fall back to the CPU, fused kernels (the ``hpex`` optimizers) and the casts an e
 bf16 autocast region charges (NOTE [fp32 on the host, bf16 on the device] in
 :mod:`hpu_runtime.bridge.autocast`).
 
+NOTE [HBM before host]
+An op's outputs are checked against the simulated HBM before the host allocates them
+(:meth:`OpAccounting.check_outputs`, called by the dispatch mode before it runs the op): an
+output larger than the free HBM raises
+:class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` without touching host memory, even
+when its inputs are small (``ones(1).expand(30_000_000_000).contiguous()``, an outer product,
+a broadcast). The output size comes from running the op once on ``meta`` tensors (no
+storage) the first time an (op, signature) is seen, then from a memo: the steady-state cost
+is one dictionary lookup per op, and the signature is computed once for both the check and
+:meth:`OpAccounting.record`. Ops without a meta kernel, or whose output shape depends on the
+data (``nonzero``), are checked after they ran, when their outputs become resident.
+
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.
 """
@@ -133,6 +145,28 @@ def _cost_key(facts: OpFacts, sig: tuple, out: object, low: bool) -> tuple:
                   tuple(_FLOAT if type(y) is float else y for y in x) if type(x) is tuple else x for x in sig))
 
 
+_OUT_BYTES_LIMIT = 100_000
+_META = torch.device("meta")
+
+
+def _meta_output_bytes(func, args: tuple, kwargs: dict) -> int:
+    """Bytes of storage ``func``'s outputs allocate, from a run on ``meta`` tensors (no data,
+    no host memory); 0 when it cannot tell (no meta kernel, or one that needs the data)."""
+    def meta(x):
+        if isinstance(x, _Tensor):
+            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=_META)
+        if isinstance(x, (list, tuple)):
+            return type(x)(meta(y) for y in x)
+        return x
+
+    try:
+        out = func(*[meta(a) for a in args],
+                   **{k: _META if k == "device" else meta(v) for k, v in kwargs.items()})
+        return sum(o.untyped_storage().nbytes() for o in out_tensors(out))
+    except Exception:  # noqa: BLE001 - checked after the op instead (NOTE [HBM before host])
+        return 0
+
+
 @dataclass(slots=True)
 class OpInfo:
     """What the device needs to know about one (op, signature), computed once."""
@@ -209,17 +243,44 @@ class OpAccounting:
         self._emulated_casts: set[int] = set()  # weights whose casts this region has charged
         self._memo: dict = {}  # graph-key entry -> OpInfo
         self._costs: dict = {}  # cost key (float arguments left out) -> OpInfo
+        self._out_bytes: dict = {}  # (op, signature) -> bytes its outputs allocate (NOTE [HBM before host])
         self._in_kernel = 0  # > 0 inside fused_kernel(): the host ops are not charged one by one
 
-    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:
+    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:
+        """Before ``func`` runs: raise if its outputs would not fit in the free HBM (NOTE [HBM
+        before host]); returns the op's signature for :meth:`record` (None: not computed).
+
+        Raises:
+            HPUOutOfMemoryError: the outputs would not fit; nothing was allocated.
+        """
+        facts = _FACTS.get(id(func))
+        if facts is None or facts.func is not func:
+            facts = op_facts(func)
+        if facts.ignored or not facts.allocates or facts.dynamic or self._in_kernel:
+            return None
+        sig = op_signature(args, kwargs)
+        key = (facts.name, sig)
+        nbytes = self._out_bytes.get(key)
+        if nbytes is None:
+            if len(self._out_bytes) >= _OUT_BYTES_LIMIT:
+                self._out_bytes.clear()
+            nbytes = self._out_bytes[key] = _meta_output_bytes(func, args, kwargs)
+        hbm = self.residency.hbm
+        if nbytes > hbm.free_bytes:
+            hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
+        return sig
+
+    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the hot path; see
-        NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`)."""
+        NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`); ``sig``: its
+        signature if :meth:`check_outputs` computed it."""
         facts = _FACTS.get(id(func))
         if facts is None or facts.func is not func:
             facts = op_facts(func)
         if facts.ignored or self._in_kernel:
             return
-        sig = op_signature(args, kwargs)
+        if sig is None:
+            sig = op_signature(args, kwargs)
         low = self.fp32_as_bf16 and not facts.keeps_fp32
         mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
         info = self._memo.get(mk)

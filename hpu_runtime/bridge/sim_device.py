@@ -113,6 +113,7 @@ class SimDevice:
                                 fallback if fallback is not None else FallbackPolicy(), self.lock)
         # The bridge's hot path, bound on the instance so a dispatched op costs no extra call.
         self.record = self.ops.record
+        self.check_outputs = self.ops.check_outputs
 
     # ---- residency and HBM -------------------------------------------------------------------
     def is_resident(self, t: torch.Tensor) -> bool:
@@ -153,10 +154,15 @@ class SimDevice:
                 self.launcher.log.append(("h2d", nbytes))
 
     # ---- ops and graphs ----------------------------------------------------------------------
-    def record(self, func, args: tuple, kwargs: dict, out: object) -> None:  # shadowed in __init__
+    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:  # shadowed
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the bridge's hot
         path; see :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`)."""
-        self.ops.record(func, args, kwargs, out)
+        self.ops.record(func, args, kwargs, out, sig)
+
+    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:  # shadowed in __init__
+        """Raise ``HPUOutOfMemoryError`` before ``func`` runs if its outputs would not fit (see
+        :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`)."""
+        return self.ops.check_outputs(func, args, kwargs)
 
     def uncharged(self):
         """Context manager: the body's tensor ops run (real numerics) and are not charged."""
@@ -351,4 +357,14 @@ class SimDevice:
         """
         with self.lock:
             self.launch("mark_step")
-            return self.card.end_step()
+            times = self.card.end_step()
+            if self.card.step_slowdown is not None:
+                self.launcher.rescale()
+            return times
+
+    def set_step_slowdown(self, fn: Callable[[int], int] | None) -> None:
+        """Run each step ``s`` ``fn(s) / 1e6`` times slower than nominal, from this step on
+        (None: nominal); see NOTE [a slower card, step by step] in :mod:`hpu_runtime.device.card`."""
+        with self.lock:
+            self.card.set_step_slowdown(fn)
+            self.launcher.rescale()

@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from ..cli_args import count
+
 __all__ = ["main"]
 
 
@@ -59,7 +61,7 @@ def _run(label: str, layer, x, repeats: int) -> tuple[float, int, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpu_runtime.tools.bench_autocast", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=count(1, 1000), default=3)
     args = p.parse_args(argv)
     import hpu_runtime as hpu
 

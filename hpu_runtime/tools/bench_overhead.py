@@ -22,6 +22,8 @@ import statistics
 import sys
 import time
 
+from ..cli_args import count
+
 __all__ = ["breakdown", "measure", "main"]
 
 
@@ -151,10 +153,10 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpu_runtime.tools.bench_overhead", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 2048])
+    parser.add_argument("--steps", type=count(1, 10**6), default=30, help="timed steps per round")
+    parser.add_argument("--rounds", type=count(1, 1000), default=3, help="alternating rounds (median reported)")
+    parser.add_argument("--batch", type=count(1, 1 << 20), default=32)
+    parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the plain step under no-op Python modes (the floor of any Python-mode bridge)")
     args = parser.parse_args(argv)

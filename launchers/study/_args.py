@@ -5,28 +5,20 @@ from __future__ import annotations
 import argparse
 import os
 
-__all__ = ["positive_int", "positive_float", "env_mode", "env_flag", "add_model_args", "list_of", "boolean",
-           "first_mb"]
+from hpu_runtime.cli_args import count, real
+
+__all__ = ["size", "ranks", "pixels", "mb", "env_mode", "env_flag", "add_model_args", "add_fabric_arg", "list_of",
+           "boolean", "first_mb"]
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+size = count(1, 1 << 20)
+"""A per-card batch or a sequence length."""
+ranks = count(1, 1 << 24, "ranks")
+"""A world size."""
+pixels = count(8, 8192, "pixels")
+"""Pixels per side of an image."""
+mb = real(0.0, 1e6, "MB", lo_open=True)
+"""A size in MiB (``bucket_cap_mb``)."""
 
 
 def env_mode() -> str:
@@ -40,13 +32,13 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, batch_required: bool = True) -> None:
     """The model flags every study command shares."""
     p.add_argument("--model", required=True,
                    help="registered name (name:flavour for a flavour) or package.module:factory")
-    p.add_argument("--batch-size", type=positive_int, required=True, help="per-card batch")
-    p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sample (text models)")
-    p.add_argument("--image-size", type=positive_int, default=None, help="pixels per side (image models)")
+    p.add_argument("--batch-size", type=size, required=batch_required, default=None, help="per-card batch")
+    p.add_argument("--seq-len", type=size, default=None, help="tokens per sample (text models)")
+    p.add_argument("--image-size", type=pixels, default=None, help="pixels per side (image models)")
 
 
 def list_of(kind, name: str):
@@ -68,4 +60,10 @@ def boolean(text: str) -> bool:
 
 
 def first_mb(text: str) -> float | None:
-    return None if text.strip().lower() in ("default", "none") else positive_float(text)
+    return None if text.strip().lower() in ("default", "none") else mb(text)
+
+
+def add_fabric_arg(p: argparse.ArgumentParser) -> None:
+    """``--fabric topology|ideal``: the topology file's scale-out fabric or an ideal one."""
+    p.add_argument("--fabric", default="topology", choices=["topology", "ideal"],
+                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._args import add_model_args, env_flag, env_mode, positive_float, positive_int
+from ._args import add_model_args, env_flag, env_mode, mb, ranks
 
 __all__ = ["add_parser", "trace_json", "run"]
 
@@ -49,12 +49,12 @@ def add_parser(sub) -> None:
     t.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
                    help="bf16 (default): forward and loss under bf16 autocast, as Habana's --autocast"
                         " recipes train these models; fp32: no autocast")
-    t.add_argument("--bucket-cap-mb", type=positive_float, default=None,
+    t.add_argument("--bucket-cap-mb", type=mb, default=None,
                    help="also give DDP's buckets for this bucket_cap_mb and the planned DDP step")
-    t.add_argument("--first-bucket-mb", type=positive_float, default=None,
+    t.add_argument("--first-bucket-mb", type=mb, default=None,
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB (torch uses it only with the default cap)")
     t.add_argument("--gradient-as-bucket-view", action="store_true")
-    t.add_argument("--world-size", type=positive_int, default=8, help="ranks for the planned DDP step")
+    t.add_argument("--world-size", type=ranks, default=8, help="ranks for the planned DDP step")
     t.add_argument("--topology", default="hls2", help="hls1, hls2, hls3 or a topology file")
     t.add_argument("--json", default=None, metavar="PATH", help="write the JSON here")
 
@@ -141,7 +141,9 @@ def run(args: argparse.Namespace) -> int:
     out = trace_json(args)
     _print_summary(out)
     if args.json:
-        with open(args.json, "w") as f:
+        from hpu_runtime.files import atomic_open
+
+        with atomic_open(args.json) as f:  # NOTE [atomic files]
             json.dump(out, f, indent=1)
         print(f"  JSON written to {args.json}")
     return 0

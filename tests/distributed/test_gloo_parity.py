@@ -212,3 +212,46 @@ def test_recv_from_any_source_that_never_comes_times_out_naming_it():
     secs, _, msg = text.partition(" ")
     assert float(secs) >= 2.5, "the group's 3 s timeout must not fire early"
     assert "timed out" in msg and "recv from any source" in msg, text
+
+
+def _sparse_and_refused(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(rank)
+    dense = torch.randn(6, 4, generator=g) * (torch.rand(6, 4, generator=g) > 0.5)
+    sparse = dense.to_sparse()
+    dist.all_reduce(sparse)  # gloo takes a sparse COO SUM (DDP's sparse embedding gradients)
+    out = {"sparse": sparse.to_dense().tolist(), "refused": {}}
+    if dist.get_backend() != "hccl":
+        return out
+    bad = {"expanded": torch.ones(1, 4).expand(3, 4), "csr": dense.to_sparse_csr(),
+           "quantized": torch.quantize_per_tensor(dense, 0.1, 0, torch.quint8)}
+    for name, t in bad.items():
+        for coll in ("allreduce", "broadcast"):
+            try:
+                dist.all_reduce(t) if coll == "allreduce" else dist.broadcast(t, src=0)
+                out["refused"][f"{name} {coll}"] = "accepted"
+            except (TypeError, ValueError) as exc:
+                out["refused"][f"{name} {coll}"] = str(exc)
+            after = torch.full((3,), float(rank))
+            dist.all_reduce(after)  # the group stays usable
+            assert after.tolist() == [float(sum(range(world)))] * 3
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_sparse_allreduce_equals_gloo_and_refused_tensors_leave_the_group_usable():
+    """A sparse COO allreduce gives gloo's sum; an expanded view (which gloo writes into,
+    corrupting the heap), a CSR or a quantized tensor is refused by name on every rank before
+    anything moves, and the next collective works."""
+    import torch
+
+    ours = run_ranks(_sparse_and_refused, 2)
+    ref = run_ranks(_sparse_and_refused, 2, backend="gloo")
+    for mine, theirs in zip(ours, ref):
+        torch.testing.assert_close(torch.tensor(mine["sparse"]), torch.tensor(theirs["sparse"]))
+        refused = mine["refused"]
+        assert all(v != "accepted" for v in refused.values()), refused
+        assert "share memory" in refused["expanded allreduce"] and "layout sparse_csr" in refused["csr broadcast"]
+        assert "quint8" in refused["quantized allreduce"]

@@ -184,3 +184,61 @@ def test_small_phases_between_hosts_run_inline_and_a_dead_peer_is_named():
     xs = [torch.randn(64, generator=torch.Generator().manual_seed(r), dtype=torch.float64).numpy() for r in range(2)]
     np.testing.assert_array_equal(np.asarray(got), xs[0] + xs[1])
     assert "rank 1" in err and "timed out" not in err, err
+
+
+def _dies_in_a_large_allreduce(rank: int, world: int) -> str:
+    dist.barrier()
+    if rank == 1:  # dies in the first data phase, after every rank agreed on the call
+        transport = dist.group.WORLD._coll.transport
+        exchange, calls = transport.exchange, []
+
+        def dying(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                os._exit(3)
+            return exchange(*args, **kwargs)
+
+        transport.exchange = dying
+    try:
+        dist.all_reduce(torch.ones(2 << 20))  # 8 MB: TCP phases on helper threads
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_rank_is_named_on_the_other_host_too():
+    """Hierarchical allreduce over 2 hosts of 2 ranks: rank 1 dies in the reduce-scatter inside
+    host 0; rank 0 finds it through shared memory and drops its connections. Rank 2, whose only
+    partner on the other host is rank 0, names rank 1 too (NOTE [the first failure names the
+    cause]), not "rank 0 closed its connection"."""
+    res = run_ranks(_dies_in_a_large_allreduce, 4, pg_timeout=60, timeout=100, expect_errors=True,
+                    env=TWO_HOSTS | {"HCCL_ALGO": "hierarchical"})
+    assert res[1] == ("missing", 3)
+    for rank in (0, 2, 3):
+        status, msg = res[rank]
+        assert status == "ok", msg
+        assert "rank 1" in msg and "timed out" not in msg, (rank, msg)
+        cause = msg.split(" [")[0]
+        assert not any(f"rank {r} closed its connection" in cause or f"rank {r} is unreachable" in cause
+                       for r in (0, 2, 3)), msg
+
+
+def _bad_socket_addr(rank: int, world: int) -> str:
+    os.environ["HCCL_SOCKET_ADDR"] = "192.0.2.1" if rank == 0 else "127.0.0.1"  # TEST-NET-1: not ours
+    try:
+        dist.new_group(backend="hccl")
+    except Exception as exc:  # noqa: BLE001 - the test reads the text
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_an_address_that_cannot_be_listened_on_names_hccl_socket_addr_on_every_rank():
+    """Rank 0's HCCL_SOCKET_ADDR is not an address of this host: rank 0 names the variable and
+    its value; every other rank names rank 0 and the same cause, at once (not at the timeout)."""
+    res = run_ranks(_bad_socket_addr, 4, pg_timeout=60, timeout=100, env=TWO_HOSTS)
+    assert res[0].startswith("ValueError: hccl: rank 0 cannot listen on '192.0.2.1' (HCCL_SOCKET_ADDR='192.0.2.1')"), res[0]
+    for msg in res[1:]:
+        assert msg.startswith("PeerFailure: hccl: a rank of this group cannot listen"), msg
+        assert "rank 0: hccl: rank 0 cannot listen on '192.0.2.1' (HCCL_SOCKET_ADDR='192.0.2.1')" in msg, msg

@@ -95,7 +95,8 @@ def test_bucket_study_compile_mode_traces_per_cap_and_runs_live_in_that_mode(tmp
     def fake_run(cmd, **_kw):
         commands.append(cmd)
         summary = cmd[cmd.index("--summary") + 1]
-        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 123}]}]}))
+        steps = int(cmd[cmd.index("--max-steps") + 1])  # the study asks for the steps it planned
+        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 123}] * steps}]}))
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(bucket.subprocess, "run", fake_run)
@@ -131,9 +132,10 @@ def _one_box_topology(tmp_path) -> str:
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "no-such-model"], "registered: .*resnet50"),
-    (["--bucket-cap-mb", "0"], "must be > 0"),
+    (["--bucket-cap-mb", "0"], r"0 is not a finite number in \(0, "),
+    (["--bucket-cap-mb", "inf"], "inf is not a finite number"),
     (["--bucket-cap-mb", ","], "empty list"),
-    (["--world-sizes", "0"], "must be >= 1"),
+    (["--world-sizes", "0"], r"0 is not in \[1, "),
     (["--topology", "no-such-topology"], "no-such-topology"),
     (["--mode", "turbo"], "unknown mode"),
     (["--mode", "compile", "--bucket-cap-mb", "0.5"], "DDPOptimizer refuses"),

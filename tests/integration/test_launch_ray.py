@@ -148,10 +148,10 @@ def test_bridge_starts_at_the_targets_first_emulator_import(monkeypatch: pytest.
 
 @pytest.mark.timeout(60)
 def test_zero_workers_is_a_usage_error() -> None:
-    """--num-workers 0 exits 2 with a message naming the flag."""
+    """--num-workers 0 exits 2 with a message naming the flag and the range."""
     proc = _ray("--num-workers", "0", TINY)
     assert proc.returncode == 2
-    assert "--num-workers must be at least 1" in proc.stderr
+    assert "argument --num-workers: 0 is not in [1, 65,536] ranks" in proc.stderr
 
 
 @pytest.mark.timeout(60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -34,8 +35,26 @@ else:
 """
 
 
+def _env() -> dict[str, str]:
+    return clean_env() | {"HCCL_HOST_ID": "the-host"}
+
+
+def _silent_rank(store: dist.TCPStore, rank: int) -> None:
+    """Publish what rank ``rank`` says in the rendezvous (its host and the settings every rank
+    shares, NOTE [settings agreement]), as if it had arrived and then went silent."""
+    from hccl.agreement import settings_of
+    from hccl.config import HcclConfig
+    from hccl.sim.cluster import from_env as cluster_from_env
+    from hpu_runtime.bridge.config import RuntimeConfig
+
+    env = _env()
+    settings = settings_of(HcclConfig.from_env(env), RuntimeConfig.from_env(env).spec, cluster_from_env(env))
+    row = {"host": "the-host", "settings": settings}
+    store.set(f"hccl/host/{rank}", json.dumps(row))
+
+
 def _start(port: int, rank: int, world: int, then: str) -> subprocess.Popen:
-    env = clean_env() | {"HCCL_HOST_ID": "the-host"}
+    env = _env()
     return subprocess.Popen([sys.executable, "-c", _RANK, str(port), str(rank), str(world), then],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -65,7 +84,7 @@ def test_rank_killed_inside_the_rendezvous_leaves_no_segment():
     comes; SIGKILL (what torchrun's teardown ends with) must leave nothing in /dev/shm."""
     before = shm_names()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    store.set("hccl/host/1", "the-host")  # rank 1 said where it runs, then went silent
+    _silent_rank(store, 1)
     procs = [_start(store.port, 0, 2, "hang")]
     try:
         _wait_keys(store, ["hccl/seg/0"], procs)  # its segment exists: it is inside the rendezvous
@@ -81,7 +100,7 @@ def test_ranks_terminated_inside_the_rendezvous_leave_no_segment():
     """Three of four ranks are inside the rendezvous when they are terminated (SIGTERM)."""
     before = shm_names()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    store.set("hccl/host/3", "the-host")  # rank 3 said where it runs, then went silent
+    _silent_rank(store, 3)
     procs = [_start(store.port, r, 4, "hang") for r in range(3)]
     try:
         _wait_keys(store, [f"hccl/seg/{r}" for r in range(3)], procs)

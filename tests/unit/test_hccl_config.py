@@ -38,10 +38,21 @@ def test_torchrun_node_makes_a_host():
     ("HCCL_ALGO", "tree"), ("PT_HCCL_SLICE_SIZE_MB", "-1"), ("PT_HCCL_SLICE_SIZE_MB", "zero"),
     ("HCCL_TRANSPORT", "infiniband"), ("HCCL_SHM_BUFFER_MB", "0"), ("HCCL_SHM_BUFFER_MB", "9000"),
     ("PT_HPU_ENABLE_LAZY_COLLECTIVES", "maybe"), ("HCCL_COMM_ID", "nohost"),
+    ("PT_HCCL_SLICE_SIZE_MB", "inf"), ("PT_HCCL_SLICE_SIZE_MB", "nan"), ("PT_HCCL_SLICE_SIZE_MB", "0.001"),
+    ("PT_HCCL_SLICE_SIZE_MB", "true"), ("HCCL_SHM_BUFFER_MB", "inf"), ("HCCL_SHM_BUFFER_MB", "nan"),
 ])
 def test_bad_value_names_the_variable(name, value):
     """A bad value is a ValueError naming the variable and the value."""
     with pytest.raises(ValueError, match=f"{name}='?{re.escape(value)}"):
+        HcclConfig.from_env({name: value})
+
+
+@pytest.mark.parametrize("name,value,stated", [
+    ("PT_HCCL_SLICE_SIZE_MB", "1e-6", "(4 KiB to 64 GiB)"), ("HCCL_SHM_BUFFER_MB", "1e9", "(4 KiB to 4 GiB)"),
+])
+def test_out_of_range_states_the_range(name, value, stated):
+    """A slice of a few bytes (48 s for a 1 MB allreduce) or an absurd buffer: the range is in the message."""
+    with pytest.raises(ValueError, match=re.escape(stated)):
         HcclConfig.from_env({name: value})
 
 
@@ -50,3 +61,18 @@ def test_frozen():
     c = HcclConfig.from_env({})
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.algorithm = "ring"
+
+
+def test_agreement_names_each_setting_and_every_ranks_value():
+    """NOTE [settings agreement]: ranks grouped by value, global ranks named, shown text kept
+    apart from the compared value (two paths to one topology agree)."""
+    from hccl.agreement import SettingsMismatchError, check_agreement
+
+    row = {"HCCL_ALGO": ["ring", "ring"], "HCCL_TOPOLOGY": ["abc", "/a/t.toml (content abc)"]}
+    other = {"HCCL_ALGO": ["(the selection rule)", "(the selection rule)"],
+             "HCCL_TOPOLOGY": ["abc", "/b/t.toml (content abc)"]}
+    check_agreement([row, other | {"HCCL_ALGO": row["HCCL_ALGO"]}], [0, 1])  # same content: agree
+    with pytest.raises(SettingsMismatchError) as err:
+        check_agreement([row, row, row, other, row], [10, 11, 12, 13, 14])
+    assert "HCCL_ALGO: ring on rank(s) 10-12, 14; (the selection rule) on rank(s) 13" in str(err.value)
+    assert "HCCL_TOPOLOGY" not in str(err.value)

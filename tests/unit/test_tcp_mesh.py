@@ -44,3 +44,11 @@ def test_two_leaders_exchange_on_the_configured_address():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("address", ["192.0.2.1", "no-such-host.invalid", "300.1.1.1"])
+def test_an_address_that_cannot_be_listened_on_is_named_with_its_variable(address):
+    """Not an address of this host, a name that does not resolve, not an address at all: a
+    ValueError naming where the address came from, not a bare OSError or gaierror."""
+    with pytest.raises(ValueError, match=f"cannot listen on '{address}' \\(HCCL_SOCKET_ADDR='{address}'\\)"):
+        TcpMesh(0, [1], "tok", 1.0, address=address, origin=f"HCCL_SOCKET_ADDR={address!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from hpu_runtime.api.metrics import metric_global, metric_localcontext, snapshot
+from hpu_runtime.files import atomic_write
 
 __all__ = ["metric_global", "metric_localcontext", "metrics_dump"]
 
@@ -22,5 +23,4 @@ def metrics_dump(file_name: str, format: str = "json") -> None:  # noqa: A002 - 
         text = "\n".join(f"{name}: {fields}" for name, fields in sorted(data.items()))
     else:
         raise ValueError(f"metrics_dump: format must be 'json' or 'text', got {format!r}")
-    with open(file_name, "w") as f:
-        f.write(text + "\n")
+    atomic_write(file_name, text + "\n")

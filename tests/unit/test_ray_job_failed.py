@@ -1,0 +1,44 @@
+"""How launchers.ray_train names a failed job from Ray Train's error (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import time
+
+from launchers.ray_train import RayJobConfig, _job_failed
+from launchers.target import Target
+
+
+class ControllerError(Exception):
+    """Ray Train's controller failure: no per-worker failures attached."""
+
+
+class RayActorError(Exception):
+    """A worker whose process exited."""
+
+
+class WorkerGroupError(Exception):
+    def __init__(self, failures):
+        super().__init__("workers failed")
+        self.worker_failures = failures
+
+
+def _config(n: int = 2) -> RayJobConfig:
+    return RayJobConfig(target=Target(name="x.py", is_module=False), num_workers=n, timeout_s=20.0)
+
+
+def test_a_controller_error_past_the_deadline_names_every_rank_as_timed_out():
+    """The watchdogs fired before Ray Train had the workers up: every rank did not finish."""
+    err = _job_failed(ControllerError("actor died unexpectedly"), _config(3), deadline_unix=time.time() - 5)
+    assert str(err) == "ranks [0, 1, 2] did not finish within --timeout 20 s"
+
+
+def test_a_controller_error_before_the_deadline_is_reported_as_it_is():
+    err = _job_failed(ControllerError("placement failed"), _config(), deadline_unix=time.time() + 600)
+    assert str(err) == "ControllerError: placement failed"
+
+
+def test_dead_workers_before_the_deadline_are_named_as_dead():
+    exc = WorkerGroupError({1: RayActorError("exited"), 0: ValueError("bad input")})
+    err = _job_failed(exc, _config(), deadline_unix=time.time() + 600)
+    assert str(err) == ("rank 1 died (its worker process exited): RayActorError: exited; "
+                        "rank 0 failed: ValueError: bad input")
