@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from .bench_fidelity import load_figures
+from .published_runs import load_figures
 
 __all__ = ["SERIES", "CALIBRATION", "Series", "scaling_rows", "collective_rows", "print_table", "fit", "main"]
 

@@ -43,7 +43,7 @@ from hccl.sim import cluster
 from hpu_runtime.bridge.config import RuntimeConfig
 from hpu_runtime.cli_args import count, real
 from hpu_runtime.files import atomic_open
-from hpu_runtime.tools.tracing import ddp_graph_split, training_step
+from hpu_runtime.tools.tracing import MODES, OPTIMIZERS, ddp_graph_split, make_optimizer, prepare_model, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
@@ -56,12 +56,6 @@ DEAD_RANK_EXIT = 43
 """Exit status of a process killed by ``--dead-rank``."""
 
 log = logging.getLogger("models.train")
-
-MODES = ("lazy", "hpu_graphs", "eager", "compile")
-"""``--mode``: ``lazy`` (``PT_HPU_LAZY_MODE=1``); ``hpu_graphs`` (lazy, the model wrapped by
-``htcore.hpu.ModuleCacher``, as the HPU-graphs training guide recommends: forward and backward
-each replay a captured graph); ``eager`` (``PT_HPU_LAZY_MODE=0``); ``compile``
-(``PT_HPU_LAZY_MODE=0`` and ``torch.compile(DDP(model), backend="hpu_backend")``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--optimizer",
         default="sgd",
-        choices=["sgd", "adam"],
-        help="sgd (default) or adam; torch's Adam reads its step counter on the host and feeds"
-        " it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
+        choices=["adam", *(o for o in OPTIMIZERS if o != "none")],
+        help="sgd (default, with --momentum), adam, adamw, or Gaudi's fused hpex ones (fused-sgd, fused-adamw,"
+        " fused-lamb, fused-lars: one kernel per group); torch's Adam reads its step counter on the host and"
+        " feeds it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
     )
     p.add_argument("--lr", type=real(0.0, 100.0), default=0.05)
     p.add_argument("--momentum", type=real(0.0, 1.0), default=0.9, help="SGD momentum")
@@ -205,9 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
     rank, world = _init_distributed(args.backend, args.pg_timeout)
 
     torch.manual_seed(args.seed)
-    model = build_model(args.model, args.flavour, hidden=args.hidden).to("hpu")
-    if args.mode == "hpu_graphs":
-        hpu.ModuleCacher(max_graphs=10)(model=model, inplace=True)
+    # hpu_graphs: the model in ModuleCacher before DDP wraps it (the tracer does the same)
+    model = prepare_model(build_model(args.model, args.flavour, hidden=args.hidden).to("hpu"), args.mode)
     ddp = DDP(
         model,
         bucket_cap_mb=args.bucket_cap_mb,
@@ -220,8 +214,9 @@ def main(argv: list[str] | None = None) -> dict:
     stepped = torch.compile(ddp, backend="hpu_backend") if args.mode == "compile" else ddp
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
-    else:
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    else:  # the tracer's optimizers (sgd: momentum SGD), so a study plans what runs here
+        opt = make_optimizer(args.optimizer, [(n, q) for n, q in model.named_parameters() if q.requires_grad],
+                             args.lr, args.momentum)
     train_set, test_set = load_dataset(args.dataset, seed=args.seed, image_size=args.image_size,
                                        seq_len=args.seq_len, vocab_size=kind.vocab_size)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)

@@ -347,8 +347,9 @@ def _split_text(split: tuple[int, int] | None) -> str:
 def _remap(op: OpRecord, mapping: dict[int, int]) -> OpRecord:
     if not any(s in mapping for s, _ in op.reads) and not any(w[0] in mapping for w in op.writes):
         return op
-    return OpRecord(op.key, op.cost, tuple((mapping.get(s, s), n) for s, n in op.reads),
-                    tuple((mapping.get(w[0], w[0]), *w[1:]) for w in op.writes))
+    return op._replace(reads=tuple((mapping.get(s, s), n) for s, n in op.reads),
+                       writes=tuple((mapping.get(w[0], w[0]), *w[1:]) for w in op.writes),
+                       saves=tuple(mapping.get(s, s) for s in op.saves))
 
 
 def _meta(p, numel: int | None = None, dtype=None) -> torch.Tensor:

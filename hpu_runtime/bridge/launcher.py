@@ -6,7 +6,10 @@ regions, HPU-graph capture) or launch one by one (eager mode). A launch keys the
 cache: a miss charges the simulated compile on the host and counts in
 ``metric_global("graph_compilation")``; then the graph runs on the card's compute stream
 (:meth:`~hpu_runtime.device.card.Card.run_graph` when lazy collectives joined it), no
-earlier than the end of every collective whose output it touches.
+earlier than the end of every collective whose output it touches. A captured HPU graph
+(:class:`CapturedGraph`) keeps its ops' records; a replay charges one replay on the host
+and runs those records as one graph, and the event log keeps them, so a traced step's
+replays can be re-timed by the planner as its other graphs are.
 
 Not thread-safe on its own: :class:`~hpu_runtime.bridge.sim_device.SimDevice` calls it
 under its lock.
@@ -24,14 +27,16 @@ from ..device.spec import DeviceSpec
 from .graph_key import graph_digest, recipe_name
 from .recipe_cache import Recipe, RecipeCache
 
-__all__ = ["GraphInfo", "Launcher"]
+__all__ = ["CapturedGraph", "GraphInfo", "Launcher"]
 
 
 @dataclass(frozen=True, slots=True)
 class GraphInfo:
     """One launched graph: why it was launched, its ops, its start and device time (ns).
 
-    ``op_times_ns`` is each op's share of ``device_ns`` after fusion, in issue order (for a
+    ``reason`` is the launch point (``"mark_step"``, ``"collective"``...) or ``"replay"`` for
+    an HPU graph replay. ``op_times_ns`` is each op's share of ``device_ns`` (NOTE [MME and
+    TPC run concurrently] in :mod:`hpu_runtime.device.lazy_graph`), in issue order (for a
     recipe-cache hit the recipe's cached total is charged; the shares are recomputed).
     """
 
@@ -40,6 +45,18 @@ class GraphInfo:
     start_ns: int
     device_ns: int
     op_times_ns: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedGraph:
+    """An HPU graph as the device replays it: its ops' records, in issue order.
+
+    ``recipe`` is the recipe its capture compiled (None when the graph was rebuilt from a
+    trace's event log, which holds the records only).
+    """
+
+    records: tuple[OpRecord, ...]
+    recipe: Recipe | None = None
 
 
 class Launcher:
@@ -75,6 +92,7 @@ class Launcher:
         self.capture: list | None = None
         self.last_recipe: Recipe | None = None
         self.graphs_launched = 0
+        self.replays = 0
         self.ops_recorded = 0
         self.compilations = 0
         self._keys: list = []
@@ -143,6 +161,8 @@ class Launcher:
         if launch_host_ns is None:
             launch_host_ns = self._launch_ns
         n = len(self.pending)
+        if self.log is not None:  # logged even when empty: a replay may put ops before it (DDP's)
+            self.log.append(("launch", reason))
         if n == 0:
             self._keys.clear()
             if self._colls:  # a graph of lazy collectives only
@@ -150,8 +170,6 @@ class Launcher:
                 colls, self._colls = self._colls, []
                 return card.run_graph(max(card.host_ns, self._dep_ns), [], [], colls, reason)
             return None
-        if self.log is not None:
-            self.log.append(("launch", reason))
         recipe, name, times = self._recipe(reason, n)
         if card.trace is not None and card.host_ns > self._host_start and reason != "eager":
             card.host_event(f"build graph[{n} ops]", card.host_ns - self._host_start, {}, start=self._host_start)
@@ -222,19 +240,32 @@ class Launcher:
         self.capture = ops
         self.region = "hpu_graph_capture"
 
-    def end_capture(self) -> Recipe | None:
-        """Finish a capture: launch (compile) the captured graph; returns its recipe."""
+    def end_capture(self) -> CapturedGraph | None:
+        """Finish a capture: launch (compile) the captured graph; returns it (None if empty)."""
         self.last_recipe = None
+        records = tuple(self._ops)
         try:
             span = self.launch("hpu_graph_capture")
         finally:
             self.capture = None
             self.region = None
-        return self.last_recipe if span is not None else None
+        return CapturedGraph(records, self.last_recipe) if span is not None else None
 
-    def replay(self, recipe: Recipe | None, label: str) -> tuple[int, int]:
-        """Replay a captured graph: ``graph_replay_ns`` of host time, then its device time."""
+    def replay(self, graph: CapturedGraph | None, label: str) -> tuple[int, int]:
+        """Replay a captured graph: ``graph_replay_ns`` of host time, then its ops on the
+        compute stream (no earlier than the collectives writing what they touch end)."""
         self.launch("hpu_graph_replay")
         card = self.card
+        records = graph.records if graph is not None else ()
+        if self.log is not None:
+            self.log.append(("replay", records, label))
         card.host_ns += card.scaled(self.spec.graph_replay_ns)
-        return card.run_compute(card.host_ns, recipe.device_ns if recipe else 0, f"{label} replay")
+        dep = max((card.dependency_ns(op) for op in records), default=0) if card.ready_after else 0
+        times = graph_op_times(self.spec, list(records))
+        device_ns = sum(times)
+        span = card.run_compute(max(card.host_ns, dep), device_ns, f"{label} replay")
+        if self.graph_log is not None:
+            self.graph_log.append(GraphInfo("replay", len(records), span[0], device_ns, tuple(times)))
+        self.replays += 1
+        card.forget_dependencies_before(span[0])
+        return span

@@ -19,11 +19,13 @@ __all__ = ["trace_steps", "run_points", "write_files", "save_figure", "study_top
 
 
 def trace_steps(model: str, keys: Sequence[tuple], *, seq_len: int | None = None,
-                image_size: int | None = None, precision: str = "bf16", **config) -> dict:
+                image_size: int | None = None, precision: str = "bf16", optimizer: str = "sgd",
+                **config) -> dict:
     """One traced training step per key in ``keys`` (no data; each once): ``(batch, mode,
     device)``, or ``(batch, "compile", device, bucket_cap_mb, first_bucket_mb)`` for a step
     compiled as under DDP with that cap (DDPOptimizer breaks the graph at DDP's buckets:
-    :func:`hpu_runtime.tools.tracing.trace_step`'s ``ddp_bucket_cap_mb``); ``config``: fields of
+    :func:`hpu_runtime.tools.tracing.trace_step`'s ``ddp_bucket_cap_mb``); ``optimizer``: one of
+    :data:`hpu_runtime.tools.tracing.OPTIMIZERS`; ``config``: fields of
     the model's config (e.g. ``hidden``, ``layers``).
 
     Raises:
@@ -40,7 +42,7 @@ def trace_steps(model: str, keys: Sequence[tuple], *, seq_len: int | None = None
         if key not in out:
             batch, mode, dev, *ddp = key
             out[key] = trace_step(factory, batch, spec=get_device_spec(dev), mode=mode, autocast=precision == "bf16",
-                                  ddp_bucket_cap_mb=ddp[0] if ddp else None,
+                                  optimizer=optimizer, ddp_bucket_cap_mb=ddp[0] if ddp else None,
                                   ddp_first_bucket_mb=ddp[1] if ddp else None)
     return out
 

@@ -97,6 +97,9 @@ class StudyConfig:
     device_specs: tuple[str, ...] = ("gaudi2",)
     precision: str = "bf16"
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
+    optimizer: str = "sgd"
+    """:data:`hpu_runtime.tools.tracing.OPTIMIZERS` (not ``none``): torch's momentum SGD, or
+    Gaudi's fused ones, which take the per-parameter update off the host."""
     in_the_wild: bool = True
     """Also place :data:`SETTINGS_IN_THE_WILD` and one bucket for all gradients."""
     condition: Cluster = Cluster(DEFAULT_VARIABILITY)
@@ -134,7 +137,7 @@ def validate(cfg: StudyConfig) -> None:
     from hccl.sim.ddp_plan import COMM_HOOKS
     from hccl.sim.topology import load_topology
     from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import MODES, ddp_graph_split
+    from hpu_runtime.tools.tracing import MODES, OPTIMIZERS, ddp_graph_split
     from models.zoo import resolve_factory
 
     resolve_factory(cfg.model, **_model_kwargs(cfg))
@@ -172,6 +175,8 @@ def validate(cfg: StudyConfig) -> None:
         get_device_spec(d)
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
+    if cfg.optimizer not in OPTIMIZERS or cfg.optimizer == "none":
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; known: {', '.join(OPTIMIZERS[:-1])}")
     if cfg.fabric not in ("topology", "ideal"):
         raise ValueError(f"fabric {cfg.fabric!r} must be topology or ideal")
     if cfg.steps < 1:
@@ -269,7 +274,7 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
         progress: show a progress bar (tqdm) on stderr.
     """
     validate(cfg)
-    trace_kw = dict(seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision)
+    trace_kw = dict(seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision, optimizer=cfg.optimizer)
     probe = (cfg.batch_size, *trace_key(cfg.modes[0], cfg.device_specs[0], cfg.bucket_caps_mb[0],
                                         cfg.first_bucket_mb[0]))
     traces = trace_steps(cfg.model, [probe], **trace_kw)
@@ -324,13 +329,26 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
+def _regime(r: dict) -> str:
+    """What bounds the step, read off its host time against its device time and exposed
+    allreduce, and what a bucket size can change."""
+    times = (f"host {_ms(r['host_ns'])}, device {_ms(r['compute_ns'])}, allreduce {_ms(r['comm_ns'])}"
+             f" of a {_ms(r['step_ns'])} step")
+    if r["host_ns"] >= r["compute_ns"] + r["exposed_comm_ns"]:
+        return f"The step is host-bound ({times}): a bucket size changes the launches the host makes"
+    if r["mode"] == "hpu_graphs":
+        return (f"The step is device-bound ({times}) and the backward is one replayed HPU graph, so no allreduce"
+                " starts before it ends: bucket size only pipelines the allreduces behind DDP's copies")
+    return f"The step is device-bound ({times}): bucket size decides how much of the allreduce hides behind backward"
+
+
 def _why(best: dict, default: dict | None, sweep: list[dict]) -> str:
     smallest = min(sweep, key=lambda r: r["bucket_cap_mb"])
     largest = max(sweep, key=lambda r: r["bucket_cap_mb"])
-    parts = [f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
+    parts = [_regime(best), f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
              f"{best['graph_launches']} graph launches per step"]
     if default is not None:
-        parts[0] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
+        parts[1] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
     if default is not None and best["mode"] == "lazy" and not best["lazy_collectives"]:
         parts.append("in lazy mode every bucket's allreduce cuts and launches the accumulated backward graph,"
                      f" so host time goes from {_ms(default['host_ns'])} to {_ms(best['host_ns'])}")
@@ -373,6 +391,7 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             train += ["--image-size", str(cfg.image_size)]
         if cfg.precision == "bf16":
             train.append("--autocast")
+        train += ["--optimizer", cfg.optimizer]
         if row["gradient_as_bucket_view"]:
             train.append("--gradient-as-bucket-view")
         if row["static_graph"]:
@@ -468,7 +487,7 @@ def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
 def add_parser(sub) -> None:
     """Add the ``bucket`` subcommand to ``sub`` (an argparse subparsers object)."""
     from hpu_runtime.device.spec import DEVICE_SPECS
-    from hpu_runtime.tools.tracing import MODES
+    from hpu_runtime.tools.tracing import MODES, OPTIMIZERS
 
     b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
     add_model_args(b)
@@ -491,6 +510,8 @@ def add_parser(sub) -> None:
     b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=("gaudi2",),
                    help=f"{', '.join(sorted(DEVICE_SPECS))}")
     b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    b.add_argument("--optimizer", default="sgd", choices=[o for o in OPTIMIZERS if o != "none"],
+                   help="torch's momentum SGD (default) or Gaudi's fused hpex optimizers (one kernel per group)")
     b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
     b.add_argument("--live", action="store_true",
                    help="also run the points whose world size fits this machine as real DDP jobs")
@@ -521,6 +542,7 @@ def bucket_main(args: argparse.Namespace) -> dict:
         comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
         modes=args.mode or (env_mode(),), device_specs=args.device_spec, precision=args.precision,
+        optimizer=args.optimizer,
         in_the_wild=not args.sweep_only, condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps)
     rows = run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress)
