@@ -134,14 +134,18 @@ _TRACES: dict = {}
 
 def _traces(s: Series) -> dict:
     from launchers.study._runner import trace_steps
+    from launchers.study.scale import ScaleConfig
 
     key = (s.model, s.device, s.mode, s.seq_len, s.model_kwargs)
     batches = sorted({b for _, b in s.points})
     have = _TRACES.setdefault(key, {})
     missing = [b for b in batches if b not in have]
     if missing:
-        have.update({b: t for (b, _, _), t in trace_steps(s.model, [(b, s.mode, s.device) for b in missing],
-                                                          seq_len=s.seq_len, **dict(s.model_kwargs)).items()})
+        # compile mode: the step compiled as under DDP at the planned cap (DDPOptimizer's breaks)
+        cfg = ScaleConfig(model=s.model, batch_size=batches[0], world_sizes=(s.points[0][0],))
+        ddp = (cfg.bucket_cap_mb, cfg.first_bucket_mb) if s.mode == "compile" else ()
+        have.update({k[0]: t for k, t in trace_steps(s.model, [(b, s.mode, s.device, *ddp) for b in missing],
+                                                     seq_len=s.seq_len, **dict(s.model_kwargs)).items()})
     return have
 
 
