@@ -19,7 +19,9 @@ when its inputs are small (``ones(1).expand(30_000_000_000).contiguous()``, an o
 a broadcast). The output size comes from running the op once on ``meta`` tensors (no
 storage) the first time an (op, signature) is seen, then from a memo: the steady-state cost
 is one dictionary lookup per op, and the signature is computed once for both the check and
-:meth:`OpAccounting.record`. Ops without a meta kernel, or whose output shape depends on the
+:meth:`OpAccounting.record`. A pointwise op's output shape is its tensor inputs' broadcast
+shape, so its memo key leaves float arguments out (Adam's bias corrections are new floats
+every step and would otherwise cost a meta run per op per step). Ops without a meta kernel, or whose output shape depends on the
 data (``nonzero``), are checked after they ran, when their outputs become resident.
 
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
@@ -146,6 +148,18 @@ def _cost_key(facts: OpFacts, sig: tuple, out: object, low: bool) -> tuple:
 
 
 _OUT_BYTES_LIMIT = 100_000
+_POINTWISE: dict[int, bool] = {}  # id(func) -> torch.Tag.pointwise in its tags
+
+
+def _out_bytes_key(func, name: str, sig: tuple) -> tuple:
+    """The memo key of an op's output bytes (NOTE [HBM before host]): floats left out for
+    pointwise ops, whose output shapes no scalar changes."""
+    pointwise = _POINTWISE.get(id(func))
+    if pointwise is None:
+        pointwise = _POINTWISE[id(func)] = torch.Tag.pointwise in getattr(func, "tags", ())
+    if not pointwise:
+        return (name, sig)
+    return (name, tuple(_FLOAT if type(x) is float else x for x in sig))
 _META = torch.device("meta")
 
 
@@ -259,7 +273,7 @@ class OpAccounting:
         if facts.ignored or not facts.allocates or facts.dynamic or self._in_kernel:
             return None
         sig = op_signature(args, kwargs)
-        key = (facts.name, sig)
+        key = _out_bytes_key(func, facts.name, sig)
         nbytes = self._out_bytes.get(key)
         if nbytes is None:
             if len(self._out_bytes) >= _OUT_BYTES_LIMIT:

@@ -52,3 +52,27 @@ def test_small_outputs_of_views_larger_than_the_hbm_still_work():
     assert view[:3].contiguous().tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(HPUOutOfMemoryError):
         view.contiguous()
+
+
+def test_new_float_scalars_of_pointwise_ops_reuse_the_output_size(monkeypatch):
+    """Adam's bias corrections are new floats every step: a pointwise op's output size is
+    computed on meta tensors once per shape, not once per float (the steady state pays a
+    lookup); a non-pointwise op whose output shape depends on a float (arange) is checked
+    for each value, so its output is refused or allowed by its own size."""
+    import hpu_runtime.bridge.op_accounting as acc
+
+    calls = []
+    real = acc._meta_output_bytes
+    monkeypatch.setattr(acc, "_meta_output_bytes", lambda *a: calls.append(a[0]) or real(*a))
+    x = torch.ones(1000, device="hpu")
+    for k in range(5):
+        y = x / (1.0 + 0.5 * k)
+        y = x * (2.0 + k)
+    assert y[0].item() == 6.0
+    assert len([f for f in calls if f.__name__.startswith("div")]) == 1
+    assert len([f for f in calls if f.__name__.startswith("mul")]) == 1
+    assert torch.arange(0, 2.5, 0.5, device="hpu").shape == (5,)
+    assert torch.arange(0, 3.5, 0.5, device="hpu").shape == (7,)
+    assert len([f for f in calls if f.__name__.startswith("arange")]) == 2
+    with pytest.raises(HPUOutOfMemoryError):
+        torch.arange(0, float(HUGE), 1.0, device="hpu")
