@@ -7,13 +7,13 @@ import torch
 import hpu_runtime as hpu
 
 
-def test_hpu_device_strings_map_to_cpu():
+def test_hpu_device_strings_give_hpu_tensors():
     x = torch.randn(3, device="hpu")
     y = torch.tensor([1, 2], device=torch.device("hpu"))
     m = torch.nn.Linear(2, 2).to("hpu")
     z = torch.ones(2).to("hpu:0", torch.bfloat16)
-    assert x.device.type == y.device.type == m.weight.device.type == "cpu"
-    assert z.dtype == torch.bfloat16
+    assert x.device == y.device == m.weight.device == z.device == torch.device("hpu", 0)
+    assert z.dtype == torch.bfloat16 and x.cpu().device.type == "cpu"
     assert hpu.is_available() and hpu.device_count() == 1
 
 
@@ -40,7 +40,7 @@ def test_faster_device_gives_shorter_graph():
     times = {}
     for name in ("gaudi", "gaudi3"):
         dev = hpu.reset_device(name)
-        a = torch.randn(512, 512)
+        a = torch.randn(512, 512, device="hpu")
         a @ a
         start, end = dev.launch()
         times[name] = end - start

@@ -1,0 +1,145 @@
+"""The ``hpu`` device type of the simulated Gaudi: a small C++ extension, built once and loaded at import.
+
+NOTE [a device type for the simulated Gaudi]
+A tensor on the simulated card is a tensor of torch's own ``hpu`` device type: it says
+``device(type='hpu', index=0)`` wherever a script or torch looks (``.device``, parameters,
+optimizer state, ``state_dict``, DTensor's local tensors, FSDP2's device checks, autograd's
+input metadata), and ``.cpu()`` / ``.to("cpu")`` copy it to a CPU tensor, as on Gaudi. Its
+storage is an ordinary CPU storage and its ops run torch's CPU kernels, so numerics are
+those of CPU tensors. ``csrc/hpu_device.cpp`` registers, for the ``HPU`` dispatch key and
+device type, what the CPU wheel lacks:
+
+* a boxed kernel for every op (the fallback of the ``HPU`` key, and the direct ``HPU``
+  kernel of every aten op that has a CPU kernel): it swaps each hpu argument for a CPU view
+  (a second TensorImpl over the same storage: no copy), redispatches to the CPU kernel and
+  hands back hpu tensors: the argument itself when the op returns it (in place, ``out=``),
+  new tensors turned hpu in place (views keep the storage they share), CPU arguments and
+  results asked for with ``device="cpu"`` left CPU. A mutating op that resized or re-pointed
+  a view (``out=``, ``resize_``, ``set_``) has its metadata copied back. Nested tensor lists
+  are handled, so c10d's own ops work: gloo moves hpu tensors as their CPU views;
+* ``empty`` and ``empty_strided`` (CPU memory, hpu tensors) and ``copy_`` between hpu and CPU;
+  ``record_stream`` does nothing (one compute queue, NOTE [streams and events] in
+  :mod:`hpu_runtime.api.hpu`);
+* a DeviceGuardImpl (one card, ``hpu:0``; streams are ids, events no-ops) and the
+  accelerator hooks (``at::HPUHooksInterface``: ``torch.accelerator`` is hpu, pinned memory
+  is host memory, the CPU generator is the card's), which autograd and torch.distributed need;
+* ``torch.ops.hpu_sim.cpu_view``: the zero-copy CPU view, for hccl's transport (:func:`cpu_view`).
+
+The bridge's Python dispatch mode stays the only Python step per op; the C++ hop adds
+0.3-0.5 us per op (``python -m hpu_runtime.tools.bench_device_type``). Rejected (measured
+there): a Python wrapper subclass (twice the bridge's whole per-op cost), and a Python
+``Tensor.device`` that says hpu over CPU tensors (DTensor and C++ code would still see CPU).
+
+With a guard registered, autograd runs backward of hpu tensors on a device thread of its
+own; :func:`hpu_runtime.bridge.dispatch.activate` keeps backward on the training thread
+(``torch.autograd.set_multithreading_enabled(False)``), as it ran on CPU tensors, so the
+bridge's thread-local state (autocast regions) applies and ops are charged in one order.
+
+Build: :func:`install` compiles the extension with ``torch.utils.cpp_extension`` (g++ and
+ninja) into ``torch.utils.cpp_extension.get_default_build_root()`` (``TORCH_EXTENSIONS_DIR``)
+under a name that hashes the source and torch's version, the first time a process imports
+``hpu_runtime`` (about 10 s of one core here), holding a file lock so concurrent processes
+build it once; later imports load the built library (about 10 ms). No compiler at that first
+import is an error naming what is missing: tensors that said ``cpu`` instead would take other
+code paths in the very scripts (``device.type == "hpu"``, FSDP2) the emulator is meant to check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import torch
+
+__all__ = ["DeviceTypeBuildError", "cpu_view", "install", "library_path"]
+
+_SOURCES = tuple(Path(__file__).with_name("csrc") / f for f in ("hpu_device.cpp", "hpu_autocast.cpp"))
+_LOCK_TIMEOUT_S = 900.0
+"""How long :func:`install` waits for another process's build of the same library (seconds)."""
+
+_loaded: Path | None = None
+_cpu_view = None  # torch.ops.hpu_sim.cpu_view.default, once installed
+
+
+class DeviceTypeBuildError(RuntimeError):
+    """The ``hpu`` device type's C++ extension could not be built or loaded."""
+
+
+def _name() -> str:
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + torch.__version__.encode()).hexdigest()[:12]
+    return f"hpu_runtime_device_{digest}"
+
+
+def library_path() -> Path:
+    """Where the built library is (or will be): ``<build root>/<name>/<name>.so``."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    name = _name()
+    return Path(get_default_build_root()) / name / f"{name}.so"
+
+
+def _missing_tools() -> list[str]:
+    from torch.utils.cpp_extension import get_cxx_compiler, is_ninja_available
+
+    missing = []
+    if shutil.which(get_cxx_compiler()) is None:
+        missing.append(f"a C++ compiler ({get_cxx_compiler()!r}, e.g. apt-get install g++)")
+    if not is_ninja_available():
+        missing.append("ninja (pip install ninja)")
+    return missing
+
+
+def _build(so: Path) -> None:
+    from torch.utils.cpp_extension import load
+
+    missing = _missing_tools()
+    if missing:
+        raise DeviceTypeBuildError(
+            f"hpu_runtime: building the simulated Gaudi's 'hpu' device type (bridge/csrc, once per machine and"
+            f" torch version, into {so.parent}) needs {' and '.join(missing)}; none found")
+    so.parent.mkdir(parents=True, exist_ok=True)
+    (so.parent / "lock").unlink(missing_ok=True)  # a crashed build's baton: we hold the real lock
+    try:
+        load(so.stem, [str(p) for p in _SOURCES], build_directory=str(so.parent), extra_cflags=["-O2"], is_python_module=False)
+    except Exception as exc:  # noqa: BLE001 - the compiler's own message says why
+        raise DeviceTypeBuildError(f"hpu_runtime: building the 'hpu' device type failed: {exc}") from None
+
+
+def install() -> Path:
+    """Make ``hpu`` tensors work in this process (idempotent); returns the library's path.
+
+    Loads the built library, building it first if this machine has not (see NOTE [a device
+    type for the simulated Gaudi]).
+
+    Raises:
+        DeviceTypeBuildError: no C++ compiler or ninja for the first build, a failed build,
+            or another process's build not finished within 900 s.
+    """
+    global _loaded, _cpu_view
+    if _loaded is not None:
+        return _loaded
+    from filelock import FileLock, Timeout
+
+    so = library_path()
+    if not so.is_file():
+        lock = FileLock(str(so.parent.parent / f"{so.stem}.lock"))
+        so.parent.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with lock.acquire(timeout=_LOCK_TIMEOUT_S):
+                if not so.is_file():
+                    _build(so)
+        except Timeout:
+            raise DeviceTypeBuildError(f"hpu_runtime: another process has held {lock.lock_file} for more than"
+                                       f" {_LOCK_TIMEOUT_S:.0f} s building the 'hpu' device type") from None
+    if not hasattr(torch.ops.hpu_sim, "cpu_view"):
+        torch.ops.load_library(str(so))
+    _cpu_view = torch.ops.hpu_sim.cpu_view.default
+    _loaded = so
+    return so
+
+
+def cpu_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over ``t``'s storage (no copy; writes through it change ``t``); ``t`` itself
+    if it is not an ``hpu`` tensor."""
+    return _cpu_view(t) if t.device.type == "hpu" else t
