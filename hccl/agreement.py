@@ -52,13 +52,15 @@ def _topology(name_or_path: str) -> list[str]:
     return [digest, f"{name_or_path} (content {digest})"]
 
 
-def settings_of(config: HcclConfig, device_spec) -> dict[str, list[str]]:
+def settings_of(config: HcclConfig, device_spec, cluster=None) -> dict[str, list[str]]:
     """The settings of NOTE [settings agreement] each rank publishes: per variable, the value
     compared across ranks and the text an error shows.
 
     Args:
         config: the group's frozen configuration.
         device_spec: the process's simulated card (a ``DeviceSpec`` dataclass).
+        cluster: the simulated cluster's condition (:class:`hccl.sim.cluster.Cluster`, read from
+            the ``HCCL_SIM_*`` variables: variability and what-ifs), or None.
     """
     spec = _digest(dataclasses.asdict(device_spec))
     plain = {
@@ -68,6 +70,8 @@ def settings_of(config: HcclConfig, device_spec) -> dict[str, list[str]]:
         "HCCL_TRANSPORT": config.transport,
         "PT_HPU_ENABLE_LAZY_COLLECTIVES": str(config.lazy_collectives).lower(),
     }
+    if cluster is not None:
+        plain["HCCL_SIM_*"] = cluster.key()
     return {**{k: [v, v] for k, v in plain.items()}, "HCCL_TOPOLOGY": _topology(config.topology),
             "HPU_DEVICE_SPEC": [spec, f"{device_spec.name} (content {spec})"]}
 

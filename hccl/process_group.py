@@ -33,6 +33,7 @@ and a compiled region around a collective is cut there (see
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
@@ -49,7 +50,10 @@ from .config import HcclConfig
 from .plans import make_planner
 from .point_to_point import PointToPointMixin
 from .rendezvous import rendezvous
+from .sim.cluster import from_env as cluster_from_env
 from .sim.placement import place_group
+from .sim.variability import rank_slowdown
+from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
 from .transport.shm import HcclTimeoutError
@@ -121,11 +125,15 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         # eager mode has no graph to join
         self._lazy_collectives = self.config.lazy_collectives and self._device.lazy
         self._planner = None  # set with the placement, before any collective runs
+        self.cluster = cluster_from_env()  # variability and what-ifs (hccl.sim.cluster)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt and attempt != "0":  # torchrun --max-restarts keeps the store: the last attempt's keys are stale
+            store = dist.PrefixStore(f"hccl/attempt{attempt}/", store)
         self._store = store  # NOTE [the first failure names the cause]
         names = list(global_ranks) if global_ranks else list(range(world_size))  # errors name global ranks
         self._names = names
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
-                           settings_of(self.config, self._device.spec))
+                           settings_of(self.config, self._device.spec, self.cluster))
         self.layout, self._coll = found.layout, found.coll
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
@@ -135,7 +143,10 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             else:
                 sizes = {len(h) for h in self.layout.hosts}  # hosts of equal size become boxes
                 per_host = sizes.pop() if len(self.layout.hosts) > 1 and len(sizes) == 1 else 0
-                self._placement = place_group(self._load_topology(world_size, per_host), range(world_size))
+                job = link_faults(self._load_topology(world_size, per_host), self.cluster.whatif)
+                self._placement = place_group(job, range(world_size))
+                # this process's card: its slowdown in each step (NOTE [a slower card, step by step])
+                self._device.set_step_slowdown(rank_slowdown(self.cluster.variability, self.cluster.whatif, rank))
         except BaseException:
             self.shutdown()
             raise

@@ -1,15 +1,24 @@
 """Simulated vs published Gaudi training figures, side by side: ``python -m models.bench_fidelity``.
 
-Published figures live in ``models/published_figures.toml`` (each with its primary source:
-MLCommons training results logs, Intel / Habana performance pages). The simulated side is
-the planned DDP step (:func:`hccl.sim.ddp_plan.plan_ddp_step`) of a step traced without data
-(:func:`hpu_runtime.tools.tracing.trace_step`), bf16 autocast and the bucket settings of Habana's
-scripts (``bucket_cap_mb=256``, ``gradient_as_bucket_view``), on the card counts published.
-Per-card throughput = batch per card / simulated step time.
+Each published figure (``models/published_figures.toml``) is planned the way its run
+executed (:mod:`models.published_runs`: the mode, micro-batch, packing, accumulation,
+optimizer and all-reduce of the run's own launch script), on the device model calibrated in
+:mod:`models.calibration`.
 
-Three tables: per-card throughput; scaling efficiency between card counts; the host time per
-step of the seed "HPU Graphs for Training" MNIST ``Net`` (batch 200, Adadelta, first-gen
-Gaudi) without HPU graphs, with ``make_graphed_callables`` and with capture/replay.
+Tables (simulated times are per card, per optimizer step, simulated ms):
+
+1. per-card throughput, published and simulated, with the step split into device-only
+   time (the compute stream busy), host-only time (the host thread busy) and exposed
+   communication, so a reader sees what bounds each row, and the micro-step's simulated HBM
+   peak against the card's (every published run fits where it trained);
+2. scaling efficiency between card counts;
+3. the host time per step of the seed "HPU Graphs for Training" MNIST ``Net`` (batch 200,
+   Adadelta, first-gen Gaudi) without HPU graphs, with ``make_graphed_callables`` and with
+   capture/replay;
+4. the calibrated constants (NOTE [calibration] in :mod:`hpu_runtime.device.spec`): each
+   constant, the figure it was fitted on and its residual there; every other row of table
+   1 is a prediction, and its ratio is the residual. ``--refit`` fits them again from
+   scratch and prints the values beside the spec's.
 
 Simulated times are deterministic; the wall-clock the benchmark takes is printed last.
 """
@@ -18,173 +27,126 @@ from __future__ import annotations
 
 import argparse
 import time
-import tomllib
-from pathlib import Path
 
 from tabulate import tabulate
 
-__all__ = ["main", "load_figures"]
+from .calibration import CONSTANTS, SEED_HOST_MS, fit_device_constants, fit_host_constants, seed_host_ms
+from .published_runs import ROWS, Row, load_figures, published_figure, simulate_row
 
-DATA = Path(__file__).with_name("published_figures.toml")
-
-# (model, device, cards, batch per card, seq_len, software substring): the rows compared
-CHECKS = [
-    ("resnet50", "gaudi2", 8, 256, None, "PyTorch 2.0.1"),
-    ("bert-large", "gaudi2", 8, 56, 512, "PyTorch 1.13.1"),
-    ("bert-large", "gaudi2", 64, 48, 512, "PyTorch 1.13.1"),
-    ("resnet50", "gaudi", 8, 256, None, "TensorFlow 2.5.1"),
-    ("resnet50", "gaudi", 64, 128, None, "TensorFlow 2.5.1"),
-    ("bert-large", "gaudi", 8, 56, 512, "TensorFlow 2.5.1"),
-    ("bert-large", "gaudi", 64, 48, 512, "TensorFlow 2.5.1"),
-    ("bert-large", "gaudi", 8, 64, 128, "PyTorch lazy"),
-    ("bert-large", "gaudi", 32, 64, 128, "PyTorch lazy"),
-    ("bert-large", "gaudi", 8, 16, 512, "PyTorch lazy"),
-    ("bert-large", "gaudi", 32, 16, 512, "PyTorch lazy"),
-]
-
-SEED_HOST_MS = {"lazy": 4.8, "make_graphed_callables": 3.9, "capture/replay": 1.3}
-"""Seed hpu-graphs-for-training: host time per step of its MNIST Net on first-gen Gaudi, ms."""
+__all__ = ["main", "throughput_table"]
 
 
-def load_figures(path: Path = DATA) -> list[dict]:
-    """The published figures (one dict per ``[[figure]]`` table)."""
-    with open(path, "rb") as f:
-        return tomllib.load(f)["figure"]
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.1f}"
 
 
-def _published(figures, model, device, cards, batch, software) -> dict | None:
-    for f in figures:
-        if (f["model"], f["device"], f["cards"], f.get("batch_size_per_card")) == (model, device, cards, batch) \
-                and software in f["software"]:
-            return f
-    return None
-
-
-def _simulated_per_card(trace_cache: dict, model: str, device: str, cards: int, batch: int, seq_len) -> float:
-    from hccl.sim.ddp_plan import plan_ddp_step
+def throughput_table(figures: list[dict], cache: dict) -> tuple[list, dict]:
+    """Table 1's rows and ``{row index: (published, RowResult)}``."""
+    from hpu_runtime.device.memory import HPUOutOfMemoryError
     from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import trace_step
-    from models.zoo import resolve_factory
 
-    key = (model, device, batch, seq_len)
-    if key not in trace_cache:
-        kwargs = {"seq_len": seq_len} if seq_len else {}
-        trace_cache[key] = trace_step(resolve_factory(model, **kwargs), batch, spec=get_device_spec(device),
-                                      autocast=True)
-    topology = {"gaudi": "hls1", "gaudi2": "hls2", "gaudi3": "hls3"}[device]
-    plan = plan_ddp_step(trace_cache[key], world_size=cards, topology=topology, bucket_cap_mb=256,
-                         gradient_as_bucket_view=True)
-    return batch / (plan.times.step_ns * 1e-9)
+    role = {c.row: f"fit: {c.field}" for c in CONSTANTS}
+    rows, results = [], {}
+    for i, row in enumerate(ROWS):
+        fig = published_figure(figures, row)
+        if fig is None:
+            continue
+        pub = fig["throughput_samples_per_s"] / (1 if fig.get("per_card") else row.cards)
+        head = [row.model + (f"@{row.seq_len}" if row.seq_len else ""), row.device, row.cards, row.batch,
+                row.ran_in, row.mode, _traced(row)]
+        try:
+            r = simulate_row(row, cache)
+        except HPUOutOfMemoryError as exc:
+            rows.append([*head, f"{pub:,.0f}", "HBM OOM", "-", "-", "-", "-", "-", "-", "-", role.get(i, "check")])
+            print(f"  {row.label}: {exc}")
+            continue
+        results[i] = (pub, r)
+        bound = "device" if r.device_ns >= max(r.host_ns, r.exposed_comm_ns) else (
+            "host" if r.host_ns >= r.exposed_comm_ns else "comm")
+        hbm = f"{r.peak_hbm_bytes / 2**30:.0f}/{get_device_spec(row.device).hbm_bytes / 2**30:.0f}"
+        rows.append([*head, f"{pub:,.0f}", f"{r.samples_per_s:,.0f}", f"{r.samples_per_s / pub:.2f}", _ms(r.step_ns),
+                     _ms(r.device_ns), _ms(r.host_ns), _ms(r.exposed_comm_ns), bound, hbm, role.get(i, "check")])
+    return rows, results
 
 
-def seed_host_ms(device: str = "gaudi", batch: int = 200, steps: int = 4) -> dict[str, float]:
-    """Simulated host time per step (ms) of the seed's MNIST Net in its three variants."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    import hpu_runtime as hpu
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1, self.fc2, self.dropout = nn.Linear(784, 128), nn.Linear(128, 10), nn.Dropout(0.5)
-
-        def forward(self, x):
-            x = self.dropout(F.relu(self.fc1(torch.flatten(x, 1))))
-            return F.log_softmax(self.fc2(x), dim=1)
-
-    g = torch.Generator().manual_seed(0)
-    with hpu.bridge_disabled():
-        data = [(torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g))
-                for _ in range(steps + 3)]
-    out = {}
-    for variant in SEED_HOST_MS:
-        dev = hpu.reset_device(device)
-        torch.manual_seed(0)
-        model = Net().to("hpu")
-        opt = torch.optim.Adadelta(model.parameters(), lr=0.1)
-        if variant == "capture/replay":
-            si = torch.randn(batch, 1, 28, 28, device="hpu")
-            st = torch.randint(0, 10, (batch,), device="hpu")
-            opt.zero_grad(set_to_none=True)
-            graph = hpu.HPUGraph()
-            with hpu.graph(graph):
-                F.nll_loss(model(si), st).backward()
-                opt.step()
-
-            def step(x, y):
-                si.copy_(x.to("hpu"))
-                st.copy_(y.to("hpu"))
-                graph.replay()
-        else:
-            fwd = model if variant == "lazy" else hpu.make_graphed_callables(
-                model, (torch.randn(batch, 1, 28, 28, device="hpu"),))
-
-            def step(x, y):
-                x, y = x.to("hpu"), y.to("hpu")
-                opt.zero_grad(set_to_none=True)
-                F.nll_loss(fwd(x), y).backward()
-                hpu.mark_step()
-                opt.step()
-                hpu.mark_step()
-        for x, y in data[:3]:
-            step(x, y)
-        dev.begin_step()
-        hosts = []
-        for x, y in data[3:]:
-            step(x, y)
-            hosts.append(dev.end_step().host_ns)
-        if len(set(hosts[-2:])) != 1:
-            raise RuntimeError(f"{variant}: no steady state in {steps} steps: host ns {hosts}")
-        out[variant] = hosts[-1] / 1e6
-    hpu.reset_device()
+def _traced(row: Row) -> str:
+    out = f"{row.micro_batch}"
+    if row.accumulation > 1:
+        out += f" x{row.accumulation}"
+    if row.samples_per_sequence != 1.0:
+        out += f" (x{row.samples_per_sequence:g} packed)"
     return out
+
+
+def _scaling(results: dict) -> list:
+    eff = []
+    for i, (pub, r) in results.items():
+        row = ROWS[i]
+        if row.cards == 8:
+            continue
+        base = next((j for j, (p, q) in results.items() if ROWS[j].cards == 8 and (ROWS[j].model, ROWS[j].device,
+                     ROWS[j].seq_len, ROWS[j].software) == (row.model, row.device, row.seq_len, row.software)), None)
+        if base is None:
+            continue
+        bp, br = results[base]
+        eff.append([row.model, row.device, row.seq_len or "-", f"8 -> {row.cards}", f"{pub / bp:.3f}",
+                    f"{r.samples_per_s / br.samples_per_s:.3f}",
+                    f"{(r.samples_per_s / br.samples_per_s - pub / bp) * 100:+.1f}"])
+    return sorted(eff, key=str)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.bench_fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--skip-host", action="store_true", help="leave out the seed host-time table")
+    p.add_argument("--refit", action="store_true",
+                   help="fit the calibrated constants again from scratch and print them beside the spec's (minutes)")
+    p.add_argument("--skip-scaling", action="store_true",
+                   help="leave out the scaling table of published series (models.bench_scaling)")
     args = p.parse_args(argv)
-    from hpu_runtime.device.memory import HPUOutOfMemoryError
+    from hpu_runtime.device.spec import get_device_spec
 
     wall0 = time.perf_counter()
     figures = load_figures()
-    traces: dict = {}
-    rows, per_card = [], {}
-    for model, device, cards, batch, seq_len, software in CHECKS:
-        fig = _published(figures, model, device, cards, batch, software)
-        if fig is None:
-            continue
-        pub = fig["throughput_samples_per_s"] / (1 if fig.get("per_card") else cards)
-        try:
-            sim = _simulated_per_card(traces, model, device, cards, batch, seq_len)
-        except HPUOutOfMemoryError:  # the published run used gradient accumulation or packing
-            rows.append([model, cards, device, batch, f"{pub:,.0f}", "HBM OOM", "-", fig["software"].split("/")[0].strip()])
-            continue
-        per_card[(model, device, cards, batch, seq_len)] = (pub, sim)
-        rows.append([model, cards, device, batch, f"{pub:,.0f}", f"{sim:,.0f}", f"{sim / pub:.2f}",
-                     fig["software"].split("/")[0].strip()])
-    print("Per-card training throughput (samples/s per card; simulated: bf16, bucket_cap_mb=256,"
-          " gradient_as_bucket_view)")
-    print(tabulate(rows, headers=["model", "cards", "device", "batch", "published", "simulated", "ratio",
-                                  "published with"], tablefmt="github"))
-    eff = []
-    for (model, device, cards, batch, seq_len), (pub, sim) in per_card.items():
-        base = per_card.get((model, device, 8, batch if cards != 64 else None, seq_len))
-        if cards == 64:  # the published 64-card runs use smaller batches than the 8-card ones
-            base = next((v for k, v in per_card.items() if k[:3] == (model, device, 8) and k[4] == seq_len), None)
-        if cards > 8 and base:
-            eff.append([model, device, seq_len or "-", f"8 -> {cards}", f"{pub / base[0]:.3f}", f"{sim / base[1]:.3f}",
-                        f"{(sim / base[1] - pub / base[0]) * 100:+.1f}"])
+    cache: dict = {}
+    rows, results = throughput_table(figures, cache)
+    print("Per-card training throughput (samples/s per card; simulated: bf16, the published run's mode, micro-batch,"
+          " packing, accumulation,\noptimizer and all-reduce; times per card per optimizer step, simulated ms; HBM:"
+          " the micro-step's simulated peak / the card's, GiB)")
+    print(tabulate(rows, headers=["model", "device", "cards", "batch", "published run", "planned", "traced",
+                                  "published", "simulated", "ratio", "step", "device", "host", "exposed comm",
+                                  "bound", "HBM", "role"], tablefmt="github"))
     print("\nScaling efficiency (per-card throughput at N cards / at 8 cards)")
-    print(tabulate(sorted(eff, key=str), headers=["model", "device", "seq", "cards", "published", "simulated", "points"],
-                   tablefmt="github"))
+    print(tabulate(_scaling(results), headers=["model", "device", "seq", "cards", "published", "simulated",
+                                               "points"], tablefmt="github"))
     if not args.skip_host:
         sim = seed_host_ms()
         print("\nHost time per step, seed MNIST Net (batch 200, Adadelta, first-gen Gaudi), ms")
         print(tabulate([[k, SEED_HOST_MS[k], f"{sim[k]:.2f}", f"{sim[k] / SEED_HOST_MS[k]:.2f}"] for k in SEED_HOST_MS],
                        headers=["variant", "published", "simulated", "ratio"], tablefmt="github"))
+    consts = [[c.name, getattr(get_device_spec(c.devices[0]), c.field), ROWS[c.row].label,
+               f"{results[c.row][1].samples_per_s / results[c.row][0]:.3f}" if c.row in results else "-"]
+              for c in CONSTANTS]
+    gen1 = get_device_spec("gaudi")
+    consts += [[f"{name} (every generation)", getattr(gen1, name), "seed host times (3 variants, exact)", "table 3"]
+               for name in ("host_op_ns", "graph_launch_ns", "h2d_copy_ns")]
+    fitted_rows = {c.row for c in CONSTANTS}
+    checks = [r.samples_per_s / pub for i, (pub, r) in results.items() if i not in fitted_rows]
+    print("\nCalibrated constants (NOTE [calibration] in hpu_runtime/device/spec.py)")
+    print(tabulate(consts, headers=["constant", "value", "fitted on", "ratio there"], tablefmt="github"))
+    if checks:
+        print(f"Residuals on the {len(checks)} other rows (simulated / published): "
+              f"{min(checks):.2f} .. {max(checks):.2f}")
+    if args.refit:
+        print("\nRefit from scratch (device constants jointly, by bisection; host constants exactly):")
+        device = fit_device_constants(cache=cache)
+        host = fit_host_constants()
+        table = [[c.name, v, getattr(get_device_spec(c.devices[0]), c.field)] for c, v in device.items()]
+        table += [[name, v, getattr(gen1, name)] for name, v in host.items()]
+        print(tabulate(table, headers=["constant", "refit", "spec"], tablefmt="github"))
+    if not args.skip_scaling:
+        from .bench_scaling import print_table, scaling_rows
+
+        print_table(scaling_rows())
     print(f"\n(wall-clock {time.perf_counter() - wall0:.1f} s)")
     return 0
 

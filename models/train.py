@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -38,25 +39,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
+from hccl.sim import cluster
 from hpu_runtime.bridge.config import RuntimeConfig
 from hpu_runtime.cli_args import count, real
 from hpu_runtime.files import atomic_open
-from hpu_runtime.tools.tracing import ddp_graph_split, training_step
+from hpu_runtime.tools.tracing import MODES, OPTIMIZERS, ddp_graph_split, make_optimizer, prepare_model, training_step
 from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
 from .zoo import check_sizes, split_batch, task_loss
 
-__all__ = ["MODES", "build_parser", "main"]
+__all__ = ["MODES", "build_parser", "main", "DEAD_RANK_EXIT"]
+
+DEAD_RANK_EXIT = 43
+"""Exit status of a process killed by ``--dead-rank``."""
 
 log = logging.getLogger("models.train")
-
-MODES = ("lazy", "hpu_graphs", "eager", "compile")
-"""``--mode``: ``lazy`` (``PT_HPU_LAZY_MODE=1``); ``hpu_graphs`` (lazy, the model wrapped by
-``htcore.hpu.ModuleCacher``, as the HPU-graphs training guide recommends: forward and backward
-each replay a captured graph); ``eager`` (``PT_HPU_LAZY_MODE=0``); ``compile``
-(``PT_HPU_LAZY_MODE=0`` and ``torch.compile(DDP(model), backend="hpu_backend")``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--optimizer",
         default="sgd",
-        choices=["sgd", "adam"],
-        help="sgd (default) or adam; torch's Adam reads its step counter on the host and feeds"
-        " it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
+        choices=["adam", *(o for o in OPTIMIZERS if o != "none")],
+        help="sgd (default, with --momentum), adam, adamw, or Gaudi's fused hpex ones (fused-sgd, fused-adamw,"
+        " fused-lamb, fused-lars: one kernel per group); torch's Adam reads its step counter on the host and"
+        " feeds it to the graph as a constant, so every step recompiles, as on Gaudi without FusedAdamW",
     )
     p.add_argument("--lr", type=real(0.0, 100.0), default=0.05)
     p.add_argument("--momentum", type=real(0.0, 1.0), default=0.9, help="SGD momentum")
@@ -106,16 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write each rank's Chrome trace of the simulated timeline to DIR (rank 0 merges them)")
+    p.add_argument("--pg-timeout", type=real(0.0, 1e7, "wall seconds", lo_open=True), default=None, metavar="SECONDS",
+                   help="the process group's timeout (default: torch's); a dead peer ends the job within it")
+    cluster.add_arguments(p)
     return p
 
 
-def _init_distributed(backend: str) -> tuple[int, int]:
+def _init_distributed(backend: str, timeout_s: float | None = None) -> tuple[int, int]:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend, **kw)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -181,6 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
                          f" not {args.dataset!r}")
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
+    condition = cluster.from_args(args)  # flags given here override a launcher's HCCL_SIM_* variables
+    os.environ.update(condition.env())
+    condition = cluster.from_env()  # what every rank's process group reads
+    dead = condition.whatif.dead_rank if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else None
     if args.mode is None:
         args.mode = "lazy" if RuntimeConfig.from_env().lazy else "eager"
     if args.mode == "compile":  # torch's DDPOptimizer refuses a cap below its first bucket: say so now
@@ -189,12 +197,11 @@ def main(argv: list[str] | None = None) -> dict:
     device = hpu.reset_device(args.device_spec)
     if args.trace:
         device.enable_trace()
-    rank, world = _init_distributed(args.backend)
+    rank, world = _init_distributed(args.backend, args.pg_timeout)
 
     torch.manual_seed(args.seed)
-    model = build_model(args.model, args.flavour, hidden=args.hidden).to("hpu")
-    if args.mode == "hpu_graphs":
-        hpu.ModuleCacher(max_graphs=10)(model=model, inplace=True)
+    # hpu_graphs: the model in ModuleCacher before DDP wraps it (the tracer does the same)
+    model = prepare_model(build_model(args.model, args.flavour, hidden=args.hidden).to("hpu"), args.mode)
     ddp = DDP(
         model,
         bucket_cap_mb=args.bucket_cap_mb,
@@ -207,8 +214,9 @@ def main(argv: list[str] | None = None) -> dict:
     stepped = torch.compile(ddp, backend="hpu_backend") if args.mode == "compile" else ddp
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
-    else:
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    else:  # the tracer's optimizers (sgd: momentum SGD), so a study plans what runs here
+        opt = make_optimizer(args.optimizer, [(n, q) for n, q in model.named_parameters() if q.requires_grad],
+                             args.lr, args.momentum)
     train_set, test_set = load_dataset(args.dataset, seed=args.seed, image_size=args.image_size,
                                        seq_len=args.seq_len, vocab_size=kind.vocab_size)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
@@ -216,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     device.begin_step()
 
     epochs = []
+    total_steps = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         wall0 = time.perf_counter()
@@ -230,12 +239,19 @@ def main(argv: list[str] | None = None) -> dict:
                 batch = next(batches, None)
             if batch is None or (args.max_steps and steps >= args.max_steps):
                 break
+            if dead == (rank, total_steps):  # --dead-rank: this process dies (NOTE [a dead rank], hccl.sim.whatif)
+                log.error("rank %d: --dead-rank %d@%d: exiting at step %d", rank, rank, total_steps, total_steps)
+                logging.shutdown()
+                os._exit(DEAD_RANK_EXIT)
+            total_steps += 1
             inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
             losses.append(training_step(stepped, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
                                          autocast=args.autocast))
             t = device.end_step()
+            if condition.active and total_steps == cluster.ALIGN_STEP:
+                dist.barrier()  # ranks and hosts aligned once, as the planner does (hccl.sim.straggler_plan)
             for k in sim:
                 sim[k] += getattr(t, k)
             step_ns.append(t.step_ns)

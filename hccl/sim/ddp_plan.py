@@ -32,8 +32,10 @@ this plan's): each piece's backward is a compiled region that ends before its gr
 ready, so the reducer's copies (eager ops) and a full bucket's allreduce run between regions,
 the allreduce overlapping the backward regions still to come.
 
-Every rank of a data-parallel job runs the same ops, so every rank is ready for a bucket's
-allreduce at the same simulated time; the planner is given that time for all ranks. The
+Every rank of a data-parallel job runs the same ops, so on nominal cards every rank is ready
+for a bucket's allreduce at the same simulated time; the planner is given that time for all
+ranks. With variability or slow cards the ranks differ and are replayed in lock step
+(:mod:`hccl.sim.straggler_plan`). The
 result is the steady-state step (see :func:`hpu_runtime.tools.replay.run_replays`); it equals a
 live ``torchrun`` run's steady-state step with the same model, batch, flags, world size
 and topology (tested).
@@ -56,6 +58,8 @@ from hpu_runtime.tools.tracing import StepTrace, ddp_graph_split
 
 from .timing import collective_times
 from .topology import Topology, load_topology
+from .variability import Variability
+from .whatif import WhatIf, link_faults
 
 __all__ = ["DEFAULT_BUCKET_CAP_MB", "Bucket", "PlannedStep", "ddp_buckets", "grad_ready_order",
            "plan_ddp_step", "COMM_HOOKS"]
@@ -100,6 +104,8 @@ class PlannedStep:
         graph_launches: graphs launched in the step.
         graphs: ``(reason, ops, device_ns)`` per launched graph.
         algorithm: the allreduce algorithm the planner chose for the largest bucket.
+        samples: with variability, every planned step's breakdown after the warm-up (``times``
+            is then the median one); empty for the steady state.
     """
 
     times: StepTimes
@@ -107,6 +113,7 @@ class PlannedStep:
     graph_launches: int
     graphs: tuple[tuple[str, int, int], ...]
     algorithm: str
+    samples: tuple[StepTimes, ...] = ()
 
 
 def grad_ready_order(trace: StepTrace) -> list[int]:
@@ -165,14 +172,16 @@ def _topology(topology: str | Topology, world_size: int) -> Topology:
 def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology = "hls2",
                   bucket_cap_mb: float | None = DEFAULT_BUCKET_CAP_MB, first_bucket_mb: float | None = None,
                   gradient_as_bucket_view: bool = False, static_graph: bool = False,
-                  comm_hook: str = "none", lazy_collectives: bool | None = None) -> PlannedStep:
+                  comm_hook: str = "none", lazy_collectives: bool | None = None,
+                  variability: Variability | None = None, whatif: WhatIf | None = None,
+                  steps: int = 0, lockstep: bool | None = None) -> PlannedStep:
     """The steady-state DDP step of ``trace`` on ``world_size`` ranks of ``topology``.
 
     Args:
         trace: a traced step (:func:`hpu_runtime.tools.tracing.trace_step`).
         world_size: data-parallel ranks (one card each).
-        topology: a built-in name (``hls1``, ``hls2``, ``hls3``), a topology file, or a
-            :class:`~hccl.sim.topology.Topology`.
+        topology: a built-in name (``hls1``, ``hls2``, ``hls3``, ``hls1h``, ``dl1``), a topology
+            file, or a :class:`~hccl.sim.topology.Topology`.
         bucket_cap_mb, first_bucket_mb: see :func:`ddp_buckets`.
         gradient_as_bucket_view: gradients are views of the buckets (no copy back).
         static_graph: DDP's ``static_graph``; after the first iteration it buckets and
@@ -181,14 +190,22 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
         lazy_collectives: ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` (default: the trace's setting):
             in lazy mode each allreduce joins the graph instead of cutting it, and runs when
             the graph does (NOTE [lazy collectives] in :mod:`hpu_runtime.device.card`).
+        variability, whatif: slower cards step by step (:mod:`hccl.sim.variability`), slow
+            cards and links (:mod:`hccl.sim.whatif`); with either, ``steps`` steps are
+            planned one by one (:mod:`hccl.sim.straggler_plan`) instead of the steady state.
+        steps: steps to plan with variability (default 16 after the warm-up steps).
+        lockstep: with variability, replay every rank (True: what a live run would give) or
+            rank 0 and a stand-in for the slowest of the others (False, cheaper); default: every
+            rank up to 8 ranks (NOTE [planning slower ranks] in :mod:`hccl.sim.straggler_plan`).
 
     Returns:
         The :class:`PlannedStep` (simulated ns per card).
 
     Raises:
         ValueError: ``world_size < 1``, a topology that cannot hold ``world_size`` ranks,
-            an unknown comm hook, a bad cap, or a compile-mode trace whose graph breaks are
-            not DDPOptimizer's for this cap (see :func:`hpu_runtime.tools.tracing.trace_step`).
+            an unknown comm hook, a bad cap, a what-if HCL cannot run with, or a compile-mode
+            trace whose graph breaks are not DDPOptimizer's for this cap (see
+            :func:`hpu_runtime.tools.tracing.trace_step`).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -203,85 +220,122 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
     del static_graph  # same buckets and reductions as without it once the graph is known
     lazy_coll = (trace.lazy_collectives if lazy_collectives is None else lazy_collectives) and trace.mode == "lazy"
     topo = _topology(topology, world_size)
+    if whatif is not None:
+        topo = link_faults(topo, whatif)
     buckets = ddp_buckets(trace, bucket_cap_mb, first_bucket_mb=first_bucket_mb)
-    params = trace.params
-    bucket_of = {i: b for b, bk in enumerate(buckets) for i in bk.params}
-    bserial = [_SERIAL_BASE + b for b in range(len(buckets))]
-    grad_to_bucket = {p.grad_serial: bserial[bucket_of[i]] for i, p in enumerate(params)
-                      if p.grad_serial >= 0 and i in bucket_of}
-    spec = trace.spec
-    copy_in = [_reducer_copy_in(spec, p, bserial[bucket_of[i]], world_size, comm_hook)
-               for i, p in enumerate(params)]
-    copy_out = [_copy_back(spec, p, bserial[bucket_of[i]]) for i, p in enumerate(params)]
-    hook_ops = [_hook_ops(spec, bk, bserial[b], comm_hook, params) for b, bk in enumerate(buckets)]
-    records: list[list] = []  # per replayed step: (ready, start, end) per bucket
-    algorithms: list[str] = []
 
-    def allreduce(dev: SimDevice, b: int, rec: list) -> None:
-        pre, post, nbytes, elt = hook_ops[b]
+    def replayer(rank: int = 0, ready_all=None) -> _Replayer:
+        return _Replayer(trace, topo, buckets, world_size, comm_hook, lazy_coll, gradient_as_bucket_view,
+                         rank, ready_all)
+
+    if (variability is not None and variability.active) or (whatif is not None and whatif.slow_cards):
+        from .straggler_plan import plan_steps
+        return plan_steps(replayer, trace, world_size=world_size, variability=variability, whatif=whatif,
+                          steps=steps, lockstep=lockstep)
+    rep = replayer()
+    dev, history, graphs = run_replays(lambda: replay_device(trace.spec, trace.mode), rep.step)
+    return rep.planned(dev, history[-1], graphs)
+
+
+class _Replayer:
+    """One rank's replayed DDP steps: the reducer's copies, graph cuts and bucket allreduces
+    inserted into the traced step (NOTE [what DDP does to a lazy-mode step, replayed]).
+
+    ``ready_all(ready_ns) -> every rank's ready ns`` gives the other ranks' ready times for a
+    bucket's allreduce; default: every rank ready when this one is (they run the same ops)."""
+
+    def __init__(self, trace, topo, buckets, world_size, comm_hook, lazy_coll, gradient_as_bucket_view, rank,
+                 ready_all) -> None:
+        self.trace, self.buckets = trace, buckets
+        params = trace.params
+        self.bucket_of = {i: b for b, bk in enumerate(buckets) for i in bk.params}
+        bucket_of = self.bucket_of
+        bserial = [_SERIAL_BASE + b for b in range(len(buckets))]
+        self.bserial = bserial
+        self.grad_to_bucket = {p.grad_serial: bserial[bucket_of[i]] for i, p in enumerate(params)
+                               if p.grad_serial >= 0 and i in bucket_of}
+        spec = trace.spec
+        self.copy_in = [_reducer_copy_in(spec, p, bserial[bucket_of[i]], world_size, comm_hook)
+                        for i, p in enumerate(params)]
+        self.copy_out = [_copy_back(spec, p, bserial[bucket_of[i]]) for i, p in enumerate(params)]
+        self.hook_ops = [_hook_ops(spec, bk, bserial[b], comm_hook, params) for b, bk in enumerate(buckets)]
+        self.records: list[list] = []  # per replayed step: (ready, start, end) per bucket
+        self.algorithms: list[str] = []
+        self.topo, self.world_size, self.rank = topo, world_size, rank
+        self.lazy_coll, self.as_view = lazy_coll, gradient_as_bucket_view
+        self.ready_all = ready_all if ready_all is not None else (lambda ready: [ready] * world_size)
+
+    def _allreduce(self, dev: SimDevice, b: int, rec: list) -> None:
+        pre, post, nbytes, elt = self.hook_ops[b]
         for op in pre:
             dev.append_op(op)
+        n, topo, rank = self.world_size, self.topo, self.rank
 
-        def timing(ready: int) -> tuple[int, int, str]:
-            return collective_times("allreduce", nbytes, [ready] * world_size, rank=0, dtype_bytes=elt,
-                                    topology=topo)
+        def timing(ready: int, everyone: bool = True) -> tuple[int, int, str]:
+            return collective_times("allreduce", nbytes, self.ready_all(ready) if everyone else [ready] * n,
+                                    rank=rank, dtype_bytes=elt, topology=topo)
 
-        if lazy_coll:  # joins the graph; timed when the graph runs (as ProcessGroupHCCL does)
+        if self.lazy_coll:  # joins the graph; timed when the graph runs (as ProcessGroupHCCL does)
             def on_timed(start: int, end: int, algo: str) -> None:
                 rec[b] = (start, start, end)
-                algorithms.append(algo)
+                self.algorithms.append(algo)
 
             rec.append(None)
-            dev.add_graph_collective(f"allreduce bucket {b}", timing, serials=(bserial[b],), on_timed=on_timed)
+            dev.add_graph_collective(f"allreduce bucket {b}", lambda ready: timing(ready, everyone=False),
+                                     serials=(self.bserial[b],), on_timed=on_timed)
         else:
             ready = dev.collective_ready_ns()
             start, end, algo = timing(ready)
-            dev.record_collective(f"allreduce bucket {b}", start, end, serials=(bserial[b],))
+            dev.record_collective(f"allreduce bucket {b}", start, end, serials=(self.bserial[b],))
             rec.append((ready, start, end))
-            algorithms.append(algo)
+            self.algorithms.append(algo)
         for op in post:
             dev.append_op(op)
 
-    def step(dev: SimDevice) -> None:
+    def step(self, dev: SimDevice) -> None:
+        """Replay one DDP step on ``dev``."""
+        buckets, bucket_of = self.buckets, self.bucket_of
         remaining = [len(bk.params) for bk in buckets]
         state = {"next": 0}
         rec: list = []
-        records.append(rec)
+        self.records.append(rec)
 
         def on_grad_ready(i: int) -> None:
             if i not in bucket_of:
                 return
             b = bucket_of[i]
-            dev.append_op(copy_in[i])
+            dev.append_op(self.copy_in[i])
             remaining[b] -= 1
             while state["next"] < len(buckets) and remaining[state["next"]] == 0:
-                allreduce(dev, state["next"], rec)
+                self._allreduce(dev, state["next"], rec)
                 state["next"] += 1
 
         def on_backward_end() -> None:
-            if not gradient_as_bucket_view:
+            if not self.as_view:
                 for bk in buckets:
                     for i in bk.params:
-                        dev.append_op(copy_out[i])
+                        dev.append_op(self.copy_out[i])
 
         def rewrite(op: OpRecord, phase: str) -> OpRecord:
-            if phase != "optimizer" or not gradient_as_bucket_view:
+            if phase != "optimizer" or not self.as_view:
                 return op
-            return _remap(op, grad_to_bucket)
+            return _remap(op, self.grad_to_bucket)
 
-        replay(trace, dev, on_grad_ready=on_grad_ready, on_backward_end=on_backward_end, rewrite=rewrite)
+        replay(self.trace, dev, on_grad_ready=on_grad_ready, on_backward_end=on_backward_end, rewrite=rewrite)
 
-    dev, history, graphs = run_replays(lambda: replay_device(spec, trace.mode), step)
-    times = history[-1]
-    step_start = dev.now_ns() - times.step_ns
-    last = records[-1]
-    planned = tuple(
-        dataclasses.replace(bk, ready_ns=r - step_start, start_ns=s - step_start, end_ns=e - step_start)
-        for bk, (r, s, e) in zip(buckets, last))
-    largest = max(range(len(buckets)), key=lambda b: buckets[b].nbytes) if buckets else None
-    return PlannedStep(times=times, buckets=planned, graph_launches=len(graphs),
-                       graphs=tuple((g.reason, g.ops, g.device_ns) for g in graphs),
-                       algorithm=algorithms[-len(buckets) + largest] if buckets else "none")
+    def planned(self, dev: SimDevice, times: StepTimes, graphs, samples: tuple = ()) -> PlannedStep:
+        """The :class:`PlannedStep` of the last replayed step on ``dev`` (its breakdown ``times``)."""
+        buckets = self.buckets
+        step_start = dev.now_ns() - times.step_ns
+        last = self.records[-1]
+        planned = tuple(
+            dataclasses.replace(bk, ready_ns=r - step_start, start_ns=s - step_start, end_ns=e - step_start)
+            for bk, (r, s, e) in zip(buckets, last))
+        largest = max(range(len(buckets)), key=lambda b: buckets[b].nbytes) if buckets else None
+        return PlannedStep(times=times, buckets=planned, graph_launches=len(graphs),
+                           graphs=tuple((g.reason, g.ops, g.device_ns) for g in graphs),
+                           algorithm=self.algorithms[-len(buckets) + largest] if buckets else "none",
+                           samples=tuple(samples))
 
 
 def _split_text(split: tuple[int, int] | None) -> str:
@@ -293,8 +347,9 @@ def _split_text(split: tuple[int, int] | None) -> str:
 def _remap(op: OpRecord, mapping: dict[int, int]) -> OpRecord:
     if not any(s in mapping for s, _ in op.reads) and not any(w[0] in mapping for w in op.writes):
         return op
-    return OpRecord(op.key, op.cost, tuple((mapping.get(s, s), n) for s, n in op.reads),
-                    tuple((mapping.get(w[0], w[0]), *w[1:]) for w in op.writes))
+    return op._replace(reads=tuple((mapping.get(s, s), n) for s, n in op.reads),
+                       writes=tuple((mapping.get(w[0], w[0]), *w[1:]) for w in op.writes),
+                       saves=tuple(mapping.get(s, s) for s in op.saves))
 
 
 def _meta(p, numel: int | None = None, dtype=None) -> torch.Tensor:

@@ -104,21 +104,24 @@ class LinkParams:
     """
 
     __slots__ = ("topo", "up_gbps", "out_gbps", "up_latency_ns", "leaf_latency_ns",
-                 "spine_latency_ns", "mtu", "hdr", "reduce_bpns", "cpb", "bpl", "oversub", "_box", "_leaf")
+                 "spine_latency_ns", "mtu", "hdr", "reduce_bpns", "cpb", "bpl", "oversub", "no_up", "_box", "_leaf")
 
     def __init__(self, topo: Topology):
         self.topo = topo
         self.up_gbps = topo.scale_up_peer_gbps
         self.out_gbps = topo.scale_out_card_gbps
         self.up_latency_ns = topo.nic_latency_ns
-        self.leaf_latency_ns = 2 * topo.nic_latency_ns + topo.switch_latency_ns
-        self.spine_latency_ns = 4 * topo.nic_latency_ns + 3 * topo.switch_latency_ns
+        host = topo.fabric.host_latency_ns if topo.fabric is not None else 0
+        self.leaf_latency_ns = 2 * topo.nic_latency_ns + topo.switch_latency_ns + host
+        self.spine_latency_ns = 4 * topo.nic_latency_ns + 3 * topo.switch_latency_ns + host
         self.mtu = topo.mtu_bytes
         self.hdr = topo.header_bytes
         self.reduce_bpns = topo.reduce_bytes_per_ns
         self.cpb = topo.cards_per_box
         self.bpl = topo.boxes_per_leaf
-        self.oversub = topo.oversubscription
+        # an ECMP fabric charges contention on its links instead (hccl.sim.fabric)
+        self.oversub = 1.0 if topo.fabric is not None and topo.fabric.ecmp else topo.oversubscription
+        self.no_up = topo.scale_up_ports_per_peer == 0  # box peers through the leaf switch
         self._box = None
         self._leaf = None
 
@@ -135,7 +138,7 @@ class LinkParams:
             self._box = r // self.cpb
             self._leaf = self._box // self.bpl
         box_s, box_d = self._box[src], self._box[dst]
-        out = box_s != box_d
+        out = src != dst if self.no_up else box_s != box_d
         cross = self._leaf[src] != self._leaf[dst]
         any_out = bool(out.any())
         all_out = any_out and bool(out.all())

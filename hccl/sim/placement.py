@@ -116,8 +116,19 @@ def place_group(job: Topology, cards: Sequence[int]) -> GroupPlacement:
     relabel = {p: j for j, p in enumerate(local)}
     nic_peer = tuple(tuple(relabel.get(p, -2) if p >= 0 else p for p in job.nic_peer[l]) for l in local)
     topo = dataclasses.replace(job, world_size=n, cards_per_box=k, num_boxes=0, fixed_boxes=False,
-                               boxes_per_leaf=_boxes_per_leaf(leaves), nic_peer=nic_peer)
+                               boxes_per_leaf=_boxes_per_leaf(leaves), nic_peer=nic_peer,
+                               faults=_group_faults(job.faults, cards, order))
     return GroupPlacement(cards, topo, tuple(order))
+
+
+def _group_faults(faults, cards, order) -> tuple:
+    """The job's faulty links that join the group's members, in the group topology's ranks."""
+    where = {c: order[i] for i, c in enumerate(cards)}
+    out = []
+    for kind, a, b, f in faults:
+        if a in where and (kind == "out" or b in where):
+            out.append((kind, where[a], b if kind == "out" else where[b], f))
+    return tuple(sorted(out))
 
 
 def _boxes_per_leaf(leaves: Sequence[int]) -> int:

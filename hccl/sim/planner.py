@@ -16,12 +16,15 @@ NOTE [timing rules]
       ``bytes / reduce_bytes_per_ns``.
     - Local copies cost 0 ns. A rank's collective ends when its last send has left and
       its last receive is done.
+    - A scale-out message's serialization is stretched by its slowest flow's share of the
+      fabric's links (NOTE [max-min sharing, per row] in :mod:`hccl.sim.fabric`).
     - All times are integers; ties are broken by issue order, so results are
       deterministic.
 
-Length: about 540 lines, over the project's 400, on purpose. The event engine (``_Engine``),
-the rank-symmetry fold that makes 4,096 ranks cheap and the public entry points share the
-timing rules above; split across files, the rules and the code that applies them would drift.
+Length: about 720 lines, over the project's 400, on purpose. The event engine (``_Engine``),
+the rank-symmetry fold and the skip over repeated phases that make 65,536 ranks cheap, and the
+public entry points share the timing rules above; split across files, the rules and the code
+that applies them would drift.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hccl.sim import algorithms
+from hccl.sim import algorithms, fabric
 from hccl.sim.link_model import LinkParams
 from hccl.sim.schedule import Block, layout, validate_call
 from hccl.sim.topology import Topology
@@ -131,7 +134,7 @@ def _fold_period(topo: Topology, n: int, ready: np.ndarray) -> int:
     boxes share one leaf) and divides ``n``. See NOTE [rank symmetry].
     """
     L, bpl = topo.cards_per_box, topo.boxes_per_leaf
-    if n % L:
+    if n % L or topo.faults:  # a faulty link is on one card: no two periods look the same
         return n
     T = L if n // L <= bpl else L * bpl
     if T >= n or n % T:
@@ -172,7 +175,12 @@ class _Engine:
         comes from representative column ``m`` with ``dst[k, m] = d (mod T)``, with that
         column's timing. Results are the same integers as the full simulation (``fold=n``);
         a block that breaks the symmetry raises :class:`_NoSymmetry` and the caller
-        re-runs unfolded.
+        re-runs unfolded. Two exceptions, both samples rather than exact: on an ECMP fabric
+        every period repeats the contention of ranks ``0 .. T-1``'s own messages (computed in
+        the whole fabric, :mod:`hccl.sim.fabric`), and a pairwise phase over a buffer that does
+        not divide evenly times each chunk at its period's longest (NOTE [uneven chunks,
+        folded] in :mod:`hccl.sim.algorithms.pairwise`). A topology with link faults is
+        never folded.
     """
 
     def __init__(self, lp: LinkParams, n: int, ready: np.ndarray, dtype_bytes: int, fold: int | None = None):
@@ -192,17 +200,70 @@ class _Engine:
         self.messages = 0
         self.up_bytes = 0
         self.out_bytes = 0
+        fab = lp.topo.fabric
+        self.contend = bool(lp.topo.faults) or fab is not None and ((fab.ecmp and fab.tiers == 2) or fab.nic_cards > 1)
+        self.slow_up = [(a, b, f) for k, a, b, f in lp.topo.faults if k == "up"]
+        self._rows: dict = {}  # contention of rows met in this call (NOTE [max-min sharing, per row])
+        self._transfers: dict = {}
 
-    def phase(self, s: int, blocks: Sequence[Block]) -> None:
+    def _contention(self, blk: Block, ser, out, src=None, dst=None):
+        """``ser`` with every scale-out message slowed to its slowest flow's share of the links
+        (:func:`hccl.sim.fabric.message_slowdown`, per row of the block); ``src``/``dst``: a
+        sparse block's flattened messages, taken as one row."""
+        if self.slow_up:  # degraded scale-up links (what-ifs): these pairs' messages f times slower
+            if src is None:
+                src, dst_ = np.broadcast_to(np.arange(ser.shape[-1]), ser.shape), blk.dst[:, :ser.shape[-1]]
+            else:
+                dst_ = dst
+            for a, b, f in self.slow_up:
+                hit = ~out & (((src == a) & (dst_ == b)) | ((src == b) & (dst_ == a)))
+                ser = np.where(hit, np.ceil(ser * f).astype(np.int64), ser)
+            if dst is None:
+                src = None
+        if not self.contend or not out.any():
+            return ser
+        topo, n = self.lp.topo, self.n
+        if src is not None:
+            num, den = fabric.message_slowdown(topo, src, dst, blk.qp_set)
+            return np.where(out, -(-ser * num // den), ser)
+        K, T = ser.shape
+        num = np.ones((K, T), dtype=np.int64)
+        den = np.ones((K, T), dtype=np.int64)
+        for k in range(K):
+            if not out[k].any():
+                continue
+            if blk.shift is not None:
+                num[k], den[k] = fabric.shift_slowdown(topo, blk.shift, blk.qp_set, cols=T)
+                continue
+            row = blk.dst[k, :T]
+            key = (row.tobytes(), blk.qp_set)
+            hit = self._rows.get(key)
+            if hit is None:
+                if T < n:  # representative columns: the row repeats every T ranks
+                    row = ((row[None, :] + T * np.arange(n // T)[:, None]) % n).ravel()
+                hit = self._rows[key] = fabric.message_slowdown(topo, np.arange(n), row, blk.qp_set, first=T)
+            num[k], den[k] = hit
+        return np.where(out, -(-ser * num // den), ser)
+
+    def phase(self, s: int, ph) -> None:
+        """Run phase ``ph`` (a :data:`~hccl.sim.schedule.Phase`) of slice ``s``."""
         t0 = self.clocks.get(s)
         if t0 is None:
             t0 = self.ready
         new = t0.copy()
+        blocks = None
+        if self.T < self.n and hasattr(ph, "fold"):  # the phase builds ranks 0 .. T-1 itself
+            blocks = ph.fold(self.T)
+            if blocks is None:
+                raise _NoSymmetry
+            trusted = True
+        else:
+            blocks, trusted = ph(), False
         for blk in blocks:
             if blk.dst.size == 0:
                 continue
             if self.T < self.n:
-                if not _periodic(blk, self.n, self.T):
+                if not trusted and not _periodic(blk, self.n, self.T):
                     raise _NoSymmetry
                 self._dense(blk, t0, new)
             elif blk.dense and bool((blk.dst >= 0).all()):
@@ -218,13 +279,31 @@ class _Engine:
         self.out_bytes += ob * m
         self.up_bytes += (int(nbytes.sum()) - ob) * m
 
+    def _transfer(self, dst, nbytes):
+        """:meth:`LinkParams.transfer` from every simulated column, memoized for small blocks
+        (the in-box part of every box iteration is the same block)."""
+        key = None
+        if dst.size <= 4096:
+            key = (dst.shape, dst.tobytes(), nbytes.tobytes())
+            hit = self._transfers.get(key)
+            if hit is not None:
+                return hit
+        res = self.lp.transfer(np.broadcast_to(np.arange(dst.shape[1]), dst.shape), dst, nbytes)
+        if key is not None:
+            if len(self._transfers) > 256:
+                self._transfers.clear()
+            for a in res:
+                a.flags.writeable = False
+            self._transfers[key] = res
+        return res
+
     def _dense(self, blk: Block, t0, new) -> None:
         n, L = self.T, self.L  # n: columns simulated (representatives when folded)
         dst = blk.dst if n == self.n else blk.dst[:, :n]
         K = dst.shape[0]
-        src = np.broadcast_to(np.arange(n), dst.shape)
         nbytes = (blk.count if n == self.n else blk.count[:, :n]) * self.db
-        ser, lat, out = self.lp.transfer(src, dst, nbytes)
+        ser, lat, out = self._transfer(dst, nbytes)
+        ser = self._contention(blk, ser, out)
         self._account(nbytes, out)
         if n < self.n:
             dst = dst % n  # receiver d (mod T) <- representative column
@@ -232,6 +311,15 @@ class _Engine:
             self._dense_out(blk, t0, new, dst, nbytes, ser, lat)
             return
         ldst = dst % L
+        if not out.any() and (K == 1 or bool((np.diff(np.sort(ldst, axis=0), axis=0) != 0).all())):
+            # scale-up only, one message per link: no message waits for another of this block
+            cols = np.arange(n)[None, :]
+            tx = np.maximum(t0[None, :], self.up_free[cols, ldst])
+            sent = tx + ser
+            self.up_free[cols, ldst] = sent
+            np.maximum(self.last, sent.max(axis=0), out=self.last)
+            self._receive(blk, new, dst, nbytes, tx, ser, lat, out)
+            return
         # egress: chain messages sharing a port group (one column = one sender)
         excl = np.zeros_like(ser)
         base = np.empty_like(ser)
@@ -255,6 +343,12 @@ class _Engine:
             else:
                 np.maximum(self.up_free[:, key], last, out=self.up_free[:, key])
         np.maximum(self.last, sent.max(axis=0), out=self.last)
+        self._receive(blk, new, dst, nbytes, tx, ser, lat, out)
+
+    def _receive(self, blk: Block, new, dst, nbytes, tx, ser, lat, out) -> None:
+        """Arrivals of a dense block's messages sent at ``tx``: scale-out ingress, reduction."""
+        n = self.T
+        K = dst.shape[0]
         # regroup by receiver: rows are permutations, invert each
         inv = np.empty_like(dst)
         inv[np.arange(K)[:, None], dst] = np.arange(n)[None, :]
@@ -320,6 +414,7 @@ class _Engine:
         dst = blk.dst.ravel()[idx]
         nbytes = blk.count.ravel()[idx] * self.db
         ser, lat, out = self.lp.transfer(src, dst, nbytes)
+        ser = self._contention(blk, ser, out, src, dst)
         self._account(nbytes, out)
         res = np.where(out, n * L + src, src * L + dst % L)
         free_all = np.concatenate([self.up_free.ravel(), self.eg_free])
@@ -355,6 +450,43 @@ class _Engine:
         np.maximum.at(new, d_s, done)
         np.maximum.at(self.last, d_s, done)
 
+    # -- NOTE [repeated phases] ---------------------------------------------------------------
+    def snapshot(self) -> tuple:
+        """The state (ports, clocks, counters) as copies, for :meth:`advance`."""
+        arrays = [self.up_free.ravel(), self.eg_free, self.in_free, self.red_free, self.last]
+        arrays += [self.clocks[k] for k in sorted(self.clocks)]
+        return np.concatenate(arrays), (self.messages, self.up_bytes, self.out_bytes), tuple(sorted(self.clocks))
+
+    @staticmethod
+    def period_step(a: tuple, b: tuple, c: tuple):
+        """``(moved, d)`` if one period took the state from ``a`` to ``b`` and the next from ``b``
+        to ``c`` by the same uniform step ``d`` (entries it did not change aside); else None."""
+        if a[2] != b[2] or b[2] != c[2]:
+            return None
+        d1, d2 = b[0] - a[0], c[0] - b[0]
+        if not np.array_equal(d1, d2):
+            return None
+        moved = d2 != 0
+        if not moved.any():
+            return None
+        step = d2[moved]
+        if not bool((step == step[0]).all()):
+            return None
+        return moved, int(step[0])
+
+    def advance(self, b: tuple, c: tuple, moved, d: int, times: int) -> None:
+        """Apply ``times`` more periods that each move the ``moved`` entries of state ``c`` by
+        ``d`` (and the counters as from ``b`` to ``c``)."""
+        x = c[0] + np.where(moved, d * times, 0)
+        T, L = self.up_free.shape
+        parts = np.split(x, np.cumsum([T * L, T, T, T, T] + [T] * (len(c[2]) - 1)))
+        self.up_free = parts[0].reshape(T, L).copy()
+        self.eg_free, self.in_free, self.red_free, self.last = (p.copy() for p in parts[1:5])
+        for k, arr in zip(c[2], parts[5:]):
+            self.clocks[k] = arr.copy()
+        self.messages, self.up_bytes, self.out_bytes = (
+            z + (z - y) * times for y, z in zip(b[1], c[1]))
+
     def end(self) -> np.ndarray:
         e = self.last.copy()
         for c in self.clocks.values():
@@ -364,6 +496,55 @@ class _Engine:
 
 _FOLD = True
 """Use the rank-symmetry fast path (NOTE [rank symmetry]); tests turn it off to compare."""
+_SKIP = True
+"""Apply runs of repeated phases at once (NOTE [repeated phases]); tests turn it off to compare."""
+_MAX_PERIOD = 64
+
+
+def _run_phases(eng: _Engine, phases) -> None:
+    """Run ``phases`` on ``eng``, skipping ahead over runs of repeated phases.
+
+    NOTE [repeated phases]
+        Pairwise box iterations on thousands of boxes are thousands of phases that, once the
+        folded ranks see every iteration cross the spine, repeat with a short period: phases
+        with equal ``key`` (a phase attribute: its timing class, e.g. the box shift modulo
+        the fold and the sampled contention) are timed alike. Each phase maps the state
+        (port and reduction-engine free times, clocks) by maxima and sums, so shifting every
+        entry by ``d`` shifts the result by ``d``. When two consecutive periods of equal keys
+        moved every entry they changed by the same ``d``, the next ``m`` periods move them by
+        ``m x d``: they are applied at once, with the same integers as running them (tested
+        against running every phase). Only used on the folded ranks with one slice in flight.
+    """
+    keys = [getattr(ph, "key", None) for _, ph in phases]
+    n = len(phases)
+    skip = _SKIP and eng.T < eng.n and len({s for s, _ in phases}) == 1 and n > 4 * 8
+    snaps: dict[int, tuple] = {}
+    i = 0
+    while i < n:
+        s, ph = phases[i]
+        eng.phase(s, ph)
+        i += 1
+        if not skip or keys[i - 1] is None:
+            continue
+        snaps[i] = eng.snapshot()
+        snaps.pop(i - 2 * _MAX_PERIOD - 1, None)
+        for P in range(1, _MAX_PERIOD + 1):
+            if i - 2 * P < 0 or i + P > n:
+                break
+            if keys[i - P:i] != keys[i - 2 * P:i - P] or keys[i:i + P] != keys[i - P:i]:
+                continue
+            if (i - 2 * P) not in snaps:
+                break
+            found = eng.period_step(snaps[i - 2 * P], snaps[i - P], snaps[i])
+            if found is None:
+                continue
+            m = 1
+            while i + (m + 1) * P <= n and keys[i + m * P:i + (m + 1) * P] == keys[i - P:i]:
+                m += 1
+            eng.advance(snaps[i - P], snaps[i], *found, m)
+            i += m * P
+            snaps.clear()
+            break
 
 
 def _env_key() -> tuple:
@@ -383,8 +564,7 @@ def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algori
     while True:
         eng = _Engine(lp, world_size, ready, dtype_bytes, fold=fold)
         try:
-            for s, ph in phases:
-                eng.phase(s, ph())
+            _run_phases(eng, phases)
             break
         except _NoSymmetry:
             logger.debug("%s on %d ranks: a phase breaks the rank symmetry, simulating every rank",

@@ -31,7 +31,9 @@ NOTE [slices]
     ``PT_HCCL_SLICE_SIZE_MB`` when the user sets it or lazy collectives are on; on Gaudi 2
     and later it does not slice at all (HabanaAI/gaudi-pytorch-bridge, v1.19,
     ``habana_helpers::getHCCLSliceSize``). That bridge-level slicing is not modelled
-    separately: setting ``PT_HCCL_SLICE_SIZE_MB`` here changes the pipelining slice.
+    separately: setting ``PT_HCCL_SLICE_SIZE_MB`` here changes the pipelining slice. HCL's own
+    multi-box algorithm (``pairwise``) slices by ``HCL_SLICE_SIZE`` per rank instead (NOTE
+    [HCL's pairwise box iterations] in :mod:`hccl.sim.algorithms.pairwise`).
 """
 
 from __future__ import annotations
@@ -119,24 +121,37 @@ class Block:
         reduce: receivers reduce instead of overwrite.
         copies: None or (ranks, src_off, dst_off, count) int64 arrays of local copies.
         dense: True when ``src`` is ``arange(world_size)`` (lets the planner skip sorting).
+        qp_set: the scale-out queue-pair set its messages use (the fabric hashes it with the
+            ports, :mod:`hccl.sim.fabric`).
+        shift: for a one-row block whose every card sends to the same card of box ``b + shift``
+            (a pairwise box iteration), that shift (lets the fabric time it without the rows
+            of every rank); None otherwise.
     """
 
-    __slots__ = ("src", "dst", "count", "send_off", "recv_off", "reduce", "copies", "dense")
+    __slots__ = ("src", "dst", "count", "send_off", "recv_off", "reduce", "copies", "dense", "qp_set", "shift")
 
-    def __init__(self, src, dst, count, send_off, recv_off, *, reduce: bool, copies=None, dense=False):
+    def __init__(self, src, dst, count, send_off, recv_off, *, reduce: bool, copies=None, dense=False, qp_set=0,
+                 shift=None):
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         shape = self.dst.shape
-        self.count = np.broadcast_to(np.asarray(count, dtype=np.int64), shape)
-        self.send_off = np.broadcast_to(np.asarray(send_off, dtype=np.int64), shape)
-        self.recv_off = np.broadcast_to(np.asarray(recv_off, dtype=np.int64), shape)
+
+        def full(a):
+            a = np.asarray(a, dtype=np.int64)
+            return a if a.shape == shape else np.broadcast_to(a, shape)
+
+        self.count, self.send_off, self.recv_off = full(count), full(send_off), full(recv_off)
         self.reduce = reduce
         self.copies = copies
         self.dense = dense
+        self.qp_set = qp_set
+        self.shift = shift
 
 
 Phase = Callable[[], Sequence[Block]]
-"""A phase is built lazily: calling it returns its blocks."""
+"""A phase is built lazily: calling it returns its blocks. A phase may also have a method
+``fold(T)`` returning the blocks of ranks ``0 .. T-1`` alone when it repeats every ``T``
+ranks (else None), which the planner's rank-symmetry fold uses instead of building every rank."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,10 +287,11 @@ def pipeline(per_slice: Sequence[Sequence[Phase]]) -> Iterator[tuple[int, Phase]
     if not per_slice:
         return
     longest = max(len(p) for p in per_slice)
-    for w in range(len(per_slice) + longest - 1):
-        for p in range(longest):
+    n = len(per_slice)
+    for w in range(n + longest - 1):
+        for p in range(max(0, w - n + 1), min(w, longest - 1) + 1):  # slices 0 <= w - p < n
             s = w - p
-            if 0 <= s < len(per_slice) and p < len(per_slice[s]):
+            if p < len(per_slice[s]):
                 yield s, per_slice[s][p]
 
 

@@ -22,6 +22,14 @@ NOTE [ready times ride in the metadata]
     their metadata round and know nothing of time. (Done: every driver's alltoall returns its
     element-count matrix with the ready list; no side channel on the driver.)
 
+NOTE [the slowest member starts the collective]
+    A collective starts on every rank when its last member is ready (``max(ready_ns)``): HCL's
+    box iterations and in-box exchanges need every peer's buffer, so a rank that arrives early
+    waits (which the studies report as "waiting for the slowest rank"). The planner then
+    times the schedule from that common start. Lazy collectives are timed when their graph is
+    launched with the rank's own ready time for all (NOTE [lazy collectives] in
+    :mod:`hpu_runtime.device.card`): there no rank waits for a slower one.
+
 NOTE [process group kinds]
     The process group names collectives as torch.distributed does; the planner uses
     hccl_demo's test names. Sizes follow the planner's convention, which is what the
@@ -134,9 +142,9 @@ def collective_times(
         slice_bytes: pipelining slice in bytes (None: the planner's default).
 
     Returns:
-        ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready
-        (or this rank's end, if it finished before a rank it never waits for was ready),
-        ``end_ns`` when this rank finished, per :func:`hccl.sim.planner.simulate`.
+        ``(start_ns, end_ns, algorithm)``: ``start_ns`` is when the last rank was ready (every
+        rank starts then, NOTE [the slowest member starts the collective]), ``end_ns`` when
+        this rank finished, per :func:`hccl.sim.planner.simulate`.
 
     Raises:
         ValueError: unknown kind or algorithm, a world size the topology cannot hold,
@@ -157,11 +165,11 @@ def collective_times(
     if topology is None:
         raise TypeError("collective_times needs a topology or a placement")
     n = len(ready_ns)
-    # memo: the answer only depends on ready times relative to the earliest (the planner is
-    # shift-invariant) and on the configuration; a DDP step repeats the same calls
-    base = min(ready_ns) if n else 0
+    # NOTE [the slowest member starts the collective]; the planner is shift-invariant, so the
+    # answer relative to the start depends on the configuration only: a DDP step's calls hit
+    base = max(ready_ns) if n else 0
     memo_key = (
-        kind, nbytes, rank, root, dtype_bytes, tuple(r - base for r in ready_ns),
+        kind, nbytes, rank, root, dtype_bytes, n,
         None if splits is None else tuple(map(tuple, splits)), topology, algorithm, slice_bytes,
         # the planner's defaults read the environment (NOTE [selection rule])
         (_environ.get("HCCL_ALGO"), _environ.get("PT_HCCL_SLICE_SIZE_MB")) if None in (algorithm, slice_bytes) else None,
@@ -206,10 +214,10 @@ def _collective_times(kind, nbytes, ready_ns, rank, root, dtype_bytes, splits, t
         if splits is not None:
             splits = [[c * dtype_bytes for c in row] for row in splits]
         dtype_bytes = 1
-    res = simulate(collective, nbytes, topo, world_size=n, ready_ns=ready_ns, root=root,
+    start = max(ready_ns)
+    res = simulate(collective, nbytes, topo, world_size=n, ready_ns=[start] * n, root=root,
                    dtype_bytes=dtype_bytes, splits=splits, algorithm=algorithm, slice_bytes=slice_bytes)
-    end = res.end_ns[rank]
-    return CollectiveTiming(min(max(res.start_ns), end), end, res.algorithm)
+    return CollectiveTiming(start, res.end_ns[rank], res.algorithm)
 
 
 def p2p_times(nbytes: int, *, src: int, dst: int, src_ready_ns: int, dst_ready_ns: int,

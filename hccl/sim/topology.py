@@ -4,8 +4,10 @@ A topology says who is linked to whom by which ports; it does not turn bytes int
 (that is :mod:`hccl.sim.link_model`) and does not know about collectives.
 
 Built-in systems are TOML data files in ``hccl/sim/topologies/`` (``hls1``, ``hls2``,
-``hls3``: boxes of 8 Gaudi, Gaudi2, Gaudi3 cards). Each number there carries its unit
-in its name and its source beside it.
+``hls3``: boxes of 8 Gaudi, Gaudi2, Gaudi3 cards; ``hls1h``: first-gen nodes of 4 cards
+whose 40 ports all go to the switches; ``dl1``: AWS DL1, 8 first-gen cards scaling out
+through 4 host NICs). Each number there carries its unit in its name and its source beside
+it; a ``[fabric]`` table describes the switches (:class:`~hccl.sim.fabric.Fabric`).
 
 NOTE [rank placement]
     Rank ``r`` sits in box ``r // cards_per_box`` at local index ``r % cards_per_box``.
@@ -31,11 +33,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hccl.sim.fabric import Fabric
+
 __all__ = ["Topology", "load_topology", "builtin_topologies"]
 
 logger = logging.getLogger(__name__)
 
-_BUILTIN = ("hls1", "hls2", "hls3")
+_BUILTIN = ("hls1", "hls2", "hls3", "hls1h", "dl1")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -83,6 +87,11 @@ class Topology:
     """Boxes whose scale-out ports share one leaf switch."""
     nic_peer: tuple[tuple[int, ...], ...] = ()
     """Per local card, the peer of each NIC: a local card index or -1 (scale-out)."""
+    fabric: Fabric | None = None
+    """The scale-out switches (``[fabric]`` table); None: an ideal fabric."""
+    faults: tuple[tuple[str, int, int, float], ...] = ()
+    """Degraded or down links, ``(kind, a, b, slowdown)`` (0.0: down), from what-ifs
+    (:func:`hccl.sim.whatif.link_faults`); not read from topology files."""
     source: str = ""
     """Where the numbers come from."""
     _up_ports: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), repr=False, compare=False)
@@ -178,7 +187,7 @@ class Topology:
         if src == dst:
             raise ValueError(f"rank {src} has no port to itself")
         ls = self.local_rank_of(src)
-        if self.same_box(src, dst):
+        if self.same_box(src, dst) and self.scale_up_ports_per_peer:
             return self._up_ports[ls][self.local_rank_of(dst)]
         return self._out_ports[ls]
 
@@ -188,7 +197,7 @@ class Topology:
 
     def switch_hops(self, src: int, dst: int) -> int:
         """Switches crossed from ``src`` to ``dst``: 0 in a box, 1 on one leaf, 3 via a spine."""
-        if self.same_box(src, dst):
+        if self.same_box(src, dst) and self.scale_up_ports_per_peer:
             return 0
         return 1 if self.leaf_of(src) == self.leaf_of(dst) else 3
 
@@ -196,7 +205,8 @@ class Topology:
         """One-way latency from ``src`` to ``dst``, simulated ns (hops x per-hop latency)."""
         s = self.switch_hops(src, dst)
         links = 1 if s == 0 else s + 1
-        return links * self.nic_latency_ns + s * self.switch_latency_ns
+        host = self.fabric.host_latency_ns if self.fabric is not None and s else 0
+        return links * self.nic_latency_ns + s * self.switch_latency_ns + host
 
     @property
     def scale_up_peer_gbps(self) -> float:
@@ -221,7 +231,7 @@ def builtin_topologies() -> tuple[str, ...]:
     return _BUILTIN
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")}
+_FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")} - {"faults"}
 
 _INT, _NUM = numbers.Integral, numbers.Real
 _RANGES: dict[str, tuple] = {
@@ -229,7 +239,7 @@ _RANGES: dict[str, tuple] = {
     "cards_per_box": (_INT, 1, 1024, "cards"),
     "num_boxes": (_INT, 0, 1 << 24, "boxes (0: as many as the world size needs)"),
     "ports_per_card": (_INT, 1, 4096, "ports"),
-    "scale_up_ports_per_peer": (_INT, 1, 4096, "ports"),
+    "scale_up_ports_per_peer": (_INT, 0, 4096, "ports (0: box peers reach each other through the leaf)"),
     "scale_out_ports_per_card": (_INT, 1, 4096, "ports"),
     "scale_up_line_rate_gbps": (_NUM, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
     "scale_out_line_rate_gbps": (_NUM, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
@@ -300,6 +310,17 @@ def load_topology(name_or_path: str, world_size: int | None = None, **overrides:
         world_size = data.get("world_size") or (
             int(data["num_boxes"]) * int(data.get("cards_per_box", 8)) if fixed else int(data.get("cards_per_box", 8)))
     data["world_size"] = world_size
+    if data.get("fabric") is not None and not isinstance(data["fabric"], Fabric):
+        if not isinstance(data["fabric"], dict):
+            raise ValueError(f"{origin}: [fabric] must be a table")
+        known = {f.name for f in dataclasses.fields(Fabric)}
+        extra = sorted(set(data["fabric"]) - known)
+        if extra:
+            raise ValueError(f"{origin}: unknown [fabric] field(s) {', '.join(extra)}")
+        try:
+            data["fabric"] = Fabric(**data["fabric"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{origin}: {exc}") from None
     if "nic_peer" in data:
         try:
             data["nic_peer"] = tuple(tuple(int(p) for p in row) for row in data["nic_peer"])
@@ -309,5 +330,10 @@ def load_topology(name_or_path: str, world_size: int | None = None, **overrides:
         topo = Topology(**data)
     except TypeError as exc:
         raise ValueError(f"malformed {origin}: {exc}") from None
+    if topo.fabric is not None:
+        try:
+            topo.fabric.check(topo)
+        except ValueError as exc:
+            raise ValueError(f"{origin}: {exc}") from None
     logger.debug("loaded %s: %d ranks on %d boxes", origin, topo.world_size, topo.num_boxes)
     return topo

@@ -30,9 +30,11 @@ import tempfile
 from typing import Sequence
 
 from hccl.sim import algorithms
+from hccl.sim.fabric import ideal
 from hpu_runtime.cli_args import count, real
 from hccl.sim.planner import simulate
 from hccl.sim.topology import load_topology
+from hccl.sim.variability import OFF, PPM, Variability, parse
 
 __all__ = ["TESTS", "MAX_LIVE_RANKS", "bus_factor", "parse_size", "run", "run_live", "planner_cost", "main"]
 
@@ -42,6 +44,7 @@ TESTS = ("all_reduce", "all_gather", "all2all", "reduce_scatter", "broadcast", "
 """hccl_demo's tests."""
 
 _DTYPES = {"float": 4, "bfloat16": 2}
+_T0 = 0.0
 MAX_LIVE_RANKS = 16
 """Largest ``--ranks`` for ``--live`` (one process per rank on this host)."""
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
@@ -75,15 +78,26 @@ def parse_size(text: str) -> int:
 
 
 def run(test: str, sizes: Sequence[int], *, ranks: int, topology: str, dtype: str = "float",
-        redop: str = "sum", root: int = 0, algorithm: str | None = None) -> list[dict]:
-    """Simulate ``test`` at each size; return one hccl_demo summary row per size."""
+        redop: str = "sum", root: int = 0, algorithm: str | None = None, ideal_fabric: bool = False,
+        variability: Variability = OFF, compute_ns: int = 0) -> list[dict]:
+    """Simulate ``test`` at each size; return one hccl_demo summary row per size.
+
+    ``ideal_fabric``: no ECMP contention (:func:`hccl.sim.fabric.ideal`). With ``variability``,
+    every rank first computes ``compute_ns`` at its step-0 speed and the collective starts when
+    the slowest is ready (NOTE [the slowest member starts the collective]); ``time`` then counts
+    from the nominal end of that compute, so it includes the wait (``wait_ms`` column).
+    """
     topo = load_topology(topology, world_size=ranks)
+    if ideal_fabric:
+        topo = ideal(topo)
     db = _DTYPES[dtype]
+    wait = compute_ns * (variability.slowest_ppm(ranks, 0) - PPM) // PPM if variability.active else 0
     rows = []
     for size in sizes:
         size -= size % db
         r = simulate(test, size, topo, world_size=ranks, dtype_bytes=db, root=root, algorithm=algorithm)
-        rows.append(_row(test, size, db, dtype, redop, ranks, r.duration_ns, r.algorithm))
+        rows.append(_row(test, size, db, dtype, redop, ranks, r.duration_ns + max(wait, 0), r.algorithm))
+        rows[-1]["wait_ms"] = max(wait, 0) / 1e6
     return rows
 
 
@@ -209,6 +223,9 @@ def planner_cost(test: str, size: int, *, ranks: int, topology: str, repeats: in
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
+    global _T0
+    import time
+    _T0 = time.process_time()
     p = argparse.ArgumentParser(prog="python -m hccl.tools.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--test", default="all_reduce", choices=TESTS + ("all",))
     p.add_argument("--size", type=parse_size, help="one size (default 32MB if no --size_range)")
@@ -228,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="--live: seconds allowed per test")
     p.add_argument("--planner_cost", action="store_true",
                    help="print the planner's wall cost per call (cold, then cached) instead of the table")
+    p.add_argument("--fabric", choices=["topology", "ideal"], default="topology",
+                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")
+    p.add_argument("--variability", default="off",
+                   help="off, on or seed=N,...: the collective waits for the slowest rank's --compute_ms")
+    p.add_argument("--compute_ms", type=real(0.0, 1e9, "simulated ms"), default=100.0,
+                   help="with --variability: nominal compute before the collective, simulated ms")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING)
@@ -249,12 +272,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 root=a.test_root, algorithm=a.algorithm, iters=a.iters, timeout=a.timeout)
             else:
                 rows = run(t, sizes, ranks=a.ranks, topology=a.topology, dtype=a.data_type, redop=a.redop,
-                           root=a.test_root, algorithm=a.algorithm)
+                           root=a.test_root, algorithm=a.algorithm, ideal_fabric=a.fabric == "ideal",
+                           variability=parse(a.variability), compute_ns=int(a.compute_ms * 1e6))
             _print(rows, t, a.ranks, a.topology, sys.stdout, live=a.live)
             all_rows += rows
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not a.live:
+        import resource
+        import time
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        var = parse(a.variability)
+        note = f"; variability {var.describe()}, slowest-rank wait {all_rows[-1]['wait_ms']:.3f} ms" if var.active else ""
+        print(f"(fabric: {a.fabric}{note}; planner CPU time {time.process_time() - _T0:.2f} s, "
+              f"peak RSS {rss:.0f} MB, this machine)")
     if a.csv:
         from hpu_runtime.files import atomic_open
 

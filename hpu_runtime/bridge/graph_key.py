@@ -31,6 +31,7 @@ __all__ = ["op_signature", "output_signature", "graph_digest", "recipe_name"]
 _Tensor = torch.Tensor
 _Generator = torch.Generator
 _ScriptObject = torch.ScriptObject
+_Storage = torch.UntypedStorage
 
 
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
@@ -48,6 +49,8 @@ def _item(a: object) -> object:
         return tuple((x.shape, x.dtype) if isinstance(x, _Tensor) else x for x in a)
     if isinstance(a, (_Generator, _ScriptObject)):
         return type(a).__name__  # identity objects must not make every graph new
+    if isinstance(a, _Storage):  # set_(storage): its size, never its bytes (repr would read them)
+        return ("storage", a.nbytes())
     return a
 
 

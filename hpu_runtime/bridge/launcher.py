@@ -6,7 +6,10 @@ regions, HPU-graph capture) or launch one by one (eager mode). A launch keys the
 cache: a miss charges the simulated compile on the host and counts in
 ``metric_global("graph_compilation")``; then the graph runs on the card's compute stream
 (:meth:`~hpu_runtime.device.card.Card.run_graph` when lazy collectives joined it), no
-earlier than the end of every collective whose output it touches.
+earlier than the end of every collective whose output it touches. A captured HPU graph
+(:class:`CapturedGraph`) keeps its ops' records; a replay charges one replay on the host
+and runs those records as one graph, and the event log keeps them, so a traced step's
+replays can be re-timed by the planner as its other graphs are.
 
 Not thread-safe on its own: :class:`~hpu_runtime.bridge.sim_device.SimDevice` calls it
 under its lock.
@@ -24,14 +27,16 @@ from ..device.spec import DeviceSpec
 from .graph_key import graph_digest, recipe_name
 from .recipe_cache import Recipe, RecipeCache
 
-__all__ = ["GraphInfo", "Launcher"]
+__all__ = ["CapturedGraph", "GraphInfo", "Launcher"]
 
 
 @dataclass(frozen=True, slots=True)
 class GraphInfo:
     """One launched graph: why it was launched, its ops, its start and device time (ns).
 
-    ``op_times_ns`` is each op's share of ``device_ns`` after fusion, in issue order (for a
+    ``reason`` is the launch point (``"mark_step"``, ``"collective"``...) or ``"replay"`` for
+    an HPU graph replay. ``op_times_ns`` is each op's share of ``device_ns`` (NOTE [MME and
+    TPC run concurrently] in :mod:`hpu_runtime.device.lazy_graph`), in issue order (for a
     recipe-cache hit the recipe's cached total is charged; the shares are recomputed).
     """
 
@@ -40,6 +45,18 @@ class GraphInfo:
     start_ns: int
     device_ns: int
     op_times_ns: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedGraph:
+    """An HPU graph as the device replays it: its ops' records, in issue order.
+
+    ``recipe`` is the recipe its capture compiled (None when the graph was rebuilt from a
+    trace's event log, which holds the records only).
+    """
+
+    records: tuple[OpRecord, ...]
+    recipe: Recipe | None = None
 
 
 class Launcher:
@@ -75,6 +92,7 @@ class Launcher:
         self.capture: list | None = None
         self.last_recipe: Recipe | None = None
         self.graphs_launched = 0
+        self.replays = 0
         self.ops_recorded = 0
         self.compilations = 0
         self._keys: list = []
@@ -83,6 +101,16 @@ class Launcher:
         self._colls: list[GraphCollective] = []  # lazy collectives in the pending graph
         self._host_start = 0
         self._op_host_ns = spec.host_op_ns
+        self._eager_ns = spec.eager_op_launch_ns
+        self._launch_ns = spec.graph_launch_ns
+
+    def rescale(self) -> None:
+        """Take the card's slowdown of this step into the cached host costs (NOTE [a slower
+        card, step by step] in :mod:`hpu_runtime.device.card`)."""
+        scaled, spec = self.card.scaled, self.spec
+        self._op_host_ns = 0 if self.region is not None else scaled(spec.host_op_ns)
+        self._eager_ns = scaled(spec.eager_op_launch_ns)
+        self._launch_ns = scaled(spec.graph_launch_ns)
 
     # ---- accumulate ------------------------------------------------------------------------
     def append_op(self, op: OpRecord) -> None:
@@ -97,7 +125,7 @@ class Launcher:
         accumulate = self.lazy or self.region is not None
         if not pending:
             self._host_start = card.host_ns
-        card.host_ns += self._op_host_ns if accumulate else self.spec.eager_op_launch_ns
+        card.host_ns += self._op_host_ns if accumulate else self._eager_ns
         pending.append(op.cost)
         self._keys.append(op.key)
         self._ops.append(op)
@@ -131,8 +159,10 @@ class Launcher:
         """
         card = self.card
         if launch_host_ns is None:
-            launch_host_ns = self.spec.graph_launch_ns
+            launch_host_ns = self._launch_ns
         n = len(self.pending)
+        if self.log is not None:  # logged even when empty: a replay may put ops before it (DDP's)
+            self.log.append(("launch", reason))
         if n == 0:
             self._keys.clear()
             if self._colls:  # a graph of lazy collectives only
@@ -140,8 +170,6 @@ class Launcher:
                 colls, self._colls = self._colls, []
                 return card.run_graph(max(card.host_ns, self._dep_ns), [], [], colls, reason)
             return None
-        if self.log is not None:
-            self.log.append(("launch", reason))
         recipe, name, times = self._recipe(reason, n)
         if card.trace is not None and card.host_ns > self._host_start and reason != "eager":
             card.host_event(f"build graph[{n} ops]", card.host_ns - self._host_start, {}, start=self._host_start)
@@ -154,7 +182,7 @@ class Launcher:
             colls, self._colls = self._colls, []
             span = card.run_graph(ready, self._ops, times, colls, label)
         else:
-            span = card.compute.run(ready, recipe.device_ns, label)
+            span = card.run_compute(ready, recipe.device_ns, label)
         if self.graph_log is not None:
             if times is None:
                 times = graph_op_times(self.spec, self._ops)
@@ -202,7 +230,7 @@ class Launcher:
         if self.log is not None:
             self.log.append(("region", label))
         self.region = label
-        self._op_host_ns = 0 if label is not None else self.spec.host_op_ns
+        self._op_host_ns = 0 if label is not None else self.card.scaled(self.spec.host_op_ns)
 
     def begin_capture(self, ops: list) -> None:
         """Start recording ops into ``ops`` as one HPU graph (ops keep their host cost)."""
@@ -212,19 +240,32 @@ class Launcher:
         self.capture = ops
         self.region = "hpu_graph_capture"
 
-    def end_capture(self) -> Recipe | None:
-        """Finish a capture: launch (compile) the captured graph; returns its recipe."""
+    def end_capture(self) -> CapturedGraph | None:
+        """Finish a capture: launch (compile) the captured graph; returns it (None if empty)."""
         self.last_recipe = None
+        records = tuple(self._ops)
         try:
             span = self.launch("hpu_graph_capture")
         finally:
             self.capture = None
             self.region = None
-        return self.last_recipe if span is not None else None
+        return CapturedGraph(records, self.last_recipe) if span is not None else None
 
-    def replay(self, recipe: Recipe | None, label: str) -> tuple[int, int]:
-        """Replay a captured graph: ``graph_replay_ns`` of host time, then its device time."""
+    def replay(self, graph: CapturedGraph | None, label: str) -> tuple[int, int]:
+        """Replay a captured graph: ``graph_replay_ns`` of host time, then its ops on the
+        compute stream (no earlier than the collectives writing what they touch end)."""
         self.launch("hpu_graph_replay")
         card = self.card
-        card.host_ns += self.spec.graph_replay_ns
-        return card.compute.run(card.host_ns, recipe.device_ns if recipe else 0, f"{label} replay")
+        records = graph.records if graph is not None else ()
+        if self.log is not None:
+            self.log.append(("replay", records, label))
+        card.host_ns += card.scaled(self.spec.graph_replay_ns)
+        dep = max((card.dependency_ns(op) for op in records), default=0) if card.ready_after else 0
+        times = graph_op_times(self.spec, list(records))
+        device_ns = sum(times)
+        span = card.run_compute(max(card.host_ns, dep), device_ns, f"{label} replay")
+        if self.graph_log is not None:
+            self.graph_log.append(GraphInfo("replay", len(records), span[0], device_ns, tuple(times)))
+        self.replays += 1
+        card.forget_dependencies_before(span[0])
+        return span

@@ -45,7 +45,7 @@ from .fallback import FallbackPolicy
 from .graph_key import op_signature, output_signature
 from .launcher import Launcher
 
-__all__ = ["FP32_AUTOCAST_OPS", "OpAccounting", "OpFacts", "OpInfo", "op_facts"]
+__all__ = ["AUTOGRAD_SAVES", "FP32_AUTOCAST_OPS", "OpAccounting", "OpFacts", "OpInfo", "op_facts"]
 
 _Tensor = torch.Tensor
 _aten = torch.ops.aten
@@ -58,6 +58,33 @@ FP32_AUTOCAST_OPS = frozenset({
 })
 """Ops an emulated bf16 autocast region still charges in fp32: softmax, losses, norms and
 reductions, which Gaudi's and PyTorch's autocast keep in fp32 (their fp32 op lists)."""
+
+_ALL = "all"
+_NONE = ()
+AUTOGRAD_SAVES: dict = {
+    **{op: (_NONE, _NONE) for op in (
+        _aten.add, _aten.sub, _aten.add_, _aten.sub_, _aten.neg, _aten._to_copy, _aten.clone, _aten.copy_,
+        _aten.cat, _aten.sum, _aten.mean, _aten.zeros_like, _aten.ones_like, _aten.empty_like, _aten.fill_,
+        _aten.bernoulli_, _aten.expand, _aten.repeat, _aten.stack)},
+    **{op: (_NONE, (0,)) for op in (
+        _aten.relu, _aten.relu_, _aten._softmax, _aten._log_softmax, _aten.tanh, _aten.sigmoid, _aten.exp,
+        _aten.rsqrt, _aten.sqrt)},
+    **{op: ((0,), _NONE) for op in (_aten.gelu, _aten.silu, _aten.pow, _aten.log, _aten.threshold_backward)},
+    _aten.native_dropout: (_NONE, (1,)),
+    _aten.native_layer_norm: ((0, 1), (1, 2)),
+    _aten.native_batch_norm: ((0, 1, 3, 4), (1, 2)),
+    _aten.max_pool2d_with_indices: ((0,), (1,)),
+    _aten.mul: ("mul", _NONE),
+    _aten.mul_: ("mul", _NONE),
+    _aten.div: ("div", _NONE),
+    _aten.div_: ("div", _NONE),
+}
+"""What autograd keeps for the backward of the common ops, from PyTorch's
+``tools/autograd/derivatives.yaml``: ``(arguments, results)``, each a tuple of positions
+(of the op's tensor arguments; of its tensor results), or ``"mul"`` / ``"div"`` (each factor
+is kept if the other requires grad; a divisor if the dividend does). Ops not listed count
+as keeping every argument and result (NOTE [fusion inside a graph, deterministic] in
+:mod:`hpu_runtime.device.lazy_graph`)."""
 
 _NOT_DEVICE_WORK = frozenset({"profiler", "prim", "c10d"})
 """Op namespaces that are bookkeeping, not device work (``record_function`` markers, the
@@ -83,6 +110,8 @@ class OpFacts:
     """Its output shape depends on the data (``nonzero``)."""
     keeps_fp32: bool
     """In :data:`FP32_AUTOCAST_OPS`."""
+    saves: tuple
+    """What autograd keeps for its backward: its :data:`AUTOGRAD_SAVES` entry."""
 
 
 _FACTS: dict[int, OpFacts] = {}
@@ -93,12 +122,13 @@ def op_facts(func) -> OpFacts:
     overloads live as long as the process; a dead one's id is caught by the identity check)."""
     facts = _FACTS.get(id(func))
     if facts is None or facts.func is not func:
-        view = bool(func.is_view)
+        view = bool(func.is_view) or func._overloadpacket is _aten._unsafe_view  # a view autograd does not track
         aliased = any(r.alias_info is not None for r in func._schema.returns)
         facts = _FACTS[id(func)] = OpFacts(
             func=func, name=str(func), ignored=func.namespace in _NOT_DEVICE_WORK, view=view,
             allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
-            keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS)
+            keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
+            saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)))
     return facts
 
 
@@ -146,6 +176,22 @@ class OpInfo:
     allocates: bool
     fallback: bool
     dynamic: bool
+
+
+def _saved_arguments(pattern, tensors: list, serials: list) -> tuple[int, ...]:
+    """Serials of the resident tensor arguments autograd keeps (see :data:`AUTOGRAD_SAVES`)."""
+    if pattern == _ALL:
+        return tuple(s for s in serials if s >= 0)
+    if pattern == "mul" or pattern == "div":
+        if len(tensors) < 2:
+            return ()
+        kept = []
+        if tensors[0].requires_grad and serials[1] >= 0:
+            kept.append(serials[1])
+        if pattern == "mul" and tensors[1].requires_grad and serials[0] >= 0:
+            kept.append(serials[0])
+        return tuple(kept)
+    return tuple(serials[i] for i in pattern if i < len(serials) and serials[i] >= 0)
 
 
 def out_tensors(out: object) -> list:
@@ -254,7 +300,8 @@ class OpAccounting:
             resident = self.residency.refs
             register = self.residency.register
             reads = []
-            rg = False  # autograd will record this op: its outputs are activations it may keep
+            tensors, serials = [], []  # every tensor argument, and its serial (-1: not resident)
+            rg = False  # autograd will record this op (and keep what AUTOGRAD_SAVES says)
             for a in (*args, *kwargs.values()) if kwargs else args:
                 if isinstance(a, _Tensor):
                     rg = rg or a.requires_grad
@@ -262,6 +309,8 @@ class OpAccounting:
                     ref = resident.get(id(st))
                     if ref is None and not a.is_cpu:  # an hpu tensor the bridge has not seen made
                         ref = register(st)
+                    tensors.append(a)
+                    serials.append(-1 if ref is None else ref.serial)
                     if ref is not None:
                         reads.append((ref.serial, charged_nbytes(a, low) if low else a.nbytes))
                 elif isinstance(a, (list, tuple)):
@@ -272,18 +321,21 @@ class OpAccounting:
                             ref = resident.get(id(st))
                             if ref is None and not x.is_cpu:
                                 ref = register(st)
+                            tensors.append(x)
+                            serials.append(-1 if ref is None else ref.serial)
                             if ref is not None:
                                 reads.append((ref.serial, charged_nbytes(x, low) if low else x.nbytes))
             rg = rg and torch.is_grad_enabled()
+            saved = facts.saves[1] if rg else ()
             writes = []
             allocates = info.allocates
-            for o in (out,) if isinstance(out, _Tensor) else out_tensors(out):
+            for k, o in enumerate((out,) if isinstance(out, _Tensor) else out_tensors(out)):
                 if o.is_cpu:
                     continue  # a host result
                 st = o.untyped_storage()
                 ref = register(st) if allocates else resident.get(id(st))
                 writes.append((-1 if ref is None else ref.serial, charged_nbytes(o, low) if low else o.nbytes,
-                               allocates, rg))
+                               allocates, saved == _ALL or k in saved))
             if not reads and not writes:
                 return  # host work: nothing on the device read or written
             if info.fallback:
@@ -291,10 +343,11 @@ class OpAccounting:
                 return
             if low and info.cost.engine == "MME":
                 self._charge_weight_casts(args)
+            saves = _saved_arguments(facts.saves[0], tensors, serials) if rg else ()
             launcher = self.launcher
             if launcher.capture is not None:
                 launcher.capture.append((func, args, kwargs, out, allocates))
-            launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes)))
+            launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes), saves))
 
     def _op_info(self, facts: OpFacts, mk: tuple, args: tuple, kwargs: dict, out: object, low: bool) -> OpInfo:
         """The :class:`OpInfo` of a graph-key entry not seen yet (priced once per cost key)."""
@@ -327,6 +380,17 @@ class OpAccounting:
         self.fallback.emit(func, args, kwargs)
 
     @contextmanager
+    def uncharged(self) -> Iterator[None]:
+        """Run the body's tensor ops without charging them (numerics only)."""
+        with self.lock:
+            self._in_kernel += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._in_kernel -= 1
+
+    @contextmanager
     def fused_kernel(self, name: str, reads, writes, flops: int) -> Iterator[None]:
         """Run the body's tensor ops uncharged and charge them as one fused TPC kernel.
 
@@ -344,13 +408,8 @@ class OpAccounting:
 
         Nothing is charged when no read tensor is device-resident (a host-side optimizer).
         """
-        with self.lock:
-            self._in_kernel += 1
-        try:
+        with self.uncharged():
             yield
-        finally:
-            with self.lock:
-                self._in_kernel -= 1
         reads = list(reads() if callable(reads) else reads)
         writes = list(writes() if callable(writes) else writes)
         with self.lock:
@@ -367,7 +426,7 @@ class OpAccounting:
             b_in, b_out = sum(n for _, n in rd), sum(w[1] for w in wr)
             cost = OpCost(name=name, engine="TPC", flops=flops, bytes_in=b_in, bytes_out=b_out, low_precision=low,
                           device_ns=op_time_ns(self.spec, "TPC", flops, b_in + b_out, low),
-                          compute_ns=op_time_ns(self.spec, "TPC", flops, 0, low))
+                          compute_ns=op_time_ns(self.spec, "TPC", flops, 0, low), op_class="fused_optimizer")
             key = (name, tuple((tuple(t.shape), str(t.dtype)) for t in reads))
             self.launcher.append_op(OpRecord(key, cost, rd, tuple(wr)))
 
@@ -409,5 +468,5 @@ class OpAccounting:
                     ns = op_time_ns(self.spec, "TPC", n, nin + nout, True)
                     cost = OpCost(name=f"emulated autocast {name}", engine="TPC", flops=n, bytes_in=nin,
                                   bytes_out=nout, low_precision=True, device_ns=ns,
-                                  compute_ns=op_time_ns(self.spec, "TPC", n, 0, True))
+                                  compute_ns=op_time_ns(self.spec, "TPC", n, 0, True), op_class="elementwise")
                     self.launcher.append_op(OpRecord(("emulated cast", name, n), cost))

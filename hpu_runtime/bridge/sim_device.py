@@ -40,9 +40,9 @@ from ..device.residency import Residency
 from ..device.spec import DeviceSpec
 from ..device.timeline import StepTimes, Stream, TraceEvent
 from .fallback import FallbackPolicy
-from .launcher import GraphInfo, Launcher
+from .launcher import CapturedGraph, GraphInfo, Launcher
 from .op_accounting import OpAccounting
-from .recipe_cache import Recipe, RecipeCache
+from .recipe_cache import RecipeCache
 
 __all__ = ["GraphInfo", "SimDevice", "StepTimes", "Stream"]
 
@@ -79,6 +79,7 @@ class SimDevice:
         log: when a list, every event that shapes the timeline is appended to it, in order:
             ``("op", OpRecord)``, ``("view", key)``, ``("launch", reason)``,
             ``("h2d", nbytes)``, ``("host_read", nbytes, serial)``, ``("region", label)``,
+            ``("replay", records, label)`` (an HPU graph replay and its ops' records),
             ``("fp32_as_bf16", entering)``, ``("mark", payload)``
             (:mod:`hpu_runtime.tools.tracing` records such logs, :mod:`hpu_runtime.tools.replay`
             replays them).
@@ -95,6 +96,7 @@ class SimDevice:
     log = _delegate("launcher.log", "The event log (see the class docstring), or None.", writable=True)
     graph_log = _delegate("launcher.graph_log", "Launched graphs (a list to fill), or None.", writable=True)
     graphs_launched = _delegate("launcher.graphs_launched", "Graphs launched so far.")
+    replays = _delegate("launcher.replays", "HPU graph replays so far.")
     ops_recorded = _delegate("launcher.ops_recorded", "Ops recorded so far.")
     compilations = _delegate("launcher.compilations", "Recipe-cache misses (simulated compiles) so far.")
 
@@ -162,6 +164,10 @@ class SimDevice:
         """Raise ``HPUOutOfMemoryError`` before ``func`` runs if its outputs would not fit (see
         :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`)."""
         return self.ops.check_outputs(func, args, kwargs)
+
+    def uncharged(self):
+        """Context manager: the body's tensor ops run (real numerics) and are not charged."""
+        return self.ops.uncharged()
 
     def fused_kernel(self, name: str, reads, writes, flops: int):
         """Run the body's tensor ops uncharged and charge them as one fused TPC kernel (the
@@ -282,15 +288,15 @@ class SimDevice:
         with self.lock:
             self.launcher.begin_capture(ops)
 
-    def end_capture(self) -> Recipe | None:
-        """Finish a capture: launch (compile) the captured graph; returns its recipe."""
+    def end_capture(self) -> CapturedGraph | None:
+        """Finish a capture: launch (compile) the captured graph; returns it."""
         with self.lock:
             return self.launcher.end_capture()
 
-    def replay(self, recipe: Recipe | None, label: str = "hpu_graph") -> tuple[int, int]:
+    def replay(self, graph: CapturedGraph | None, label: str = "hpu_graph") -> tuple[int, int]:
         """Replay a captured graph: no per-op host cost, ``graph_replay_ns`` then its device time."""
         with self.lock:
-            return self.launcher.replay(recipe, label)
+            return self.launcher.replay(graph, label)
 
     # ---- collectives (NOTE [collective dependencies] in hpu_runtime.device.card) ------------
     def collective_ready_ns(self) -> int:
@@ -352,4 +358,14 @@ class SimDevice:
         """
         with self.lock:
             self.launch("mark_step")
-            return self.card.end_step()
+            times = self.card.end_step()
+            if self.card.step_slowdown is not None:
+                self.launcher.rescale()
+            return times
+
+    def set_step_slowdown(self, fn: Callable[[int], int] | None) -> None:
+        """Run each step ``s`` ``fn(s) / 1e6`` times slower than nominal, from this step on
+        (None: nominal); see NOTE [a slower card, step by step] in :mod:`hpu_runtime.device.card`."""
+        with self.lock:
+            self.card.set_step_slowdown(fn)
+            self.launcher.rescale()

@@ -20,6 +20,15 @@ A *step* (:meth:`Card.begin_step` / :meth:`Card.end_step`) reports its length an
 of it the compute and collective streams were busy; communication not hidden under compute
 is "exposed".
 
+NOTE [a slower card, step by step]
+A card may run slower than its spec in a step: :attr:`Card.step_slowdown` maps the index of
+the step (the number of :meth:`Card.end_step` calls so far) to a factor in parts per million
+(1,000,000 = nominal), which scales the host's work (op accumulation, launches, copies,
+compiles; not its waits) and the compute stream's graphs, rounded down to whole ns. The
+collective stream is not scaled: its durations come from the network model. The cluster's
+variability model (:mod:`hccl.sim.variability`) supplies the factors, the same in a live run
+and in the planner.
+
 NOTE [collective dependencies]
 A collective writes storages (named by serial, see :mod:`hpu_runtime.device.residency`):
 until it ends, no graph that reads or writes them starts and no host read of them returns,
@@ -53,6 +62,8 @@ from .spec import DeviceSpec
 from .timeline import Stream, StepTimes, TraceEvent, step_breakdown
 
 __all__ = ["Card", "GraphCollective", "latest_end"]
+
+_PPM = 1_000_000
 
 CollectiveTiming = Callable[[int], tuple[int, int, str]]
 """``timing(ready_ns) -> (start_ns, end_ns, algorithm)``, from the network model."""
@@ -101,8 +112,24 @@ class Card:
         self.collective = Stream("collective")
         self.ready_after: dict[int, int] = {}
         self.trace: list | None = None
+        self.step_slowdown: Callable[[int], int] | None = None
+        """Step index -> slowdown in ppm (NOTE [a slower card, step by step]); None: nominal."""
+        self.slowdown_ppm = _PPM
+        """This step's slowdown, ppm."""
+        self.steps_done = 0
+        """Steps closed by :meth:`end_step` so far (the index of the current step)."""
         self._step_start_ns = 0
         self._step_host_start = 0
+
+    def scaled(self, ns: int) -> int:
+        """``ns`` of nominal work at this step's speed (simulated ns)."""
+        ppm = self.slowdown_ppm
+        return ns if ppm == _PPM else ns * ppm // _PPM
+
+    def set_step_slowdown(self, fn: Callable[[int], int] | None) -> None:
+        """Install the per-step slowdown (NOTE [a slower card, step by step]) from this step on."""
+        self.step_slowdown = fn
+        self.slowdown_ppm = _PPM if fn is None else int(fn(self.steps_done))
 
     # ---- host ------------------------------------------------------------------------------
     def host_event(self, label: str, dur_ns: int, args: dict, start: int | None = None) -> None:
@@ -111,14 +138,20 @@ class Card:
             self.trace.append(("host", self.host_ns if start is None else start, dur_ns, label, args))
 
     def spend_host(self, label: str, ns: int, args: dict) -> None:
-        """The host works ``ns`` simulated ns from now on ``label`` (a traced span)."""
+        """The host works ``ns`` nominal simulated ns from now on ``label`` (a traced span)."""
+        ns = self.scaled(ns)
         self.host_event(label, ns, args)
         self.host_ns += ns
 
     def wait_host(self, until_ns: int) -> None:
         """The host waits until ``until_ns`` (no-op if it is already later)."""
         if until_ns > self.host_ns:
-            self.spend_host("wait", until_ns - self.host_ns, {})
+            self.host_event("wait", until_ns - self.host_ns, {})
+            self.host_ns = until_ns
+
+    def run_compute(self, ready_ns: int, ns: int, label: str) -> tuple[int, int]:
+        """Run ``ns`` nominal ns of device work on the compute stream; its (start, end)."""
+        return self.compute.run(ready_ns, self.scaled(ns), label)
 
     def copy_h2d(self, nbytes: int) -> None:
         """Host time of one host->device copy of ``nbytes`` over PCIe."""
@@ -198,7 +231,7 @@ class Card:
                     if t > seg:
                         self.compute.run(seg, t - seg, label)
                     seg = t = dep
-            t += times[k]
+            t += self.scaled(times[k])
         if t > seg:
             self.compute.run(seg, t - seg, label)
         self.compute.free_ns = max(self.compute.free_ns, t)
@@ -226,6 +259,9 @@ class Card:
         self._step_start_ns = hi
         self._step_host_start = self.host_ns
         self._trim(hi)
+        self.steps_done += 1
+        if self.step_slowdown is not None:
+            self.slowdown_ppm = int(self.step_slowdown(self.steps_done))
         return times
 
     def _trim(self, before_ns: int) -> None:

@@ -4,7 +4,9 @@
 device again, with callbacks where gradients become ready and where backward ends:
 ``hccl.sim.ddp_plan`` inserts DDP's reducer copies, graph launches and bucket allreduces there,
 so a planned step runs the very code a live step does. :func:`run_replays` repeats a step
-until it is steady; :func:`summarize` splits one card's steady step into phases.
+until it is steady; :func:`summarize` splits one card's steady step into phases;
+:func:`respec` prices a trace's ops on another device spec without tracing again
+(:func:`map_records` rewrites every op record of a trace).
 
 Simulated times are integer ns.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..bridge.fallback import FallbackPolicy
+from ..bridge.launcher import CapturedGraph
 from ..bridge.sim_device import SimDevice
 from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
@@ -24,15 +27,53 @@ from ..device.spec import DeviceSpec
 if TYPE_CHECKING:
     from .tracing import StepTrace
 
-__all__ = ["StepSummary", "replay", "replay_device", "run_replays", "summarize"]
+__all__ = ["StepSummary", "map_records", "replay", "replay_device", "respec", "run_replays", "summarize"]
+
+
+def map_records(trace: StepTrace, record: Callable[[OpRecord], OpRecord], view=None, **changes) -> StepTrace:
+    """``trace`` with ``record`` applied to every op record (replayed HPU graphs' included),
+    ``view`` to every view's key (if given), and ``changes`` to its fields (a new trace; the
+    original is left as it is)."""
+    events = []
+    for ev in trace.events:
+        if ev[0] == "op":
+            events.append(("op", record(ev[1])))
+        elif ev[0] == "replay":
+            events.append(("replay", tuple(record(op) for op in ev[1]), ev[2]))
+        elif ev[0] == "view" and view is not None:
+            events.append(("view", view(ev[1])))
+        else:
+            events.append(ev)
+    return dataclasses.replace(trace, events=events, **changes)
+
+
+def respec(trace: StepTrace, spec: DeviceSpec) -> StepTrace:
+    """``trace`` with every op priced on ``spec`` (the same ops, FLOPs and bytes): a what-if
+    on the device's rates and efficiencies without tracing again.
+
+    The host costs and HBM size are read from the spec when the trace is replayed, so they
+    follow too; the HBM peak is the traced one (bytes do not change).
+    """
+    from ..device.cost_model import recost
+
+    costs: dict = {}
+
+    def priced(op: OpRecord) -> OpRecord:
+        cost = costs.get(id(op.cost))
+        if cost is None:
+            cost = costs[id(op.cost)] = recost(spec, op.cost)
+        return op._replace(cost=cost)
+
+    return map_records(trace, priced, spec=spec)
 
 
 def replay_device(spec: DeviceSpec, mode: str, *, fallback: FallbackPolicy | None = None) -> SimDevice:
     """A fresh device for a steady-state step: ``spec`` with free compiles (every graph of a
-    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile;
+    steady-state step hits the recipe cache), lazy unless ``mode`` is eager or compile
+    (``hpu_graphs`` is lazy mode with HPU graphs);
     ``fallback``: the CPU-fallback policy (default: Gaudi's dtypes and ops only)."""
-    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0), lazy=(mode == "lazy"),
-                     fallback=fallback)
+    return SimDevice(dataclasses.replace(spec, compile_base_ns=0, compile_per_op_ns=0),
+                     lazy=mode in ("lazy", "hpu_graphs"), fallback=fallback)
 
 
 def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], None] | None = None,
@@ -50,8 +91,8 @@ def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], N
         on_grad_ready: called with the parameter index (DDP order) right after the op that
             produces that gradient, as DDP's autograd hook would run.
         on_backward_end: called when backward returns (where DDP finalizes its buckets).
-        rewrite: maps each op record before it is charged; also told the phase
-            (``"forward"``, ``"backward"``, ``"optimizer"``).
+        rewrite: maps each op record before it is charged, those of a replayed HPU graph
+            too; also told the phase (``"forward"``, ``"backward"``, ``"optimizer"``).
     """
     phase = "forward"
     for ev in trace.events:
@@ -69,6 +110,9 @@ def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], N
             dev.read_serial(ev[1], ev[2])
         elif kind == "region":
             dev.set_region(ev[1])
+        elif kind == "replay":
+            dev.replay(CapturedGraph(ev[1] if rewrite is None else tuple(rewrite(op, phase) for op in ev[1])),
+                       ev[2])
         elif kind == "mark":
             payload = ev[1]
             if payload[0] == "grad_ready":

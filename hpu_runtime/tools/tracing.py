@@ -9,7 +9,9 @@ no storage is allocated and nothing is computed) with the lazy-mode bridge charg
 private :class:`~hpu_runtime.bridge.sim_device.SimDevice`, whose event log (NOTE [op records and storage
 serials] in :mod:`hpu_runtime.device.lazy_graph`) becomes a :class:`StepTrace`. Post-accumulate-grad
 hooks mark when each parameter's gradient is produced. One warm-up step first creates the
-optimizer state, so the traced step is a steady-state step.
+optimizer state (and, in the ``hpu_graphs`` mode, captures the model's HPU graphs), so the
+traced step is a steady-state step. :func:`prepare_model` sets a model up for its mode as a
+Gaudi script does (``models.train`` calls it too).
 
 Why here, in ``tools/``: the tracer drives the bridge (its dispatch modes, on a private
 device lent the process's place with :func:`~hpu_runtime.bridge.runtime.using_device`), the
@@ -19,6 +21,7 @@ above all three planes, with the planner side that consumes its traces
 ``models.train`` imports :func:`training_step` from here so both run the same step.
 
 Simulated times are integer ns; ``wall_s`` fields are wall-clock seconds on this machine.
+(A little over 400 lines: the step, its modes and optimizers and the tracer stay together.)
 """
 
 from __future__ import annotations
@@ -36,16 +39,38 @@ from ..bridge.runtime import config, get_device, using_device
 from ..bridge.sim_device import SimDevice
 from ..device.lazy_graph import OpRecord
 from ..device.spec import DeviceSpec
-from .replay import replay_device
+from .replay import map_records, replay_device
 
-__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "portable",
-           "trace_step", "training_step"]
+__all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "make_optimizer",
+           "portable", "prepare_model", "trace_step", "training_step"]
 
-MODES = ("lazy", "eager", "compile")
-"""Execution modes: ``PT_HPU_LAZY_MODE=1``, ``PT_HPU_LAZY_MODE=0``, and ``torch.compile``
-(``PT_HPU_LAZY_MODE=0`` with the model compiled by ``hpu_backend``: its forward and backward
-graphs are compiled regions, one recipe each with no per-op host cost; the loss, DDP's
-reducer and the optimizer eager; see :mod:`hpu_runtime.bridge.compile_backend`)."""
+MODES = ("lazy", "hpu_graphs", "eager", "compile")
+"""Execution modes: ``PT_HPU_LAZY_MODE=1``; lazy mode with the model's forward and backward
+as HPU graphs (:func:`prepare_model`: captured once, then replayed with no per-op host
+cost; the loss, DDP's hooks and the optimizer stay lazy); ``PT_HPU_LAZY_MODE=0``; and
+``torch.compile`` (``PT_HPU_LAZY_MODE=0`` with the model compiled by ``hpu_backend``: its
+forward and backward graphs are compiled regions, one recipe each with no per-op host cost;
+the loss, DDP's reducer and the optimizer eager; see :mod:`hpu_runtime.bridge.compile_backend`)."""
+
+
+def prepare_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """``model`` set up for ``mode`` before DDP wraps it, as a Gaudi script does.
+
+    ``"hpu_graphs"``: the model's forward (and so its backward) is cached as HPU graphs per
+    input signature, as the seed "HPU Graphs for Training" recommends for training:
+    ``ModuleCacher(max_graphs=10)(model=model, inplace=True)``. Other modes: unchanged
+    (``compile`` compiles the DDP-wrapped model, after this).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if mode == "hpu_graphs":
+        from ..bridge.hpu_graphs import ModuleCacher
+
+        ModuleCacher(max_graphs=10)(model=model, inplace=True)
+    return model
 
 
 def training_step(model: torch.nn.Module, inputs: tuple, loss_fn: Callable, optimizer, *,
@@ -143,16 +168,11 @@ def portable(trace: StepTrace) -> StepTrace:
     user op's objects), so each distinct entry becomes a distinct int. Timing is unchanged.
     """
     ids: dict = {}
-    events = []
-    for ev in trace.events:
-        if ev[0] == "op":
-            op = ev[1]
-            events.append(("op", OpRecord(ids.setdefault(op.key, len(ids)), op.cost, op.reads, op.writes)))
-        elif ev[0] == "view":
-            events.append(("view", ids.setdefault(ev[1], len(ids))))
-        else:
-            events.append(ev)
-    return dataclasses.replace(trace, events=events)
+
+    def plain(key: object) -> int:
+        return ids.setdefault(key, len(ids))
+
+    return map_records(trace, lambda op: op._replace(key=plain(op.key)), view=plain)
 
 
 def ddp_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -209,14 +229,40 @@ def _traced_device(dev: SimDevice):
             bridge.activate()
 
 
-OPTIMIZERS = ("sgd", "adamw", "fused-sgd", "fused-adamw", "fused-lamb")
-"""Optimizers a traced step can use: torch's SGD (momentum) and AdamW, and Gaudi's fused
-``hpex`` ones (:mod:`hpu_runtime.api.hpex`), which run as one kernel per parameter group."""
+OPTIMIZERS = ("sgd", "adamw", "fused-sgd", "fused-adamw", "fused-lamb", "fused-lars", "none")
+"""Optimizers a traced step can use: torch's SGD (momentum) and AdamW; Gaudi's fused
+``hpex`` ones (:mod:`hpu_runtime.api.hpex`), which run as one kernel per parameter group
+(``fused-lars``: ``FusedLars`` over ``FusedResourceApplyMomentum``, as Habana's MLPerf
+ResNet-50 builds it, LARS on every weight but batch-norm and bias); and ``none``: no update
+and no ``zero_grad``, so gradients accumulate: a gradient-accumulation micro-step."""
 
 
-def _optimizer(name: str, params, lr: float, momentum: float):
+class _Accumulate:
+    """The optimizer of a gradient-accumulation micro-step: nothing to update, nothing zeroed."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
+def make_optimizer(name: str, named: list[tuple[str, torch.nn.Parameter]], lr: float, momentum: float):
+    """The optimizer :data:`OPTIMIZERS` names, over ``named`` ``(name, parameter)`` pairs (the
+    names choose ``fused-lars``' LARS mask), as the tracer and ``models.train`` build it.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     from ..api import hpex
 
+    params = [p for _, p in named]
+    if name == "none":
+        return _Accumulate()
+    if name == "fused-lars":
+        skip = ("bn", "bias", "downsample.1", "norm")
+        base = hpex.FusedResourceApplyMomentum(params, lr=lr, momentum=momentum, weight_decay=5e-5)
+        return hpex.FusedLars(base, [not any(k in n for k in skip) for n, _ in named])
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
     if name == "adamw":
@@ -242,7 +288,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             with torch factories (the inputs are then taken as host batches).
         batch_size: per-card batch.
         spec: the simulated device.
-        mode: ``"lazy"``, ``"eager"`` or ``"compile"`` (see :data:`MODES`).
+        mode: one of :data:`MODES`.
         lazy_collectives: recorded in the trace for the planner.
         optimizer: one of :data:`OPTIMIZERS` (``"sgd"``: momentum, as ``models.train``).
         autocast: bf16 autocast of forward and loss (as :func:`training_step`).
@@ -289,11 +335,12 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         inputs = tuple(t.cpu() for t in inputs)  # host batches: the step copies them to the card
         named = ddp_parameters(model)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+        prepare_model(model, mode)
         bridge.activate()
         try:
             for t in (*model.parameters(), *model.buffers()):  # on the card, already there when the step starts
                 dev.make_resident(t)
-            opt = _optimizer(optimizer, [p for _, p in named], lr, momentum)
+            opt = make_optimizer(optimizer, named, lr, momentum)
             index = {id(p): i for i, (_, p) in enumerate(named)}
             grad_serial: dict[int, int] = {}
 

@@ -7,8 +7,8 @@ import os
 
 from hpu_runtime.cli_args import count, real
 
-__all__ = ["size", "ranks", "pixels", "mb", "env_mode", "env_flag", "add_model_args", "list_of", "boolean",
-           "first_mb"]
+__all__ = ["size", "ranks", "pixels", "mb", "env_mode", "env_flag", "add_model_args", "add_fabric_arg", "list_of",
+           "boolean", "first_mb"]
 
 
 size = count(1, 1 << 20)
@@ -32,11 +32,11 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, batch_required: bool = True) -> None:
     """The model flags every study command shares."""
     p.add_argument("--model", required=True,
                    help="registered name (name:flavour for a flavour) or package.module:factory")
-    p.add_argument("--batch-size", type=size, required=True, help="per-card batch")
+    p.add_argument("--batch-size", type=size, required=batch_required, default=None, help="per-card batch")
     p.add_argument("--seq-len", type=size, default=None, help="tokens per sample (text models)")
     p.add_argument("--image-size", type=pixels, default=None, help="pixels per side (image models)")
 
@@ -61,3 +61,9 @@ def boolean(text: str) -> bool:
 
 def first_mb(text: str) -> float | None:
     return None if text.strip().lower() in ("default", "none") else mb(text)
+
+
+def add_fabric_arg(p: argparse.ArgumentParser) -> None:
+    """``--fabric topology|ideal``: the topology file's scale-out fabric or an ideal one."""
+    p.add_argument("--fabric", default="topology", choices=["topology", "ideal"],
+                   help="the topology file's scale-out fabric (ECMP contention) or an ideal one")

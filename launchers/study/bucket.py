@@ -22,8 +22,8 @@ table from tabulate.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -33,9 +33,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hccl.sim import cluster
+from hccl.sim.cluster import Cluster
+from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 from hpu_runtime.cli_args import count
 
-from ._args import add_model_args, boolean, env_mode, first_mb, list_of, mb, ranks
+from ._args import add_fabric_arg, add_model_args, boolean, env_mode, first_mb, list_of, mb, ranks
+from ._runner import run_points, save_figure, study_topology, trace_steps, write_files
 
 __all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "trace_key", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
@@ -93,8 +97,17 @@ class StudyConfig:
     device_specs: tuple[str, ...] = ("gaudi2",)
     precision: str = "bf16"
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
+    optimizer: str = "sgd"
+    """:data:`hpu_runtime.tools.tracing.OPTIMIZERS` (not ``none``): torch's momentum SGD, or
+    Gaudi's fused ones, which take the per-parameter update off the host."""
     in_the_wild: bool = True
     """Also place :data:`SETTINGS_IN_THE_WILD` and one bucket for all gradients."""
+    condition: Cluster = Cluster(DEFAULT_VARIABILITY)
+    """Variability and what-ifs of the cluster (:mod:`hccl.sim.cluster`); on by default."""
+    fabric: str = "topology"
+    """``topology``: the topology file's scale-out fabric (ECMP contention); ``ideal``: none."""
+    steps: int = 8
+    """Steps planned per point when the cluster varies (their mean is the row's step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +137,7 @@ def validate(cfg: StudyConfig) -> None:
     from hccl.sim.ddp_plan import COMM_HOOKS
     from hccl.sim.topology import load_topology
     from hpu_runtime.device.spec import get_device_spec
-    from hpu_runtime.tools.tracing import MODES, ddp_graph_split
+    from hpu_runtime.tools.tracing import MODES, OPTIMIZERS, ddp_graph_split
     from models.zoo import resolve_factory
 
     resolve_factory(cfg.model, **_model_kwargs(cfg))
@@ -162,6 +175,14 @@ def validate(cfg: StudyConfig) -> None:
         get_device_spec(d)
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
+    if cfg.optimizer not in OPTIMIZERS or cfg.optimizer == "none":
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; known: {', '.join(OPTIMIZERS[:-1])}")
+    if cfg.fabric not in ("topology", "ideal"):
+        raise ValueError(f"fabric {cfg.fabric!r} must be topology or ideal")
+    if cfg.steps < 1:
+        raise ValueError(f"steps {cfg.steps} must be >= 1")
+    for n in cfg.world_sizes:
+        cfg.condition.whatif.check(n)
 
 
 def _model_kwargs(cfg: StudyConfig) -> dict:
@@ -188,15 +209,19 @@ def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
             for (n, topo, hook, lazy, gabv, static, mode, dev), (label, cap, first) in itertools.product(axes, caps)]
 
 
-def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
-    """Plan one point; the table row (see module docstring)."""
+def plan_point(trace, point: Point, model: str, batch_size: int, cfg: StudyConfig | None = None) -> dict:
+    """Plan one point; the table row (see module docstring). With a varying cluster
+    (``cfg.condition``) the row's times are the mean of ``cfg.steps`` planned steps."""
     from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
 
-    plan = plan_ddp_step(trace, world_size=point.world_size, topology=point.topology,
+    cfg = cfg or StudyConfig(model=model, batch_size=batch_size, condition=Cluster())
+    plan = plan_ddp_step(trace, world_size=point.world_size,
+                         topology=study_topology(point.topology, point.world_size, cfg.fabric),
                          bucket_cap_mb=point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb,
                          gradient_as_bucket_view=point.gradient_as_bucket_view, static_graph=point.static_graph,
-                         comm_hook=point.comm_hook, lazy_collectives=point.lazy_collectives)
-    t = plan.times
+                         comm_hook=point.comm_hook, lazy_collectives=point.lazy_collectives,
+                         variability=cfg.condition.variability, whatif=cfg.condition.whatif, steps=cfg.steps)
+    t = mean_times(plan)
     buckets = ddp_buckets(trace, point.bucket_cap_mb, first_bucket_mb=point.first_bucket_mb)
     cap = point.bucket_cap_mb
     return {
@@ -211,8 +236,17 @@ def plan_point(trace, point: Point, model: str, batch_size: int) -> dict:
         "step_ns": t.step_ns, "compute_ns": t.compute_ns, "comm_ns": t.comm_ns,
         "exposed_comm_ns": t.exposed_comm_ns, "host_ns": t.host_ns, "graph_launches": plan.graph_launches,
         "samples_per_s_per_card": batch_size / (t.step_ns * 1e-9) if t.step_ns else 0.0,
-        "algorithm": plan.algorithm,
+        "algorithm": plan.algorithm, "steps_planned": max(1, len(plan.samples)),
     }
+
+
+def mean_times(plan):
+    """A plan's step breakdown: the mean of its sampled steps (integer ns), or its steady step."""
+    if not plan.samples:
+        return plan.times
+    n = len(plan.samples)
+    return type(plan.times)(**{f: sum(getattr(s, f) for s in plan.samples) // n
+                               for f in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "host_ns")})
 
 
 def trace_key(mode: str, device_spec: str, bucket_cap_mb: float | None, first_bucket_mb: float | None) -> tuple:
@@ -224,22 +258,9 @@ def trace_key(mode: str, device_spec: str, bucket_cap_mb: float | None, first_bu
     return mode, device_spec
 
 
-def _point_key(p: Point) -> tuple:
-    return trace_key(p.mode, p.device_spec, p.bucket_cap_mb, p.first_bucket_mb)
-
-
-def _trace(cfg: StudyConfig, cache: dict, key: tuple):
-    """The traced step for ``key`` (see :func:`trace_key`), traced once."""
-    if key not in cache:
-        from hpu_runtime.device.spec import get_device_spec
-        from hpu_runtime.tools.tracing import trace_step
-        from models.zoo import resolve_factory
-
-        mode, dev, *ddp = key
-        cache[key] = trace_step(resolve_factory(cfg.model, **_model_kwargs(cfg)), cfg.batch_size,
-                                spec=get_device_spec(dev), mode=mode, autocast=cfg.precision == "bf16",
-                                ddp_bucket_cap_mb=ddp[0] if ddp else None, ddp_first_bucket_mb=ddp[1] if ddp else None)
-    return cache[key]
+def _runner_key(cfg: StudyConfig, p: Point) -> tuple:
+    """``p``'s trace in :func:`._runner.trace_steps`' keys: ``(batch, *trace_key)``."""
+    return (cfg.batch_size, *trace_key(p.mode, p.device_spec, p.bucket_cap_mb, p.first_bucket_mb))
 
 
 def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool = False,
@@ -253,60 +274,20 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
         progress: show a progress bar (tqdm) on stderr.
     """
     validate(cfg)
-    traces: dict = {}
-    probe = _trace(cfg, traces, trace_key(cfg.modes[0], cfg.device_specs[0], cfg.bucket_caps_mb[0],
-                                          cfg.first_bucket_mb[0]))
-    grad_mb = sum(p.nbytes for p in probe.params) / _MB
+    trace_kw = dict(seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision, optimizer=cfg.optimizer)
+    probe = (cfg.batch_size, *trace_key(cfg.modes[0], cfg.device_specs[0], cfg.bucket_caps_mb[0],
+                                        cfg.first_bucket_mb[0]))
+    traces = trace_steps(cfg.model, [probe], **trace_kw)
+    grad_mb = sum(p.nbytes for p in traces[probe].params) / _MB
     points = study_points(cfg, grad_mb)
-    for point in points:
-        _trace(cfg, traces, _point_key(point))
-    model = cfg.model
-    if use_ray:
-        return _run_on_ray(traces, points, model, cfg.batch_size, ray_address, progress)
-    from tqdm import tqdm
-
-    rows = []
-    for point in tqdm(points, desc="planning", unit="point", disable=not progress, file=sys.stderr):
-        rows.append(plan_point(traces[_point_key(point)], point, model, cfg.batch_size))
-    return rows
+    traces |= trace_steps(cfg.model, [k for k in dict.fromkeys(_runner_key(cfg, p) for p in points)
+                                      if k not in traces], **trace_kw)
+    return run_points(points, functools.partial(_runner_key, cfg), traces, functools.partial(_plan, cfg),
+                      progress=progress, use_ray=use_ray, ray_address=ray_address)
 
 
-def _run_on_ray(traces: dict, points: list[Point], model: str, batch_size: int, address: str | None,
-                progress: bool) -> list[dict]:
-    import ray
-    from tqdm import tqdm
-
-    from hpu_runtime.tools.tracing import portable
-
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
-    try:
-        remote = ray.remote(num_cpus=1)(_plan_remote)
-        refs = {key: ray.put(portable(tr)) for key, tr in traces.items()}
-        pending = [remote.remote(refs[_point_key(p)], p, model, batch_size) for p in points]
-        order = {ref: i for i, ref in enumerate(pending)}
-        rows: list = [None] * len(pending)
-        with tqdm(total=len(pending), desc="planning on Ray", unit="point", disable=not progress,
-                  file=sys.stderr) as bar:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=600)
-                if not done:
-                    raise TimeoutError("Ray study tasks made no progress for 600 s")
-                for ref in done:
-                    rows[order[ref]] = ray.get(ref)
-                    bar.update(1)
-        return rows
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _plan_remote(trace, point: Point, model: str, batch_size: int) -> dict:
-    return plan_point(trace, point, model, batch_size)
+def _plan(cfg: StudyConfig, trace, point: Point) -> dict:
+    return plan_point(trace, point, cfg.model, cfg.batch_size, cfg)
 
 
 def _config_key(row: dict) -> tuple:
@@ -348,13 +329,26 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
+def _regime(r: dict) -> str:
+    """What bounds the step, read off its host time against its device time and exposed
+    allreduce, and what a bucket size can change."""
+    times = (f"host {_ms(r['host_ns'])}, device {_ms(r['compute_ns'])}, allreduce {_ms(r['comm_ns'])}"
+             f" of a {_ms(r['step_ns'])} step")
+    if r["host_ns"] >= r["compute_ns"] + r["exposed_comm_ns"]:
+        return f"The step is host-bound ({times}): a bucket size changes the launches the host makes"
+    if r["mode"] == "hpu_graphs":
+        return (f"The step is device-bound ({times}) and the backward is one replayed HPU graph, so no allreduce"
+                " starts before it ends: bucket size only pipelines the allreduces behind DDP's copies")
+    return f"The step is device-bound ({times}): bucket size decides how much of the allreduce hides behind backward"
+
+
 def _why(best: dict, default: dict | None, sweep: list[dict]) -> str:
     smallest = min(sweep, key=lambda r: r["bucket_cap_mb"])
     largest = max(sweep, key=lambda r: r["bucket_cap_mb"])
-    parts = [f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
+    parts = [_regime(best), f"{best['bucket_cap_mb']:g} MB gives {best['num_buckets']} bucket(s) and "
              f"{best['graph_launches']} graph launches per step"]
     if default is not None:
-        parts[0] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
+        parts[1] += f" against {default['num_buckets']} and {default['graph_launches']} at DDP's default"
     if default is not None and best["mode"] == "lazy" and not best["lazy_collectives"]:
         parts.append("in lazy mode every bucket's allreduce cuts and launches the accumulated backward graph,"
                      f" so host time goes from {_ms(default['host_ns'])} to {_ms(best['host_ns'])}")
@@ -379,10 +373,14 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
 
     if name not in model_names():
         raise ValueError(f"--live needs a registered model, not {cfg.model!r}")
+    from hccl.sim.straggler_plan import WARMUP
+
+    varies = row.get("steps_planned", 1) > 1  # the planner sampled steps: the same ones, live
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
+        steps = WARMUP + row["steps_planned"] if varies else 6
         train = ["-m", "models.train", "--model", name, "--batch-size", str(cfg.batch_size),
-                 "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", "6",
+                 "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", str(steps),
                  "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology", row["topology"],
                  "--mode", row["mode"], "--summary", summary]
         if flavour:
@@ -393,6 +391,7 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             train += ["--image-size", str(cfg.image_size)]
         if cfg.precision == "bf16":
             train.append("--autocast")
+        train += ["--optimizer", cfg.optimizer]
         if row["gradient_as_bucket_view"]:
             train.append("--gradient-as-bucket-view")
         if row["static_graph"]:
@@ -402,47 +401,41 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             cmd = [sys.executable, "-m", "launchers.ray", "--num-workers", n, *train]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *train]
-        env = dict(os.environ, PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower())
+        env = dict(os.environ, PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower(),
+                   **cfg.condition.env())
+        if cfg.fabric == "ideal":
+            raise ValueError("--live runs the topology's own fabric: leave out --fabric ideal")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                               cwd=str(Path(__file__).resolve().parents[1]))
         if proc.returncode != 0:
             raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} failed:\n"
                                f"{proc.stderr[-2000:]}")
         with open(summary) as f:
-            return json.load(f)["epochs"][0]["sim_steps"][-1]["step_ns"]
+            steps_ns = [s["step_ns"] for s in json.load(f)["epochs"][0]["sim_steps"]]
+        if len(steps_ns) < steps:
+            raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} ran {len(steps_ns)} steps,"
+                               f" fewer than the {steps} planned (too little data for the batch?)")
+        return sum(steps_ns[WARMUP:]) // len(steps_ns[WARMUP:]) if varies else steps_ns[-1]
 
 
 FIELDS = ["model", "batch_size", "setting", "world_size", "topology", "mode", "device_spec", "bucket_cap_mb",
           "first_bucket_mb", "comm_hook", "lazy_collectives", "gradient_as_bucket_view", "static_graph",
           "num_buckets", "bucket_sizes_bytes", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
-          "host_ns", "graph_launches", "samples_per_s_per_card", "algorithm", "live_step_ns"]
+          "host_ns", "graph_launches", "samples_per_s_per_card", "algorithm", "steps_planned", "live_step_ns"]
 
 
 def write_outputs(out_dir: str | Path, cfg: StudyConfig, rows: list[dict], recs: list[dict]) -> dict[str, Path]:
     """``study.csv``, ``study.json``, ``study.png``, ``recommendation.md`` in ``out_dir``."""
-    from hpu_runtime.files import atomic_open, atomic_write
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {k: out / n for k, n in (("csv", "study.csv"), ("json", "study.json"), ("png", "study.png"),
-                                     ("md", "recommendation.md"))}
-    # NOTE [atomic files] (hpu_runtime/files.py): a kill leaves each output old or new, never torn
-    with atomic_open(paths["csv"], newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, "bucket_sizes_bytes": " ".join(map(str, r["bucket_sizes_bytes"]))})
-    with atomic_open(paths["json"]) as f:
-        json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "recommendation": recs,
-                   "units": {"*_ns": "simulated Gaudi ns per card", "*_bytes": "bytes",
-                             "bucket_cap_mb": "MiB", "samples_per_s_per_card": "simulated"}}, f, indent=1)
-    _plot(paths["png"], cfg, rows)
-    atomic_write(paths["md"], recommendation_text(cfg, recs))
-    return paths
+    return write_files(out_dir, rows=rows, fields=FIELDS, config=dataclasses.asdict(cfg),
+                       extra={"recommendation": recs}, plot=lambda path: _plot(path, cfg, rows),
+                       summary=("recommendation.md", recommendation_text(cfg, recs)),
+                       units={"*_ns": "simulated Gaudi ns per card (mean of the planned steps)", "*_bytes": "bytes",
+                              "bucket_cap_mb": "MiB", "samples_per_s_per_card": "simulated"})
 
 
 def recommendation_text(cfg: StudyConfig, recs: list[dict]) -> str:
-    lines = [f"# Bucket-size recommendation: {cfg.model}, batch {cfg.batch_size} per card", ""]
+    lines = [f"# Bucket-size recommendation: {cfg.model}, batch {cfg.batch_size} per card", "",
+             f"Fabric: {cfg.fabric}; {cfg.condition.describe()}", ""]
     for r in recs:
         knobs = (f"{r['mode']} mode, {r['device_spec']}, {r['topology']}, comm hook {r['comm_hook']},"
                  f" lazy collectives {r['lazy_collectives']}, gradient_as_bucket_view {r['gradient_as_bucket_view']}")
@@ -462,7 +455,6 @@ def gain_text(rec: dict) -> str:
 def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     import matplotlib
 
-    from hpu_runtime.files import atomic_open
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -488,15 +480,14 @@ def _plot(path: Path, cfg: StudyConfig, rows: list[dict]) -> None:
     ax1.legend(fontsize=8)
     fig.suptitle(f"{cfg.model}, batch {cfg.batch_size}/card: bucket-size study (simulated Gaudi)")
     fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def add_parser(sub) -> None:
     """Add the ``bucket`` subcommand to ``sub`` (an argparse subparsers object)."""
     from hpu_runtime.device.spec import DEVICE_SPECS
-    from hpu_runtime.tools.tracing import MODES
+    from hpu_runtime.tools.tracing import MODES, OPTIMIZERS
 
     b = sub.add_parser("bucket", help="which bucket_cap_mb at which scale: table, plot, recommendation")
     add_model_args(b)
@@ -519,6 +510,8 @@ def add_parser(sub) -> None:
     b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=("gaudi2",),
                    help=f"{', '.join(sorted(DEVICE_SPECS))}")
     b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    b.add_argument("--optimizer", default="sgd", choices=[o for o in OPTIMIZERS if o != "none"],
+                   help="torch's momentum SGD (default) or Gaudi's fused hpex optimizers (one kernel per group)")
     b.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, recommendation.md")
     b.add_argument("--live", action="store_true",
                    help="also run the points whose world size fits this machine as real DDP jobs")
@@ -529,6 +522,9 @@ def add_parser(sub) -> None:
                    help="plan the points as Ray tasks (an embedded cluster, or ADDRESS)")
     b.add_argument("--sweep-only", action="store_true",
                    help="leave out the settings in the wild (DDP default, Gaudi docs, Habana scripts, one bucket)")
+    add_fabric_arg(b)
+    b.add_argument("--steps", type=count(1, 10_000, "steps"), default=8, help="steps planned per point when the cluster varies")
+    cluster.add_arguments(b, variability="on")
     b.add_argument("--no-progress", action="store_true")
 
 
@@ -546,7 +542,8 @@ def bucket_main(args: argparse.Namespace) -> dict:
         comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
         modes=args.mode or (env_mode(),), device_specs=args.device_spec, precision=args.precision,
-        in_the_wild=not args.sweep_only)
+        optimizer=args.optimizer,
+        in_the_wild=not args.sweep_only, condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps)
     rows = run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress)
     if args.live:

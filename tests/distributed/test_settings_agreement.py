@@ -38,10 +38,11 @@ def _disagree(rank: int, world: int, tmp: str) -> dict:
         "HCCL_TOPOLOGY": (topo, topo),  # the content differs
         "same topology": (alike, alike),
         "HPU_DEVICE_SPEC": ("gaudi3", None),
+        "HCCL_SIM_*": ("1:2", None),  # the simulated cluster's what-ifs (HCCL_SIM_SLOW_CARD here)
     }
     out = {}
     for case, (mine, others) in cases.items():
-        name = "HCCL_TOPOLOGY" if case == "same topology" else case
+        name = {"same topology": "HCCL_TOPOLOGY", "HCCL_SIM_*": "HCCL_SIM_SLOW_CARD"}.get(case, case)
         value = mine if rank == 0 else others
         saved = os.environ.get(name)
         if value is not None:
@@ -74,6 +75,7 @@ _EXPECTED = {
     "HCCL_SHM_BUFFER_MB": ["1 on rank(s) 0", "16 on rank(s) 1"],
     "HCCL_TOPOLOGY": ["topo.toml (content "],
     "HPU_DEVICE_SPEC": ["gaudi3 (content ", "gaudi2 (content "],
+    "HCCL_SIM_*": ["variability=off;whatif=[('HCCL_SIM_SLOW_CARD', '1:2')] on rank(s) 0", "variability=off;whatif=[] on rank(s) 1"],
 }
 
 

@@ -58,6 +58,9 @@ def test_bucket_study_writes_files_and_a_consistent_recommendation(tmp_path, cap
         assert rec["gain_over_default_pct"] == pytest.approx(
             (default["step_ns"] - best["step_ns"]) / default["step_ns"] * 100, abs=1e-3)
         assert f"{n} cards" in (out / "recommendation.md").read_text()
+        # the regime the step is in, read off the best row's host and device time
+        bound = "host-bound" if best["host_ns"] >= best["compute_ns"] + best["exposed_comm_ns"] else "device-bound"
+        assert rec["why"].startswith(f"The step is {bound}"), rec["why"]
     # more buckets, more allreduces: each bucket is one collective and, in lazy mode, one graph cut
     small = min((r for r in rows if r["setting"] == "sweep"), key=lambda r: r["bucket_cap_mb"])
     big = max((r for r in rows if r["setting"] == "sweep"), key=lambda r: r["bucket_cap_mb"])
@@ -92,7 +95,8 @@ def test_bucket_study_compile_mode_traces_per_cap_and_runs_live_in_that_mode(tmp
     def fake_run(cmd, **_kw):
         commands.append(cmd)
         summary = cmd[cmd.index("--summary") + 1]
-        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 123}]}]}))
+        steps = int(cmd[cmd.index("--max-steps") + 1])  # the study asks for the steps it planned
+        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 123}] * steps}]}))
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(bucket.subprocess, "run", fake_run)

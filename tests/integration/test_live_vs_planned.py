@@ -23,6 +23,7 @@ CASES = [  # model, batch, bucket_cap_mb, flags, PT_HPU_ENABLE_LAZY_COLLECTIVES
     # 1.2 MB of gradients: two buckets at 1 MiB (torch.compile under DDP needs a cap >= 1 MiB)
     ("mlp", 4, 1.0, ["--hidden", "512", "--mode", "eager"], False),
     ("mlp", 4, 1.0, ["--hidden", "512", "--mode", "compile"], False),
+    ("resnet50:debug", 4, 0.05, ["--mode", "hpu_graphs"], False),
 ]
 
 
@@ -68,5 +69,8 @@ def test_live_steady_step_equals_planned(model, batch, cap, flags, lazy_coll, tm
     assert len(planned.buckets) > 1
     if mode == "lazy":  # every bucket's allreduce cuts the backward graph; lazy collectives do not
         assert (planned.graph_launches > len(planned.buckets)) != lazy_coll
+    elif mode == "hpu_graphs":  # forward and backward replay; the buckets follow the backward graph
+        replays = [g for g in planned.graphs if g[0] == "replay"]
+        assert len(replays) == 2 and planned.graphs[:3] == (replays[0], planned.graphs[1], replays[1])
     else:  # ops launch one by one (eager) or as compiled regions: the first allreduce overlaps backward
         assert planned.buckets[0].end_ns <= planned.buckets[1].ready_ns

@@ -44,10 +44,12 @@ def _silent_rank(store: dist.TCPStore, rank: int) -> None:
     shares, NOTE [settings agreement]), as if it had arrived and then went silent."""
     from hccl.agreement import settings_of
     from hccl.config import HcclConfig
+    from hccl.sim.cluster import from_env as cluster_from_env
     from hpu_runtime.bridge.config import RuntimeConfig
 
     env = _env()
-    row = {"host": "the-host", "settings": settings_of(HcclConfig.from_env(env), RuntimeConfig.from_env(env).spec)}
+    settings = settings_of(HcclConfig.from_env(env), RuntimeConfig.from_env(env).spec, cluster_from_env(env))
+    row = {"host": "the-host", "settings": settings}
     store.set(f"hccl/host/{rank}", json.dumps(row))
 
 

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from hccl.sim import algorithms
+from hccl.sim.algorithms import pairwise
 from hccl.sim.planner import execute, simulate
 from hccl.sim.schedule import Recv, Send, build_schedule
 from hccl.sim.topology import load_topology
 
-ALGOS = ["direct", "hierarchical", "ring", "recursive"]
+ALGOS = ["direct", "hierarchical", "pairwise", "ring", "recursive"]
 COLLS = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all2all", "send_recv", "barrier"]
 SIZES = [1, 2, 3, 4, 5, 8, 16]
 DTYPES = ["float32", "bfloat16", "int32", "int64"]
@@ -98,9 +99,12 @@ def mini(tmp_path_factory):
 
 @pytest.mark.parametrize("n", [2, 4, 6, 8, 16])
 @pytest.mark.parametrize("coll", COLLS)
-def test_hierarchical_many_boxes(mini, coll, n):
-    """Hierarchical with 1..8 boxes of 2 cards."""
-    _check(coll, "hierarchical", n, "float32", topo=mini, count=37)
+@pytest.mark.parametrize("algo", ["hierarchical", "pairwise"])
+def test_multi_box_algorithms_many_boxes(mini, coll, n, algo, monkeypatch):
+    """Hierarchical and pairwise with 1..8 boxes of 2 cards (pairwise: 8-byte HCL slices, so
+    several slices are pipelined)."""
+    monkeypatch.setattr(pairwise, "HCL_SLICE_BYTES", 8)
+    _check(coll, algo, n, "float32", topo=mini, count=37)
 
 
 def test_hierarchical_partial_box_rejected(mini):
@@ -161,7 +165,9 @@ def test_selection_rule(monkeypatch):
     t = HLS2
     monkeypatch.delenv("HCCL_ALGO", raising=False)
     assert algorithms.select("all_reduce", 1 << 20, t, 8) == "direct"
-    assert algorithms.select("all_reduce", 1 << 20, t, 64) == "hierarchical"
+    assert algorithms.select("all_reduce", 1 << 20, t, 64) == "pairwise"
+    assert algorithms.select("reduce_scatter", 1 << 20, t, 64) == "pairwise"
+    assert algorithms.select("broadcast", 1 << 20, t, 64) == "hierarchical"
     assert algorithms.select("all_reduce", 1024, t, 16) == "recursive"
     assert algorithms.select("all_reduce", 1 << 20, t, 12) == "ring"
     monkeypatch.setenv("HCCL_ALGO", "ring")

@@ -38,9 +38,10 @@ def test_region_runs_fp32_on_host_and_is_charged_bf16(monkeypatch):
     # the forward addmm as a bf16 addmm on gaudi2, by hand: 2*128*256*256 FLOP; bias, input and
     # weight read at 2 bytes per element (512 + 65,536 + 131,072 B) and the output written
     # (65,536 B); memory-bound: int(262,656 B / (2.46e12 B/s x 0.85) x 1e9) = 125 ns, above the
-    # MME's int(16,777,216 FLOP / (432e12 FLOP/s x 0.90) x 1e9) = 43 ns
+    # MME's int(16,777,216 FLOP / (432e12 FLOP/s x 0.81 x 128/198) x 1e9) = 74 ns (128 output
+    # rows fill 128/198 of gaudi2's fitted MME tile)
     assert (fwd[0].flops, fwd[0].bytes_in, fwd[0].bytes_out) == (2 * 128 * 256 * 256, 197_120, 65_536)
-    assert fwd[0].device_ns == 125 and fwd[0].compute_ns == 43
+    assert fwd[0].device_ns == 125 and fwd[0].compute_ns == 74
     hpu.reset_device("gaudi2")
 
 

@@ -35,8 +35,8 @@ def _batches(n: int, bs: int = 32):
 
 def test_host_time_ordering_lazy_graphed_replay():
     """Seed: plain lazy > make_graphed_callables > capture/replay in host time per step, each
-    step in its steady state (the benchmark's own driver, models.bench_fidelity)."""
-    from models.bench_fidelity import SEED_HOST_MS, seed_host_ms
+    step in its steady state (the benchmark's own driver, models.calibration)."""
+    from models.calibration import SEED_HOST_MS, seed_host_ms
 
     sim = seed_host_ms("gaudi")
     hpu.reset_device("gaudi2")
@@ -156,3 +156,131 @@ def test_torch_compile_hpu_backend_is_one_recipe():
     with torch.no_grad():
         torch.testing.assert_close(y, m(x))
     assert torch._dynamo.list_backends().count("hpu_backend") == 1 or "hpu_backend" in torch._dynamo.list_backends()
+
+
+class _KwNet(nn.Module):
+    """Called as Hugging Face's Trainer calls a model: ``model(**inputs)``, a dict out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, input_ids, attention_mask=None, scale: float = 1.0):
+        h = self.lin(input_ids) * scale
+        if attention_mask is not None:
+            h = h * attention_mask
+        return {"logits": h, "extra": [h.sum(), "tag"]}
+
+
+def _pair():
+    torch.manual_seed(0)
+    ref = _KwNet()
+    mod = _KwNet().to("hpu")
+    mod.load_state_dict(ref.state_dict())
+    return ref, mod
+
+
+@pytest.mark.parametrize("wrap", ["module_cacher", "wrap_in_hpu_graph"])
+def test_keyword_tensors_replay_the_new_values(wrap):
+    """Two calls with keyword tensors of the same shape: each gives eager's output and
+    gradients (a replay of the first call's values would not), and a dict comes back whole."""
+    hpu.reset_device()
+    ref, mod = _pair()
+    if wrap == "module_cacher":
+        hpu.ModuleCacher(max_graphs=4)(model=mod, inplace=True)
+    else:
+        hpu.wrap_in_hpu_graph(mod)
+    for step in range(2):
+        x = torch.randn(4, 6)
+        mask = (torch.rand(4, 3) > 0.3).float()
+        ref.zero_grad(set_to_none=True)
+        mod.zero_grad(set_to_none=True)
+        want = ref(input_ids=x, attention_mask=mask)
+        got = mod(input_ids=x.to("hpu"), attention_mask=mask.to("hpu"))
+        assert set(got) == {"logits", "extra"} and got["extra"][1] == "tag"
+        torch.testing.assert_close(got["logits"], want["logits"])
+        torch.testing.assert_close(got["extra"][0], want["extra"][0])
+        got["logits"].square().sum().backward()
+        want["logits"].square().sum().backward()
+        for p, q in zip(mod.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    with torch.no_grad():  # a changed Python value is a new signature: a new graph, not a stale one
+        x = torch.randn(4, 6)
+        want = ref(input_ids=x, scale=2.0)["logits"]
+        torch.testing.assert_close(mod(input_ids=x.to("hpu"), scale=2.0)["logits"], want)
+
+
+def test_tensors_nested_in_arguments_are_inputs_too():
+    """A tensor inside a list argument is copied in at every call, like a top-level one."""
+    hpu.reset_device()
+
+    class Pair(nn.Module):
+        def forward(self, xs):
+            return xs[0] * 2 + xs[1]
+
+    model = hpu.ModuleCacher()(model=Pair().to("hpu"), inplace=True)
+    with torch.no_grad():
+        for _ in range(2):
+            a, b = torch.randn(3), torch.randn(3)
+            torch.testing.assert_close(model([a.to("hpu"), b.to("hpu")]), a * 2 + b)
+
+
+def test_hugging_face_model_output():
+    """A ``ModelOutput`` (a registered pytree) comes back as one, its tensors the replayed values."""
+    from transformers.utils import ModelOutput
+
+    from dataclasses import dataclass
+
+    @dataclass
+    class Out(ModelOutput):
+        logits: torch.Tensor | None = None
+        hidden: torch.Tensor | None = None
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(5, 2)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return Out(logits=h.relu(), hidden=h)
+
+    hpu.reset_device()
+    torch.manual_seed(0)
+    ref = Net()
+    model = Net().to("hpu")
+    model.load_state_dict(ref.state_dict())
+    hpu.wrap_in_hpu_graph(model)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 5)
+            got = model(x.to("hpu"))
+            assert isinstance(got, Out)
+            torch.testing.assert_close(got.logits, ref(x).logits)
+            torch.testing.assert_close(got["hidden"], ref(x).hidden)
+
+
+def test_make_graphed_callables_refuses_what_it_cannot_replay():
+    """Other shapes or keyword arguments raise instead of replaying the captured values."""
+    hpu.reset_device()
+    mod = hpu.make_graphed_callables(nn.Linear(4, 2).to("hpu"), (torch.randn(3, 4, device="hpu"),))
+    with pytest.raises(ValueError, match="captured for tensors"):
+        mod(torch.randn(5, 4, device="hpu"))
+    with pytest.raises(TypeError, match="keyword"):
+        mod(input=torch.randn(3, 4, device="hpu"))
+
+
+def test_capture_frees_what_nothing_else_holds():
+    """A captured graph keeps its inputs, outputs and what autograd saved; its own
+    intermediates are dropped (their simulated HBM freed) and recomputed at each replay."""
+    dev = hpu.reset_device()
+    x = torch.randn(256, 256, device="hpu")
+    hpu.mark_step()
+    before = dev.hbm.live_bytes
+    g = hpu.HPUGraph()
+    with hpu.graph(g):
+        y = ((x * 2 + 1) * 3).sum(0)  # two 256 KiB intermediates, a 1 KiB output
+    assert dev.hbm.live_bytes - before == 256 * 4  # only y stays
+    x.copy_(torch.ones(256, 256))
+    g.replay()
+    torch.testing.assert_close(y, torch.full((256,), 9.0 * 256))

@@ -176,26 +176,70 @@ def test_fusion_removes_intermediate_hbm_traffic():
 
 def test_intermediate_writes_follow_the_op_sequence_not_liveness():
     """An intermediate consumed in the graph is not written back whether or not Python still
-    holds it (liveness depends on GC and threads); one that requires grad (an activation
-    autograd keeps) is written. Checked against a hand-computed roofline."""
+    holds it (liveness depends on GC and threads); one autograd keeps for backward is written
+    and read back. Checked against a hand-computed roofline."""
     spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=0, compile_per_op_ns=0)
     times = {}
-    for keep, rg in ((True, False), (False, False), (False, True)):
+    for keep, op in ((True, "mul"), (False, "mul"), (False, "exp")):
         d = hpu.reset_device(spec)
-        x = torch.randn(1 << 20, device="hpu", requires_grad=rg)
+        x = torch.randn(1 << 20, device="hpu", requires_grad=op == "exp")
         hpu.mark_step()
-        t = x * 2
+        t = x * 2 if op == "mul" else x.exp()  # exp's backward keeps its result
         out = t + 1
         kept = t if keep else None
         del t
         start, end = d.launch()
-        times[keep, rg] = end - start
+        times[keep, op] = end - start
         del kept, out
     hpu.reset_device("gaudi2")
     # x * 2: reads x (4 MiB), its output stays on chip; t + 1: the read is fused, the output written
-    assert times[True, False] == times[False, False] == MEM_4MIB_NS + MEM_4MIB_NS
-    # requires_grad: t is an activation kept for backward, so it is written too
-    assert times[False, True] == MEM_8MIB_NS + MEM_4MIB_NS
+    assert times[True, "mul"] == times[False, "mul"] == MEM_4MIB_NS + MEM_4MIB_NS
+    # exp under grad: t is saved for backward, so it is written, and t + 1 reads it back
+    assert times[False, "exp"] == MEM_8MIB_NS + MEM_8MIB_NS
+
+
+def test_activation_kept_for_backward_is_read_back_in_the_same_graph():
+    """Forward and backward in one lazy graph: the backward's read of a saved activation is
+    HBM traffic, while an output nothing keeps fuses into its consumer (relu keeps its
+    result, its input x * 3 is not kept: autograd's own save lists)."""
+    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=0, compile_per_op_ns=0)
+    d = hpu.reset_device(spec)
+    try:
+        w = torch.randn(1 << 20, device="hpu", requires_grad=True)
+        hpu.mark_step()
+        d.log = []
+        (w * 3).relu().sum().backward()
+        records = [ev[1] for ev in d.log if ev[0] == "op"]
+        d.log = None
+        from hpu_runtime.device.lazy_graph import intermediates
+
+        names = [r.cost.name for r in records]
+        mul, relu = names.index("aten.mul.Tensor"), names.index("aten.relu.default")
+        on_chip = {serial for serial, _version in intermediates(records)}
+        assert records[mul].writes[0][0] in on_chip  # fused into relu
+        assert records[relu].writes[0][0] not in on_chip  # relu's result: written, read by its backward
+        assert all(w[3] for w in records[relu].writes) and not records[mul].writes[0][3]
+    finally:
+        hpu.reset_device("gaudi2")
+
+
+def test_in_place_updates_of_an_intermediate_fuse():
+    """``y = x * 2; y.relu_(); y + 1``: the in-place relu makes a new version of y's storage,
+    and both versions stay on chip (as the graph compiler sees the functional graph): the same
+    traffic as the out-of-place chain, x read and the result written."""
+    spec = dataclasses.replace(get_device_spec("gaudi2"), compile_base_ns=0, compile_per_op_ns=0)
+    d = hpu.reset_device(spec)
+    try:
+        x = torch.randn(1 << 20, device="hpu")
+        hpu.mark_step()
+        y = x * 2
+        y.relu_()
+        out = y + 1
+        start, end = d.launch()
+        assert end - start == MEM_4MIB_NS + TPC_1M_NS + MEM_4MIB_NS  # the relu_ compute-bound in between
+        del out
+    finally:
+        hpu.reset_device("gaudi2")
 
 
 def test_autocast_hpu_changes_the_charged_rate(dev):

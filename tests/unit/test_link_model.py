@@ -33,7 +33,7 @@ def test_goodput_large_message():
 
 def test_transfer_scale_up_vs_out_and_oversubscription():
     """Scale-up uses 3 ports per peer; scale-out crossing the spine is slowed by oversubscription."""
-    t = load_topology("hls2", world_size=64, boxes_per_leaf=2, oversubscription=2.0)
+    t = load_topology("hls2", world_size=64, boxes_per_leaf=2, oversubscription=2.0, fabric=None)  # ideal
     lp = LinkParams(t)
     ser, lat, out = lp.transfer([0, 0, 0], [1, 8, 16], np.array([1 << 20] * 3))
     assert list(out) == [False, True, True]

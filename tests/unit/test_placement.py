@@ -10,7 +10,7 @@ from hccl.sim.planner import simulate
 from hccl.sim.topology import load_topology
 
 MB = 1 << 20
-HLS2_64 = load_topology("hls2", world_size=64)  # 8 boxes, 4 per leaf
+HLS2_64 = load_topology("hls2", world_size=64, boxes_per_leaf=4)  # 8 boxes, 4 per leaf
 
 
 def _allreduce_2ranks_ns(gbps: int, latency_ns: int, nbytes: int = MB) -> int:

@@ -64,25 +64,27 @@ def _times(tiny, kind, nbytes, ready, rank, algorithm=AUTO):
 @pytest.mark.parametrize("nbytes", [400, 4000, 40_000])
 @pytest.mark.parametrize("ready", [(0, 0), (0, 300), (5000, 0)])
 def test_direct_allreduce_two_ranks_by_hand(tiny, nbytes, ready):
-    """Direct all-reduce on one box of two: reduce-scatter half, reduce, all-gather half."""
+    """Direct all-reduce on one box of two: reduce-scatter half, reduce, all-gather half; both
+    ranks start when the later one is ready."""
     half = nbytes // 2
-    # phase 1: each rank sends its peer's half at its ready time; the peer reduces it
-    rs_done = [ready[1 - r] + ser(half) + UP_LAT + red(half) for r in (0, 1)]
-    up_free = [ready[r] + ser(half) for r in (0, 1)]
+    start = max(ready)
+    # phase 1: each rank sends its peer's half at the start; the peer reduces it
+    rs_done = [start + ser(half) + UP_LAT + red(half) for r in (0, 1)]
+    up_free = [start + ser(half) for r in (0, 1)]
     # phase 2: each rank sends its reduced half once its receive is reduced and its port free
     tx = [max(rs_done[r], up_free[r]) for r in (0, 1)]
     for r in (0, 1):
         end = max(tx[r] + ser(half), tx[1 - r] + ser(half) + UP_LAT)
         t = _times(tiny, "allreduce", nbytes, list(ready), r)
-        assert t == (min(max(ready), end), end, "direct"), (r, t)
+        assert t == (start, end, "direct"), (r, t)
 
 
 @pytest.mark.parametrize("ready", [(0, 0), (0, 2500)])
 def test_direct_allgather_two_ranks_by_hand(tiny, ready):
-    """All-gather: each rank's whole input crosses the link once; no reduction."""
+    """All-gather: each rank's whole input crosses the link once, from the later ready time."""
     nbytes = 3000
     for r in (0, 1):
-        end = max(ready[r] + ser(nbytes), ready[1 - r] + ser(nbytes) + UP_LAT)
+        end = max(ready) + ser(nbytes) + UP_LAT
         assert _times(tiny, "allgather", nbytes, list(ready), r).end_ns == end
 
 
@@ -119,7 +121,7 @@ def _ring_allreduce_by_hand(nbytes: int, ready: list[int]) -> list[int]:
 def test_ring_allreduce_four_ranks_by_hand(tiny, ready):
     """Ring over two boxes: every rank's end equals the hand recurrence."""
     nbytes = 4000
-    want = _ring_allreduce_by_hand(nbytes, ready)
+    want = _ring_allreduce_by_hand(nbytes, [max(ready)] * 4)  # every rank starts with the last
     if ready == [0, 0, 0, 0]:
         assert want == [9450] * 4  # worked on paper: 3 reduce steps, 3 gather steps
     for r in range(4):
@@ -171,7 +173,7 @@ def _hierarchical_allreduce_by_hand(nbytes: int, ready: list[int]) -> list[int]:
 def test_hierarchical_allreduce_four_ranks_by_hand(tiny, ready):
     """In-box reduce-scatter, pairwise scale-out, in-box all-gather: each rank's end by hand."""
     nbytes = 4000
-    want = _hierarchical_allreduce_by_hand(nbytes, ready)
+    want = _hierarchical_allreduce_by_hand(nbytes, [max(ready)] * 4)  # every rank starts with the last
     if ready == [0, 0, 0, 0]:
         # on paper: 2000+100+1000 | 1000+550+500 | 1000+550 | 2000+100 = 8800
         assert want == [8800] * 4
@@ -258,7 +260,7 @@ def test_planner_agrees_on_a_large_system():
     """Beyond hand-sized cases the seam is the planner (same schedules, same link model)."""
     topo = load_topology("hls2", world_size=16)
     ready = [100 * (r % 3) for r in range(16)]
-    res = simulate("all_reduce", 3 * MB, topo, world_size=16, ready_ns=ready, algorithm="hierarchical",
+    res = simulate("all_reduce", 3 * MB, topo, world_size=16, ready_ns=[200] * 16, algorithm="hierarchical",
                    slice_bytes=BIG_SLICE)
     t = timing.collective_times("allreduce", 3 * MB, ready, rank=5, topology=topo, algorithm="hierarchical",
                                 slice_bytes=BIG_SLICE)

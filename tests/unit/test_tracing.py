@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import resource
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
@@ -97,42 +97,87 @@ def tied_frozen_factory(batch_size: int):
     return model, (ids,), lambda out: F.cross_entropy(out.reshape(-1, 500), ids.reshape(-1))
 
 
-def _ddp_rebuilt_sizes(factory, batch: int, cap_mb: float, tmp_path) -> list[int]:
-    """Run DDP itself (gloo, one rank) for three iterations; its rebuilt bucket sizes in bytes."""
-    torch.manual_seed(0)
-    model, inputs, loss_fn = factory(batch)
-    store = dist.FileStore(str(tmp_path / f"store{cap_mb}"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+def _named_factory(name: str, batch_size: int):
+    return step_factory(name, "debug", batch_size=batch_size)
+
+
+def _ddp_rank(rank: int, world: int, factory, batch: int, caps: tuple, autocast: bool) -> list[list[int]]:
+    """In a fresh gloo rank: DDP itself for three iterations per cap; its rebuilt bucket sizes."""
+    import hpu_runtime
+
+    hpu_runtime.deactivate()  # DDP runs on plain CPU tensors here
+    out = []
+    for cap in caps:
+        torch.manual_seed(0)
+        model, inputs, loss_fn = factory(batch)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
         for _ in range(3):  # buckets are rebuilt at the second forward, logged after it
-            loss_fn(ddp(*inputs)).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = loss_fn(ddp(*inputs))
+            loss.backward()
         sizes = ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]
-    finally:
-        dist.destroy_process_group()
-    return [int(x) for x in str(sizes).replace(" ", "").split(",") if x]
+        out.append([int(x) for x in str(sizes).replace(" ", "").split(",") if x])
+        del ddp
+    return out
 
 
-@pytest.mark.timeout(120)
+def _ddp_rebuilt_sizes(factory, batch: int, caps: tuple, autocast: bool = False) -> list[list[int]]:
+    """DDP's rebuilt bucket sizes in bytes at each cap, from one gloo rank in a child process
+    (not in the test's process: gloo's threads and the test worker's interpreter have deadlocked
+    there at teardown), with a timeout."""
+    from tests.dist_utils import run_ranks
+
+    return run_ranks(_ddp_rank, 1, factory, batch, caps, autocast, backend="gloo", timeout=180.0)[0]
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", ["mlp", "resnet50", "resnext101", "bert-large", "gpt2", "tied-frozen"])
-def test_bucket_assignment_equals_ddps_own(name, tmp_path):
+def test_bucket_assignment_equals_ddps_own(name):
     """Buckets from the traced step equal DDP's rebuilt buckets at three caps."""
     import hpu_runtime
 
     hpu_runtime.deactivate()  # DDP runs on plain CPU tensors here
     try:
-        if name == "tied-frozen":
-            factory = tied_frozen_factory
-        else:
-            def factory(b, name=name):
-                return step_factory(name, "debug", batch_size=b)
+        factory = tied_frozen_factory if name == "tied-frozen" else functools.partial(_named_factory, name)
         trace = trace_step(factory, 2, spec=GAUDI2)
-        for cap in (0.001, 0.05, 25.0):
-            ours = [b.nbytes for b in ddp_buckets(trace, cap)]
-            assert ours == _ddp_rebuilt_sizes(factory, 2, cap, tmp_path), (name, cap)
+        caps = (0.001, 0.05, 25.0)
+        for cap, theirs in zip(caps, _ddp_rebuilt_sizes(factory, 2, caps), strict=True):
+            assert [b.nbytes for b in ddp_buckets(trace, cap)] == theirs, (name, cap)
         if name == "tied-frozen":
             assert {p.name for p in trace.params} == {"emb.weight", "mid.weight", "mid.bias"}
             assert trace.frozen == ["frozen.weight", "frozen.bias"]
+    finally:
+        hpu_runtime.activate()
+
+
+def _bert_tied_frozen(batch_size: int):
+    """A BERT encoder of hidden 768 (bert-base's layer shapes), its decoder tied to the word
+    embeddings and its position embeddings frozen."""
+    model, inputs, loss_fn = step_factory("bert-large", batch_size=batch_size, vocab_size=4096, layers=2, hidden=768,
+                                          heads=12, intermediate=3072, seq_len=64)
+    for name, p in model.named_parameters():
+        if "position_embeddings" in name:
+            p.requires_grad_(False)
+    return model, inputs, loss_fn
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_transformer_tied_frozen_buckets_equal_ddps_own(autocast):
+    """DDP's rebuilt buckets follow the order its autograd hooks fired in the first backward;
+    the traced buckets follow the order the tracer's hooks fired, gradients ready at the
+    same simulated time included: equal at 1, 5 and 25 MB (several parameters per bucket)."""
+    import hpu_runtime
+
+    hpu_runtime.deactivate()  # DDP runs on plain CPU tensors here
+    try:
+        trace = trace_step(_bert_tied_frozen, 2, spec=GAUDI2, autocast=autocast)
+        assert "model.bert.embeddings.position_embeddings.weight" in trace.frozen
+        caps = (1.0, 5.0, 25.0)
+        for cap, theirs in zip(caps, _ddp_rebuilt_sizes(_bert_tied_frozen, 2, caps, autocast), strict=True):
+            ours = [b.nbytes for b in ddp_buckets(trace, cap)]
+            assert ours == theirs, (cap, ours, theirs)
+            assert cap == 25.0 or len(ours) > 2
     finally:
         hpu_runtime.activate()
 

@@ -9,8 +9,11 @@ NOTE [selection rule]
     - one rank: ``direct`` (no messages);
     - the group fits in one box: ``direct`` (all peers at once over the scale-up links);
     - two whole boxes, messages up to ``SMALL_BYTES`` (16 KiB) per rank: ``recursive``
-      (log2(n) steps of latency beat the hierarchical's 4 phases there);
-    - whole boxes otherwise: ``hierarchical`` (also for barrier);
+      (log2(n) steps of latency beat the box iterations there);
+    - whole boxes otherwise: ``pairwise`` (HCL's box iterations, NOTE [HCL's pairwise box
+      iterations]) for all_reduce, reduce_scatter, all_gather and barrier, as HCL runs them;
+      ``hierarchical`` (its older, frictionless shape, kept for comparison) for the others
+      (reduce, broadcast, all2all);
     - the last box partly used: ``recursive`` up to ``SMALL_BYTES``, else ``ring``.
 
     ``send_recv`` has one pattern (hccl_demo's) whatever the algorithm.
@@ -18,6 +21,7 @@ NOTE [selection rule]
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -28,9 +32,10 @@ import numpy as np
 from hccl.sim.algorithms._base import Algorithm, Ctx, dense_rows, even_table, sparse_block
 from hccl.sim.algorithms.direct import Direct
 from hccl.sim.algorithms.hierarchical import Hierarchical
+from hccl.sim.algorithms.pairwise import Pairwise
 from hccl.sim.algorithms.recursive import Recursive
 from hccl.sim.algorithms.ring import Ring
-from hccl.sim.schedule import Phase, pipeline, slice_elements, split_matrix
+from hccl.sim.schedule import Phase, pipeline, split_matrix
 from hccl.sim.topology import Topology
 
 __all__ = ["REGISTRY", "SMALL_BYTES", "Algorithm", "register", "select", "get", "phases"]
@@ -40,10 +45,15 @@ logger = logging.getLogger(__name__)
 REGISTRY: dict[str, Algorithm] = {
     "direct": Direct(),
     "hierarchical": Hierarchical(),
+    "pairwise": Pairwise(),
     "ring": Ring(),
     "recursive": Recursive(),
 }
 """Algorithm name -> instance."""
+
+_PAIRWISE = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
+"""Collectives whose multi-box default is HCL's pairwise box iterations (a barrier is an
+all-reduce of nothing)."""
 
 SMALL_BYTES = 16 * 1024
 """Per-rank size at or below which multi-box collectives use recursive halving/doubling."""
@@ -74,7 +84,9 @@ def select(collective: str, nbytes: int, topo: Topology, world_size: int, *, hon
         return "direct"
     small = nbytes <= SMALL_BYTES and collective != "barrier"
     if n % L == 0:
-        return "recursive" if small and n <= 2 * L else "hierarchical"
+        if small and n <= 2 * L:
+            return "recursive"
+        return "pairwise" if collective in _PAIRWISE else "hierarchical"
     return "recursive" if small or collective == "barrier" else "ring"
 
 
@@ -109,7 +121,7 @@ def phases(collective: str, count: int, topo: Topology, *, algorithm: str | None
     algo = get(name)
     ctx = Ctx(n=n, topo=topo, root=root)
     algo.check(ctx)
-    q_total = slice_elements(dtype_bytes, slice_bytes)
+    q_total = algo.buffer_slice(ctx, dtype_bytes, slice_bytes)
     per_slice: list[list[Phase]] = []
 
     if collective == "barrier":
@@ -119,7 +131,7 @@ def phases(collective: str, count: int, topo: Topology, *, algorithm: str | None
         for s in range(nslices):
             s0, s1 = s * q_total, min(count, (s + 1) * q_total)
             fn = {"all_reduce": algo.all_reduce, "reduce": algo.reduce, "broadcast": algo.broadcast}[collective]
-            per_slice.append(fn(ctx, s0, s1))
+            per_slice.append(fn(dataclasses.replace(ctx, slice_index=s), s0, s1))
     elif collective in ("all_gather", "reduce_scatter"):
         if collective == "all_gather":
             base, lens = np.arange(n, dtype=np.int64) * count, np.full(n, count, dtype=np.int64)
@@ -132,7 +144,7 @@ def phases(collective: str, count: int, topo: Topology, *, algorithm: str | None
             hi = np.minimum(lens, (s + 1) * q)
             table = (base + lo, hi - lo)
             fn = algo.all_gather if collective == "all_gather" else algo.reduce_scatter
-            per_slice.append(fn(ctx, table))
+            per_slice.append(fn(dataclasses.replace(ctx, slice_index=s), table))
     elif collective == "all2all":
         mat = split_matrix(count, n, splits)
         send_base = np.concatenate([np.zeros((n, 1), dtype=np.int64), np.cumsum(mat, axis=1)[:, :-1]], axis=1)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hccl.sim.schedule import Block, Phase, _even_bounds
+from hccl.sim.schedule import Block, Phase, _even_bounds, slice_elements
 from hccl.sim.topology import Topology
 
-__all__ = ["Ctx", "Algorithm", "even_table", "dense_rows", "dense_grid", "MAX_BLOCK_ENTRIES"]
+__all__ = ["Ctx", "Algorithm", "WholeBoxes", "even_table", "dense_rows", "dense_grid", "MAX_BLOCK_ENTRIES"]
 
 MAX_BLOCK_ENTRIES = 1 << 21
 """Largest K x M block built at once (bounds the planner's memory)."""
@@ -27,6 +27,8 @@ class Ctx:
     n: int
     topo: Topology
     root: int = 0
+    slice_index: int = 0
+    """Which slice of the call the phases are for (0 for unsliced calls)."""
 
 
 def even_table(s0: int, s1: int, n: int, order: np.ndarray | None = None):
@@ -104,6 +106,11 @@ class Algorithm:
     def check(self, ctx: Ctx) -> None:
         """Raise ValueError if this algorithm cannot run on ``ctx``'s topology."""
 
+    def buffer_slice(self, ctx: Ctx, dtype_bytes: int, slice_bytes: int | None) -> int:
+        """Elements of an all-reduce buffer per pipelined slice (collectives cut per rank use
+        ``1 / n`` of it): ``slice_bytes``, default ``PT_HCCL_SLICE_SIZE_MB``."""
+        return slice_elements(dtype_bytes, slice_bytes)
+
     # primitives -------------------------------------------------------------------
     def reduce_scatter(self, ctx: Ctx, table) -> list[Phase]:
         raise NotImplementedError
@@ -171,3 +178,19 @@ def _self_copy(n, send_off, recv_off, counts) -> Phase:
 def self_copy_phase(n, send_off, recv_off, counts) -> Phase:
     """Phase copying every rank's own all2all chunk from input to output."""
     return _self_copy(n, send_off, recv_off, counts)
+
+
+class WholeBoxes(Algorithm):
+    """An algorithm over whole boxes (or one box): the ranks are ``B`` boxes of ``L`` cards."""
+
+    def check(self, ctx: Ctx) -> None:
+        L = ctx.topo.cards_per_box
+        if ctx.n > L and ctx.n % L:
+            raise ValueError(f"algorithm {self.name!r} needs the world size ({ctx.n}) to be a multiple of "
+                             f"cards_per_box ({L}) or at most one box")
+
+    def _dims(self, ctx: Ctx) -> tuple[int, int]:
+        """(L, B): cards per box (the group's size if it is smaller) and boxes."""
+        L = min(ctx.topo.cards_per_box, ctx.n)
+        return L, ctx.n // L
+

@@ -1,4 +1,9 @@
-"""Hierarchical scale-out (the shape of HCL's pairwise all-reduce).
+"""Hierarchical scale-out: a frictionless shape of HCL's multi-box all-reduce, kept for comparison.
+
+HCL itself runs sequential pairwise box iterations slice by slice (:mod:`.pairwise`, the
+default for all-reduce, reduce-scatter, all-gather and barrier); this one exchanges with every
+other box in one phase, so its latency hardly grows with the number of boxes. It is still
+the default for reduce, broadcast and all2all across boxes (``HCCL_ALGO=hierarchical`` forces it).
 
 With B boxes of L cards, rank r = b * L + l:
 
@@ -19,24 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccl.sim.algorithms._base import Algorithm, Ctx, dense_grid, dense_rows, even_table
+from hccl.sim.algorithms._base import Ctx, WholeBoxes, dense_grid, dense_rows, even_table
 from hccl.sim.schedule import Phase
 
 __all__ = ["Hierarchical"]
 
 
-class Hierarchical(Algorithm):
+class Hierarchical(WholeBoxes):
     name = "hierarchical"
-
-    def check(self, ctx: Ctx) -> None:
-        L = ctx.topo.cards_per_box
-        if ctx.n > L and ctx.n % L:
-            raise ValueError(f"algorithm 'hierarchical' needs the world size ({ctx.n}) to be a multiple of "
-                             f"cards_per_box ({L}) or at most one box")
-
-    def _dims(self, ctx: Ctx):
-        L = min(ctx.topo.cards_per_box, ctx.n)
-        return L, ctx.n // L
 
     def all_reduce_table(self, ctx: Ctx, s0: int, s1: int):
         L, B = self._dims(ctx)

@@ -1,0 +1,283 @@
+"""The scale-out switch fabric: ECMP placement of HCL's flows and max-min sharing of links.
+
+A topology file's ``[fabric]`` table (:class:`Fabric`) describes the switches between boxes:
+leaf switches shared by ``boxes_per_leaf`` boxes (a pod), ``planes`` parallel leaf/spine
+fabrics (scale-out port ``p`` of every card goes to plane ``p mod planes``: Intel's Gaudi2 and
+Gaudi 3 pods put the three scale-out ports of a box on three leaf switches; MLPerf's HLS-1H
+systems list "10x L3 Fat Tree"), ``leaf_uplinks`` uplinks per leaf and their rate, and
+whether flows are placed on uplinks by an ECMP hash. Pure integer/float arithmetic on numpy
+arrays; no state besides memos keyed by every input.
+
+NOTE [flows and links]
+    A scale-out message from card ``s`` to card ``d`` is striped over ``s``'s scale-out
+    ports, one flow per port ``p`` (to ``d``'s port ``p``). A flow crosses: its card's NIC
+    (egress; ``nic_cards`` cards share one NIC on hosts whose scale-out goes through host
+    NICs), then, if ``d`` is on another leaf, the uplink of ``s``'s leaf that the ECMP hash of
+    the flow picks, the spine's link down to ``d``'s leaf (the same index: symmetric wiring),
+    and ``d``'s NIC (ingress). The hash is a 64-bit mix of (source card, destination card,
+    port, queue-pair set): RoCE v2 derives the UDP source port from the queue pair, so
+    switches see HCL's queue pairs as distinct 5-tuples, and a new queue-pair set (HCL
+    rotates them per slice) lands elsewhere.
+
+NOTE [max-min sharing, per row]
+    The messages of one row of a block (one per sender, sent at about the same time: a
+    pairwise box iteration, a ring step) are taken as concurrent flows. A link carrying ``k``
+    of them at ``C`` Gb/s offers each ``C / k``; a flow is charged the least such share on its
+    path (its max-min fair rate when that link is its bottleneck, which is always so for the
+    flows of the most loaded links; a lower bound otherwise), and a message the rate of its
+    slowest flow: its serialization is multiplied by ``port rate / least share``. Rates are not
+    re-shared when a flow ends (equal-sized flows of a row end together on their bottleneck).
+    The rest of the timing (port queues, which iteration waits for which receive) is the
+    planner's, so a late pair delays only the ranks downstream of it.
+
+NOTE [sampled contention at scale]
+    A pairwise box iteration with shift ``k`` on ``B`` boxes has ``n x ports`` flows; hashing
+    thousands of iterations flow by flow would cost minutes at 65,536 ranks. Shifts whose
+    flows partly stay inside a pod (``k < H`` or ``k > B - H``, ``H`` = :data:`SAMPLE_SHIFTS`
+    rounded up to whole pods) are hashed exactly; a shift in between reuses the contention of
+    shift ``H + (k - H) mod H``, which has the same offset inside a pod (same pod pairs per
+    destination leaf) and a different hash. Deterministic; exact below ``3H`` boxes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Fabric", "SAMPLE_SHIFTS", "message_slowdown", "shift_slowdown", "sampled_shift", "ecmp_hash", "ideal"]
+
+SAMPLE_SHIFTS = 16
+"""Box shifts hashed exactly on each side of a pod boundary (NOTE [sampled contention at scale])."""
+
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+_RANGES: dict[str, tuple] = {
+    "tiers": (numbers.Integral, 1, 2, "(1: one switch tier, 2: leaf/spine)"),
+    "planes": (numbers.Integral, 1, 4096, "planes"),
+    "leaf_uplinks": (numbers.Integral, 1, 1 << 16, "links"),
+    "leaf_radix": (numbers.Integral, 1, 1 << 16, "ports"),
+    "nic_cards": (numbers.Integral, 1, 1024, "cards"),
+    "uplink_gbps": (numbers.Real, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "leaf_port_gbps": (numbers.Real, 0.001, 1e5, "Gb/s (1 Mb/s to 100 Tb/s)"),
+    "host_latency_ns": (numbers.Integral, 0, 10**9, "simulated ns (up to 1 s)"),
+}
+"""Type, inclusive range and unit of every numeric ``[fabric]`` field (as the topology's own
+fields are checked): another type (``true`` is not a port count), ``inf``, ``nan`` or a value
+out of range is refused by name."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Fabric:
+    """Switches between boxes (a topology file's ``[fabric]`` table). Rates in Gb/s."""
+
+    tiers: int = 2
+    """1: every box on one switch tier (no uplinks); 2: leaf/spine."""
+    ecmp: bool = True
+    """Place flows on uplinks by an ECMP hash and share links max-min; False: an ideal fabric
+    (no uplink contention, the topology's ``oversubscription`` divides cross-leaf rates as before)."""
+    planes: int = 1
+    """Parallel leaf/spine fabrics; scale-out port ``p`` of a card uses plane ``p mod planes``."""
+    leaf_uplinks: int = 1
+    """Uplinks of one leaf switch (per plane) to the spines."""
+    uplink_gbps: float = 400.0
+    """Line rate of one leaf-to-spine (and spine-to-leaf) link."""
+    leaf_radix: int = 64
+    """Ports of one leaf switch (checked: box-facing + uplinks fit)."""
+    leaf_port_gbps: float = 400.0
+    """Line rate of one leaf switch port (box-facing ports may be broken out to several NIC ports)."""
+    nic_cards: int = 1
+    """Cards sharing one scale-out NIC (host NICs: AWS DL1 has 4 for 8 cards)."""
+    host_latency_ns: int = 0
+    """Extra one-way latency of a scale-out message through the host (host NICs), simulated ns."""
+    source: str = ""
+    """Where the numbers come from."""
+
+    def __post_init__(self) -> None:
+        for name, (kind, lo, hi, unit) in _RANGES.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, kind) or not lo <= v <= hi:  # NaN fails too
+                what = "an integer" if kind is numbers.Integral else "a number"
+                raise ValueError(f"fabric: {name} must be {what} in [{lo:,}, {hi:,}] {unit}, got {v!r}")
+        if not isinstance(self.ecmp, bool):
+            raise ValueError(f"fabric: ecmp must be true or false, got {self.ecmp!r}")
+        if not isinstance(self.source, str):
+            raise ValueError(f"fabric: source must be a string, got {self.source!r}")
+
+    def check(self, topo) -> None:
+        """Raise ValueError if the fabric cannot serve ``topo``'s boxes (ports or planes)."""
+        S = topo.scale_out_ports_per_card
+        if S % self.planes:
+            raise ValueError(f"fabric: {S} scale-out ports per card do not split over {self.planes} planes")
+        down = topo.boxes_per_leaf * -(-topo.cards_per_box // self.nic_cards) * (S // self.planes) \
+            * topo.scale_out_line_rate_gbps
+        up = self.leaf_uplinks * self.uplink_gbps if self.tiers == 2 else 0.0
+        if down + up > self.leaf_radix * self.leaf_port_gbps * (1 + 1e-9):
+            raise ValueError(f"fabric: a leaf needs {down:g} Gb/s to {topo.boxes_per_leaf} boxes + {up:g} Gb/s "
+                             f"of uplinks, more than {self.leaf_radix} x {self.leaf_port_gbps:g} Gb/s ports")
+
+    def oversubscription(self, topo) -> float:
+        """Box-facing over uplink capacity of one leaf (1.0 = non-blocking); 1.0 with one tier."""
+        if self.tiers == 1:
+            return 1.0
+        down = topo.boxes_per_leaf * -(-topo.cards_per_box // self.nic_cards) \
+            * (topo.scale_out_ports_per_card // self.planes) * topo.scale_out_line_rate_gbps
+        return down / (self.leaf_uplinks * self.uplink_gbps)
+
+
+_NIC_ONLY = Fabric(ecmp=False)
+"""The NICs alone (no switches modelled): what-if link faults on a topology without a fabric."""
+
+
+def ideal(topo):
+    """``topo`` on an ideal fabric: no ECMP placement nor uplink contention (NICs shared by
+    several cards stay shared); the topology itself if it has no ECMP fabric."""
+    fab = topo.fabric
+    if fab is None or not fab.ecmp:
+        return topo
+    return dataclasses.replace(topo, fabric=dataclasses.replace(fab, ecmp=False))
+
+
+def ecmp_hash(src, dst, port, qp_set) -> np.ndarray:
+    """64-bit mix (splitmix64 finalizer) of a flow's identity; uint64 array of the broadcast shape."""
+    with np.errstate(over="ignore"):
+        x = (np.asarray(src, dtype=np.uint64) * _MIX[0]) ^ (np.asarray(dst, dtype=np.uint64) * _MIX[1]) \
+            ^ (np.asarray(port, dtype=np.uint64) * _MIX[2]) ^ np.uint64(int(qp_set) * 0x2545F4914F6CDD1D % (1 << 64))
+        x = x ^ (x >> np.uint64(30))
+        x = x * _MIX[1]
+        x = x ^ (x >> np.uint64(27))
+        x = x * _MIX[2]
+        return x ^ (x >> np.uint64(31))
+
+
+def _milli(gbps: float) -> int:
+    return int(round(gbps * 1000))
+
+
+def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
+    """Per message, the slowdown ``num / den`` (>= 1) of its slowest flow among concurrent
+    messages ``src -> dst`` (NOTE [max-min sharing, per row]).
+
+    Args:
+        topo: the topology (its ``fabric`` None: every factor is 1).
+        src, dst: 1-D int arrays of equal length, the messages' ranks; messages inside a box
+            over scale-up links get factor 1.
+        qp_set: the queue-pair set the messages use.
+        first: return the factors of the first ``first`` messages only (all count as load).
+
+    Returns:
+        ``(num, den)``: int64 arrays; message ``i`` moves at ``den[i] / num[i]`` of its
+        card's scale-out line rate.
+    """
+    src = np.asarray(src, dtype=np.int64).ravel()
+    dst = np.asarray(dst, dtype=np.int64).ravel()
+    m = src.size if first is None else first
+    num, den = np.ones(m, dtype=np.int64), np.ones(m, dtype=np.int64)
+    fab = topo.fabric if topo.fabric is not None else (_NIC_ONLY if topo.faults else None)
+    if fab is None or src.size == 0:
+        return num, den
+    L, S = topo.cards_per_box, topo.scale_out_ports_per_card
+    keep = (src // L != dst // L) | ((topo.scale_up_ports_per_peer == 0) & (src != dst))
+    if not keep.any():
+        return num, den
+    idx = np.nonzero(keep)[0]
+    port_m = _milli(topo.scale_out_line_rate_gbps)
+    fp = np.tile(np.arange(S, dtype=np.int64), idx.size)
+    fs, fd = np.repeat(src[idx], S), np.repeat(dst[idx], S)
+    hp = fp  # the port a flow's queue pair was opened on (hashed); fp: the port it leaves from
+    slow_s = slow_d = None
+    for kind, a, b, f in topo.faults:  # NOTE [HCL on a down port] in hccl.sim.whatif
+        if kind != "out":
+            continue
+        if f:  # degraded: the port's capacity divided by f
+            for cards, slow in ((fs, "s"), (fd, "d")):
+                hit = (cards == a) & (fp == b)
+                if hit.any():
+                    if slow == "s":
+                        slow_s = np.where(hit, f, 1.0) if slow_s is None else np.where(hit, f, slow_s)
+                    else:
+                        slow_d = np.where(hit, f, 1.0) if slow_d is None else np.where(hit, f, slow_d)
+        else:  # down: its queue pairs migrate to the card's first other scale-out port
+            to = 1 if b == 0 else 0
+            fp = np.where(((fs == a) | (fd == a)) & (fp == b), to, fp)
+    per_box = -(-L // fab.nic_cards)  # NICs of a box; card l uses NIC l // nic_cards
+
+    def nic(card):
+        return ((card // L) * per_box + (card % L) // fab.nic_cards) * S + fp
+
+    ns, nd = nic(fs), nic(fd)
+    size = int(max(ns.max(), nd.max())) + 1
+    # (flows on the link, its capacity in milli-Gb/s) for each link a flow crosses
+    links = [(np.bincount(ns, minlength=size)[ns], port_m), (np.bincount(nd, minlength=size)[nd], port_m)]
+    for k, slow in ((0, slow_s), (1, slow_d)):
+        if slow is not None:  # a degraded port: capacity / f
+            links[k] = (links[k][0], np.rint(port_m / slow).astype(np.int64))
+    if fab.ecmp and fab.tiers == 2:
+        bpl = topo.boxes_per_leaf
+        leaf_s, leaf_d = fs // L // bpl, fd // L // bpl
+        cross = leaf_s != leaf_d
+        if cross.any():
+            U = fab.leaf_uplinks
+            plane = fp % fab.planes
+            u = (ecmp_hash(fs, fd, hp, qp_set) % np.uint64(U)).astype(np.int64)
+            nleaf = int(max(leaf_s.max(), leaf_d.max())) + 1
+            up_id = (plane * nleaf + leaf_s) * U + u
+            down_id = (plane * nleaf + leaf_d) * U + u
+            width = fab.planes * nleaf * U
+            up_m = _milli(fab.uplink_gbps)
+            for ids in (up_id, down_id):
+                load = np.bincount(ids[cross], minlength=width)[ids]
+                links.append((np.where(cross, load, 0), up_m))
+    # each flow's least share: the link with the largest load / capacity on its path
+    f_num = np.zeros(fs.size, dtype=np.int64)
+    f_den = np.ones(fs.size, dtype=np.int64)
+    for load, cap in links:
+        worse = load * port_m * f_den > f_num * cap
+        f_num = np.where(worse, load * port_m, f_num)
+        f_den = np.where(worse, cap, f_den)
+    # a message is as slow as its slowest flow (its S flows are consecutive)
+    worst = np.argmax((f_num / f_den).reshape(-1, S), axis=1) + np.arange(idx.size) * S
+    sel = idx < m
+    num[idx[sel]] = f_num[worst[sel]]
+    den[idx[sel]] = f_den[worst[sel]]
+    slower = num > den
+    return np.where(slower, num, 1), np.where(slower, den, 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shift_exact(topo, shift: int, qp_set: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    n, L = topo.world_size, topo.cards_per_box
+    B = n // L
+    r = np.arange(n, dtype=np.int64)
+    num, den = message_slowdown(topo, r, ((r // L + shift) % B) * L + r % L, qp_set, first=cols)
+    num.flags.writeable = den.flags.writeable = False
+    return num, den
+
+
+def sampled_shift(topo, shift: int) -> int:
+    """The box shift whose contention stands for ``shift`` (NOTE [sampled contention at scale]),
+    in ``0 .. B-1``; ``shift mod B`` itself when it is hashed exactly."""
+    B = topo.world_size // topo.cards_per_box
+    k = shift % B
+    P = topo.boxes_per_leaf
+    H = -(-SAMPLE_SHIFTS // P) * P
+    if H <= k <= B - H and B >= 3 * H:
+        k = H + (k - H) % H
+    return k
+
+
+def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None):
+    """:func:`message_slowdown` of the box iteration "every card to the same card of box
+    ``b + shift``" on ``topo`` (whole boxes), for ranks ``0 .. cols-1`` (default all), sampled
+    for many boxes (NOTE [sampled contention at scale]). Returns read-only arrays."""
+    n = topo.world_size
+    cols = n if cols is None else cols
+    k = sampled_shift(topo, shift)
+    if topo.fabric is None and not topo.faults or k == 0:
+        one = np.ones(cols, dtype=np.int64)
+        return one, one
+    return _shift_exact(topo, k, qp_set, cols)

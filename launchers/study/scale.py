@@ -1,0 +1,357 @@
+"""The scaling study: how one model's per-card throughput holds up from a few cards to many.
+
+``python -m launchers.study scale --model bert-large --batch-size 48 --seq-len 512
+--world-sizes 8,16,32,64,128,256,512,1024,4096 --topology hls2 --out DIR``
+
+One traced step (per per-card batch), then per world size the DDP step planned three ways
+(:func:`hccl.sim.ddp_plan.plan_ddp_step`): as the cluster is (its fabric's contention, its
+variability and what-ifs; ``--steps`` sampled steps, the slowest rank's), on the same fabric
+with every card nominal, and on an ideal fabric with every card nominal. The differences are
+the loss's causes.
+
+NOTE [where the efficiency goes]
+    With ``t(N)`` the mean step time per sample at ``N`` cards, efficiency is ``t(N0) / t(N)``
+    for the smallest world size ``N0``, and ``1 - efficiency = (t(N) - t(N0)) / t(N)`` splits
+    exactly into four terms, each in points of efficiency (``100 x term / t(N)``):
+
+    - ``exposed communication``: the nominal step on an ideal fabric at ``N`` minus that at
+      ``N0`` with the same per-card batch (more boxes, HCL's box iterations, larger groups);
+    - ``per-card batch``: ``N0``'s nominal step at this batch minus at its own (only when the
+      per-card batch changes with ``N``, ``--global-batch``);
+    - ``congestion``: the fabric's contention (nominal step on the fabric minus on an ideal
+      one), above ``N0``'s;
+    - ``waiting for the slowest rank``: the mean sampled step minus the nominal one (the
+      variability and slow cards), above ``N0``'s.
+
+Outputs (the shared runner's): ``study.csv``, ``study.json`` (``rows``), ``study.png``
+(efficiency against cards, log axis, the causes stacked) and ``summary.md``. Times are
+simulated ns per card; wall-clock seconds are labelled ``wall``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from hccl.sim import cluster
+from hccl.sim.cluster import Cluster
+from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
+
+from hpu_runtime.cli_args import count, real
+
+from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, mb, ranks
+from ._runner import run_points, save_figure, study_topology, trace_steps, write_files
+
+__all__ = ["ScaleConfig", "add_parser", "scale_main", "run_scale", "plan_world_size", "print_result", "CAUSES"]
+
+CAUSES = ("comm", "batch", "congestion", "waiting")
+"""The loss's causes, in the order the plot stacks them (NOTE [where the efficiency goes])."""
+_LABELS = {"comm": "exposed communication", "batch": "per-card batch", "congestion": "congestion (ECMP)",
+           "waiting": "waiting for the slowest rank"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScaleConfig:
+    """What to plan. Raises ValueError from :func:`validate`, naming the bad value."""
+
+    model: str
+    """Registered name (``name:flavour``) or ``package.module:factory``."""
+    batch_size: int | None = None
+    """Per-card batch at every world size (or give ``global_batch``)."""
+    global_batch: int | None = None
+    """Global batch: the per-card batch is ``global_batch / N`` (must divide)."""
+    seq_len: int | None = None
+    image_size: int | None = None
+    world_sizes: tuple[int, ...] = (8, 64, 512)
+    """Data-parallel ranks, one card each; the smallest is the efficiency baseline."""
+    topology: str = "hls2"
+    mode: str = "lazy"
+    device_spec: str = "gaudi2"
+    precision: str = "bf16"
+    bucket_cap_mb: float | None = 256.0
+    """DDP's ``bucket_cap_mb`` (Habana's scripts: 256 MB)."""
+    first_bucket_mb: float | None = None
+    gradient_as_bucket_view: bool = True
+    condition: Cluster = Cluster(DEFAULT_VARIABILITY)
+    """Variability and what-ifs (:mod:`hccl.sim.cluster`); variability on by default."""
+    fabric: str = "topology"
+    """``topology``: its scale-out fabric as the file says; ``ideal``: no contention."""
+    steps: int = 16
+    """Sampled steps per world size (the slowest rank's, after the warm-up)."""
+    pg_timeout_s: float = 1800.0
+    """The process group's timeout (torch's default): how long a dead rank's peers wait."""
+    restart_s: float = 30.0
+    """ASSUMPTION: wall seconds for torchrun to restart the workers and rendezvous again."""
+    recipe_cache: str = "cold"
+    """After a restart: ``cold`` (every graph compiled again) or ``warm`` (read from
+    ``PT_HPU_RECIPE_CACHE_CONFIG``; the read itself is not modelled)."""
+
+    def batch_at(self, n: int) -> int:
+        """The per-card batch at ``n`` cards."""
+        return self.global_batch // n if self.global_batch else self.batch_size
+
+
+def validate(cfg: ScaleConfig) -> None:
+    """Check everything before any work starts.
+
+    Raises:
+        ValueError: no batch or both, a global batch that does not divide, a bad world size,
+            topology, mode, device, precision, fabric or what-if.
+    """
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import MODES
+    from hccl.sim.topology import load_topology
+    from models.zoo import resolve_factory
+
+    if (cfg.batch_size is None) == (cfg.global_batch is None):
+        raise ValueError("give the per-card batch (--batch-size) or the global batch (--global-batch), one of them")
+    if not cfg.world_sizes:
+        raise ValueError("no world sizes given (--world-sizes)")
+    if len(set(cfg.world_sizes)) != len(cfg.world_sizes):
+        raise ValueError(f"world sizes {list(cfg.world_sizes)} repeat a value")
+    for n in cfg.world_sizes:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"world size {n!r} must be a positive integer")
+        if cfg.global_batch and (cfg.global_batch % n or cfg.global_batch < n):
+            raise ValueError(f"global batch {cfg.global_batch} does not split evenly over {n} cards")
+        try:
+            load_topology(cfg.topology, world_size=n)
+        except ValueError as exc:
+            raise ValueError(f"topology {cfg.topology!r} cannot hold world size {n}: {exc}") from None
+        cfg.condition.whatif.check(n)
+    kwargs = {k: v for k, v in (("seq_len", cfg.seq_len), ("image_size", cfg.image_size)) if v is not None}
+    resolve_factory(cfg.model, **kwargs)
+    if cfg.mode not in MODES:
+        raise ValueError(f"unknown mode {cfg.mode!r}; known: {', '.join(MODES)}")
+    get_device_spec(cfg.device_spec)
+    if cfg.precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
+    if cfg.fabric not in ("topology", "ideal"):
+        raise ValueError(f"fabric {cfg.fabric!r} must be topology or ideal")
+    if cfg.recipe_cache not in ("cold", "warm"):
+        raise ValueError(f"recipe cache {cfg.recipe_cache!r} must be cold or warm")
+    if cfg.steps < 1:
+        raise ValueError(f"steps {cfg.steps} must be >= 1")
+
+
+def _plans(cfg: ScaleConfig, trace, n: int) -> dict:
+    """The three plans of one world size (NOTE [where the efficiency goes])."""
+    from hccl.sim.ddp_plan import plan_ddp_step
+    from hccl.sim.fabric import ideal
+
+    topo = study_topology(cfg.topology, n, cfg.fabric)
+    kw = dict(world_size=n, bucket_cap_mb=cfg.bucket_cap_mb, first_bucket_mb=cfg.first_bucket_mb,
+              gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+    links = dataclasses.replace(cfg.condition.whatif, slow_cards=())  # links stay in the nominal plans
+    nominal = plan_ddp_step(trace, topology=topo, whatif=links, **kw)
+    flat = plan_ddp_step(trace, topology=ideal(topo), whatif=links, **kw)
+    cond = cfg.condition
+    if cond.variability.active or cond.whatif.slow_cards:
+        actual = plan_ddp_step(trace, topology=topo, variability=cond.variability, whatif=cond.whatif,
+                               steps=cfg.steps, lockstep=False, **kw)
+    else:
+        actual = nominal
+    return {"actual": actual, "nominal": nominal, "ideal": flat}
+
+
+def plan_world_size(cfg: ScaleConfig, traces: dict, n: int) -> dict:
+    """One row's raw plans for ``n`` cards (the ``traces`` of every per-card batch)."""
+    b = cfg.batch_at(n)
+    plans = _plans(cfg, traces[b], n)
+    samples = [s.step_ns for s in plans["actual"].samples] or [plans["actual"].times.step_ns]
+    ordered = sorted(samples)
+    a = plans["actual"]
+    mean = sum(samples) // len(samples)
+    return {
+        "world_size": n, "batch_size": b, "step_mean_ns": mean, "step_median_ns": ordered[(len(ordered) - 1) // 2],
+        "step_p99_ns": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "steps_sampled": len(samples),
+        "exposed_comm_ns": (sum(s.exposed_comm_ns for s in a.samples) // len(a.samples)) if a.samples
+        else a.times.exposed_comm_ns,
+        "comm_ns": a.times.comm_ns, "nominal_step_ns": plans["nominal"].times.step_ns,
+        "ideal_step_ns": plans["ideal"].times.step_ns, "algorithm": a.algorithm,
+        "num_buckets": len(a.buckets), "graphs": [g[1] for g in a.graphs],
+    }
+
+
+def _plan(cfg: ScaleConfig, traces: dict, n: int) -> dict:
+    return plan_world_size(cfg, traces, n)
+
+
+def run_scale(cfg: ScaleConfig, *, progress: bool = True) -> list[dict]:
+    """Validate, trace, plan every world size; the rows with efficiency and its causes."""
+    validate(cfg)
+    batches = sorted({cfg.batch_at(n) for n in cfg.world_sizes})
+    # compile mode: the step compiled as under DDP with this cap (DDPOptimizer's graph breaks)
+    ddp = (cfg.bucket_cap_mb, cfg.first_bucket_mb) if cfg.mode == "compile" else ()
+    keys = {b: (b, cfg.mode, cfg.device_spec, *ddp) for b in batches}
+    traces = trace_steps(cfg.model, list(keys.values()), seq_len=cfg.seq_len, image_size=cfg.image_size,
+                         precision=cfg.precision)
+    by_batch = {b: traces[keys[b]] for b in batches}
+    sizes = sorted(cfg.world_sizes)
+    rows = run_points(sizes, lambda n: "all", {"all": by_batch}, functools.partial(_plan, cfg), progress=progress,
+                      desc="world sizes")
+    n0 = sizes[0]
+    base = rows[0]
+    base_at: dict[int, int] = {base["batch_size"]: base["ideal_step_ns"]}
+    for b in batches:  # N0's ideal nominal step at every other batch (the batch cause)
+        if b not in base_at:
+            base_at[b] = _plans(cfg, by_batch[b], n0)["ideal"].times.step_ns
+    _derive(rows, base_at)
+    _restart_cost(cfg, rows, by_batch)
+    return rows
+
+
+def _derive(rows: list[dict], base_at: dict[int, int]) -> None:
+    """Throughput, efficiency and the loss's causes in points (NOTE [where the efficiency goes])."""
+    r0 = rows[0]
+    b0 = r0["batch_size"]
+    t0 = r0["step_mean_ns"] / b0
+    g0 = (r0["nominal_step_ns"] - r0["ideal_step_ns"]) / b0
+    w0 = (r0["step_mean_ns"] - r0["nominal_step_ns"]) / b0
+    for r in rows:
+        b = r["batch_size"]
+        t = r["step_mean_ns"] / b
+        r["samples_per_s_per_card"] = 1e9 / t
+        r["efficiency"] = t0 / t
+        terms = {"comm": (r["ideal_step_ns"] - base_at[b]) / b, "batch": base_at[b] / b - base_at[b0] / b0,
+                 "congestion": (r["nominal_step_ns"] - r["ideal_step_ns"]) / b - g0,
+                 "waiting": (r["step_mean_ns"] - r["nominal_step_ns"]) / b - w0}
+        for k, v in terms.items():
+            r[f"loss_{k}_pts"] = 100.0 * v / t
+
+
+def _restart_cost(cfg: ScaleConfig, rows: list[dict], traces: dict) -> None:
+    """With ``--dead-rank R@S``: each row's simulated cost of the rank dying (NOTE [a dead rank])."""
+    dead = cfg.condition.whatif.dead_rank
+    if not dead:
+        return
+    from hpu_runtime.device.cost_model import compile_ns
+    from hccl.sim.whatif import restart_cost_ns
+
+    spec = traces[rows[0]["batch_size"]].spec
+    for r in rows:
+        compile_total = sum(compile_ns(spec, ops) for ops in r["graphs"]) if cfg.recipe_cache == "cold" else 0
+        r["dead_rank_cost_ns"] = restart_cost_ns(timeout_s=cfg.pg_timeout_s, steps_lost=dead[1],
+                                                 step_ns=r["step_mean_ns"], rendezvous_s=cfg.restart_s,
+                                                 first_steps_extra_ns=compile_total)
+
+
+FIELDS = ["world_size", "batch_size", "samples_per_s_per_card", "efficiency", "step_mean_ns", "step_median_ns",
+          "step_p99_ns", "steps_sampled", "exposed_comm_ns", "comm_ns", "nominal_step_ns", "ideal_step_ns",
+          *(f"loss_{c}_pts" for c in CAUSES), "algorithm", "num_buckets", "dead_rank_cost_ns"]
+
+
+def summary_text(cfg: ScaleConfig, rows: list[dict], wall_s: float | None = None) -> str:
+    from tabulate import tabulate
+
+    batch = f"global batch {cfg.global_batch}" if cfg.global_batch else f"batch {cfg.batch_size} per card"
+    lines = [f"# Scaling study: {cfg.model}, {batch}, {cfg.device_spec} on {cfg.topology}", "",
+             f"- fabric: {'ideal (no contention)' if cfg.fabric == 'ideal' else 'the topology file’s (ECMP contention)'}",
+             *(f"- {line}" for line in cfg.condition.describe().splitlines()),
+             f"- DDP: bucket_cap_mb={cfg.bucket_cap_mb}, gradient_as_bucket_view={cfg.gradient_as_bucket_view}, "
+             f"{cfg.mode} mode, {cfg.precision}", ""]
+    table = [[r["world_size"], r["batch_size"], f"{r['samples_per_s_per_card']:,.1f}", f"{r['efficiency']:.3f}",
+              f"{r['step_median_ns'] / 1e6:.2f}", f"{r['step_p99_ns'] / 1e6:.2f}",
+              *(f"{r[f'loss_{c}_pts']:+.2f}" for c in CAUSES)] for r in rows]
+    lines.append(tabulate(table, headers=["cards", "batch", "samples/s/card", "efficiency", "median ms", "p99 ms",
+                                          *(f"{_LABELS[c]} (pts)" for c in CAUSES)], tablefmt="github"))
+    if cfg.condition.whatif.dead_rank:
+        r, s = cfg.condition.whatif.dead_rank
+        lines += ["", f"Rank {r} dying at step {s} (torchrun --max-restarts, {cfg.recipe_cache} recipe cache, "
+                      f"timeout {cfg.pg_timeout_s:g} s): "
+                  + ", ".join(f"{x['world_size']} cards {x['dead_rank_cost_ns'] / 1e9:,.1f} s" for x in rows)]
+    lines += ["", "Simulated Gaudi time (planner), per card; loss points add up to 100 x (1 - efficiency) "
+                  "(NOTE [where the efficiency goes] in launchers/study/scale.py)."]
+    if wall_s is not None:
+        lines.append(f"Planned in {wall_s:.1f} s wall-clock on this machine.")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, cfg: ScaleConfig, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    cards = [r["world_size"] for r in rows]
+    eff = [100 * r["efficiency"] for r in rows]
+    bottom = list(eff)
+    colors = {"comm": "tab:blue", "batch": "tab:gray", "congestion": "tab:red", "waiting": "tab:orange"}
+    for c in CAUSES:
+        vals = [max(0.0, r[f"loss_{c}_pts"]) for r in rows]
+        if any(vals):
+            ax.fill_between(cards, bottom, [b + v for b, v in zip(bottom, vals)], step=None, alpha=0.45,
+                            color=colors[c], label=_LABELS[c])
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(cards, eff, marker="o", color="black", label="efficiency")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cards, [str(c) for c in cards])
+    ax.set_xlabel("cards (log scale)")
+    ax.set_ylabel(f"% of per-card throughput at {cards[0]} cards")
+    ax.set_ylim(min(eff + [90.0]) - 2, max(bottom + [100.0]) + 2)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(f"{cfg.model} on {cfg.topology} ({cfg.device_spec}): scaling efficiency and where it goes")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def add_parser(sub) -> None:
+    """Add the ``scale`` subcommand to ``sub`` (an argparse subparsers object)."""
+    s = sub.add_parser("scale", help="per-card throughput and efficiency from few cards to many, and where it goes")
+    add_model_args(s, batch_required=False)
+    s.add_argument("--global-batch", type=count(1, 1 << 30, "samples"), default=None,
+                   help="keep the global batch instead: the per-card batch is GLOBAL / cards")
+    s.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), required=True)
+    s.add_argument("--topology", default="hls2", help="hls1, hls2, hls3, hls1h, dl1 or a topology file")
+    s.add_argument("--device-spec", default="gaudi2")
+    s.add_argument("--mode", default=None, help="lazy, eager or compile (default: PT_HPU_LAZY_MODE)")
+    s.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    s.add_argument("--bucket-cap-mb", type=mb, default=256.0)
+    s.add_argument("--first-bucket-mb", type=first_mb, default=None)
+    add_fabric_arg(s)
+    s.add_argument("--steps", type=count(1, 10_000, "steps"), default=16, help="sampled steps per world size")
+    s.add_argument("--pg-timeout", type=real(0.0, 1e7, "wall seconds", lo_open=True), default=1800.0,
+                   help="process-group timeout in seconds, for --dead-rank's cost")
+    s.add_argument("--recipe-cache", default="cold", choices=["cold", "warm"], help="after a --dead-rank restart")
+    cluster.add_arguments(s, variability="on")
+    s.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, summary.md")
+    s.add_argument("--no-progress", action="store_true")
+
+
+def scale_main(args: argparse.Namespace) -> dict:
+    """Run the ``scale`` command; ``{"rows", "paths", "config"}``.
+
+    Raises:
+        ValueError: bad input, before any work starts.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    cfg = ScaleConfig(model=args.model, batch_size=args.batch_size, global_batch=args.global_batch,
+                      seq_len=args.seq_len, image_size=args.image_size, world_sizes=args.world_sizes,
+                      topology=args.topology, mode=args.mode or env_mode(), device_spec=args.device_spec,
+                      precision=args.precision, bucket_cap_mb=args.bucket_cap_mb, first_bucket_mb=args.first_bucket_mb,
+                      condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps,
+                      pg_timeout_s=args.pg_timeout, recipe_cache=args.recipe_cache)
+    rows = run_scale(cfg, progress=not args.no_progress)
+    for r in rows:
+        r.pop("graphs", None)
+    wall = time.perf_counter() - t0
+    paths = write_files(args.out, rows=rows, fields=FIELDS, config=dataclasses.asdict(cfg), extra={"wall_s": wall},
+                        plot=lambda path: _plot(path, cfg, rows), summary=("summary.md", summary_text(cfg, rows, wall)),
+                        units={"*_ns": "simulated Gaudi ns per card", "loss_*_pts": "points of efficiency",
+                               "samples_per_s_per_card": "simulated", "wall_s": "wall-clock seconds"})
+    return {"rows": rows, "paths": paths, "config": cfg}
+
+
+def print_result(result: dict) -> None:
+    """Print the summary (the table) and where the files are."""
+    print(summary_text(result["config"], result["rows"]))
+    print("written: " + ", ".join(str(p) for p in result["paths"].values()))

@@ -1,0 +1,52 @@
+"""The scaling study CLI (launchers.study scale): files, rows, causes that add up, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from launchers import study
+
+
+@pytest.mark.timeout(180)
+def test_scale_study_end_to_end(tmp_path, capsys):
+    """A debug model from 8 to 512 cards: every file, one row per world size, efficiency 1 at the
+    smallest, and the loss's causes adding up to 100 x (1 - efficiency)."""
+    out = tmp_path / "scale"
+    rc = study.main(["scale", "--model", "resnet50:debug", "--batch-size", "4", "--world-sizes", "8,64,512",
+                     "--topology", "hls2", "--steps", "4", "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    for name in ("study.csv", "study.json", "study.png", "summary.md"):
+        assert (out / name).stat().st_size > 0
+    data = json.loads((out / "study.json").read_text())
+    rows = data["rows"]
+    assert [r["world_size"] for r in rows] == [8, 64, 512]
+    assert len(list(csv.DictReader(open(out / "study.csv")))) == 3
+    assert rows[0]["efficiency"] == 1.0
+    for r in rows:
+        assert r["step_median_ns"] <= r["step_p99_ns"] and r["steps_sampled"] == 4
+        lost = sum(r[f"loss_{c}_pts"] for c in ("comm", "batch", "congestion", "waiting"))
+        assert lost == pytest.approx(100 * (1 - r["efficiency"]), abs=1e-6)
+        assert r["samples_per_s_per_card"] == pytest.approx(4 * 1e9 / r["step_mean_ns"])
+    assert rows[-1]["step_p99_ns"] > rows[-1]["step_median_ns"]  # variability on: the sampled steps differ
+    text = (out / "summary.md").read_text()
+    assert "variability: seed 0" in text and "what-ifs: none" in text and "512 |" in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, match", [
+    (["--world-sizes", "8", "--topology", "nosuch"], "unknown topology 'nosuch'"),
+    (["--world-sizes", "8,8"], "repeat"),
+    (["--world-sizes", "8", "--global-batch", "12"], "one of them"),
+    (["--world-sizes", "8", "--slow-card", "9:2"], "outside the job"),
+    (["--world-sizes", "8", "--variability", "jitter=2"], "jitter"),
+])
+def test_scale_study_refuses_bad_input(tmp_path, capsys, argv, match):
+    """Bad input: exit code 2 and a message naming it, before any work (no output files)."""
+    out = tmp_path / "scale"
+    args = ["scale", "--model", "mlp:debug", "--batch-size", "8", "--out", str(out), "--no-progress", *argv]
+    assert study.main(args) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,218 @@
+"""HCL's pairwise box iterations and the contended fabric, against timelines and loads by hand.
+
+Tiny topology as in test_timing: boxes of 2 cards, 1 port per peer and 1 scale-out port, all at
+8 Gb/s (1 byte/ns), MTU 1000 B with no header, NIC latency 100 ns, switch 50 ns, reduction
+2 bytes/ns, one box per leaf (box to box crosses the spine: 550 ns).
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hccl.sim import fabric, timing
+from hccl.sim.algorithms import pairwise
+from hccl.sim.fabric import Fabric, message_slowdown
+from hccl.sim.planner import simulate
+from hccl.sim.topology import load_topology
+
+from .test_timing import OUT_LAT, TINY, UP_LAT, red, ser
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return lambda n: load_topology(str(path), world_size=n)
+
+
+def _pairwise_allreduce_by_hand(B: int, c: int) -> list[int]:
+    """Every rank's end of a pairwise all-reduce on B boxes of 2 cards, chunks of c bytes, from 0.
+
+    Phases (NOTE [HCL's pairwise box iterations]): reduce-scatter j = 0..B: in-box part for
+    box b + j (j < B), scale-out part of iteration j - 1 (j >= 2); all-gather j = 0..B-1:
+    in-box part for box b + j, scale-out part of iteration j + 1 (j + 1 < B). A rank starts a
+    phase when its receives of the previous one are in (and reduced); a message leaves when
+    its port is free; a scale-out message also waits for the receiver's ingress port; a
+    reduction waits for the card's previous one.
+    """
+    n = 2 * B
+    clock = [0] * n
+    up_free, eg_free, in_free, red_free, last = ([0] * n for _ in range(5))
+
+    def phase(up: bool, shift: int | None, reduce: bool):
+        nonlocal clock
+        new = list(clock)
+        if up:  # to the other card of the box
+            for r in range(n):
+                tx = max(clock[r], up_free[r])
+                up_free[r] = tx + ser(c)
+                last[r] = max(last[r], up_free[r])
+                d = r ^ 1
+                arr = tx + UP_LAT + ser(c)
+                done = max(arr, red_free[d]) + red(c) if reduce else arr
+                if reduce:
+                    red_free[d] = done
+                new[d] = max(new[d], done)
+                last[d] = max(last[d], done)
+        if shift is not None:  # to the same card of box b + shift
+            for r in range(n):
+                tx = max(clock[r], eg_free[r])
+                eg_free[r] = tx + ser(c)
+                last[r] = max(last[r], eg_free[r])
+                d = ((r // 2 + shift) % B) * 2 + r % 2
+                arr = max(tx + OUT_LAT, in_free[d]) + ser(c)
+                in_free[d] = arr
+                done = arr + red(c) if reduce else arr
+                if reduce:
+                    red_free[d] = done
+                new[d] = max(new[d], done)
+                last[d] = max(last[d], done)
+        clock = new
+
+    for j in range(B + 1):
+        phase(j < B, j - 1 if j >= 2 else None, reduce=True)
+    for j in range(B):
+        phase(True, -(j + 1) if j + 1 < B else None, reduce=False)
+    return [max(clock[r], last[r]) for r in range(n)]
+
+
+@pytest.mark.parametrize("B", [2, 3, 4])
+def test_pairwise_allreduce_by_hand(tiny, B):
+    """Each rank's end equals the hand timeline; the slowest member starts everyone."""
+    c = 1000
+    n = 2 * B
+    want = _pairwise_allreduce_by_hand(B, c)
+    if B == 2:
+        # on paper: RS 1600 | 3200 | 5250 (3200+550+1000+500) ; AG 6800 (5250+550+1000) | 7900
+        assert want == [7900] * 4
+    ready = [0] * n
+    ready[-1] = 700  # the last rank is late: everyone starts at 700
+    for r in range(n):
+        t = timing.collective_times("allreduce", n * c, ready, rank=r, topology=tiny(n), algorithm="pairwise")
+        assert (t.start_ns, t.end_ns, t.algorithm) == (700, 700 + want[r], "pairwise"), (r, t, want)
+
+
+def test_pairwise_step_count_and_latency_term(tiny, monkeypatch):
+    """A slice is 2B + 1 phases; its latency grows by two scale-out crossings per added box."""
+    monkeypatch.setattr(pairwise, "HCL_SLICE_BYTES", 400)  # 100 floats per rank per slice
+    for B in (2, 3, 5):
+        n = 2 * B
+        res = simulate("all_reduce", n * 400 * 3, tiny(n), world_size=n, algorithm="pairwise")
+        assert res.phases == 3 * (2 * B + 1)
+        assert res.scale_out_bytes == n * 3 * 2 * (B - 1) * 400  # per slice, 2(B-1) sends of 400 B
+    small = {B: simulate("all_reduce", 8 * 2 * B, tiny(2 * B), world_size=2 * B, algorithm="pairwise").duration_ns
+             for B in (2, 4, 8)}
+    for B in (2, 4):  # each extra box adds a reduce-scatter and an all-gather crossing
+        assert small[2 * B] - small[B] >= 2 * B * OUT_LAT
+
+
+def test_hcl_slice_is_per_rank(tiny, monkeypatch):
+    """HCL's slice is HCL_SLICE_SIZE per rank: a buffer of n x 512 KB is one slice, PT_HCCL_SLICE_SIZE_MB
+    does not apply."""
+    monkeypatch.setenv("PT_HCCL_SLICE_SIZE_MB", "0.001")
+    one = simulate("all_reduce", 4 * 512 * 1024, tiny(4), world_size=4, algorithm="pairwise")
+    two = simulate("all_reduce", 4 * 512 * 1024 + 4 * 4, tiny(4), world_size=4, algorithm="pairwise")
+    assert (one.phases, two.phases) == (5, 10)
+
+
+# -- fabric ------------------------------------------------------------------------------------
+
+def _pods(tmp_path, uplinks: int, ecmp: bool = True):
+    """1-card boxes, 1 scale-out port at 8 Gb/s, 2 boxes per leaf, ``uplinks`` 8 Gb/s uplinks."""
+    path = tmp_path / "pods.toml"
+    path.write_text(TINY.replace("cards_per_box = 2", "cards_per_box = 1").replace("ports_per_card = 2", "ports_per_card = 1")
+                    .replace("scale_up_ports_per_peer = 1", "scale_up_ports_per_peer = 0")
+                    .replace("boxes_per_leaf = 1", "boxes_per_leaf = 2")
+                    + f"\n[fabric]\necmp = {str(ecmp).lower()}\nleaf_uplinks = {uplinks}\nuplink_gbps = 8.0\n"
+                      "leaf_radix = 8\nleaf_port_gbps = 8.0\n")
+    return load_topology(str(path), world_size=4)
+
+
+def _splitmix(src, dst, port, qp):
+    """The documented hash written out in Python integers."""
+    m = (1 << 64) - 1
+    x = (src * 0x9E3779B97F4A7C15 ^ dst * 0xBF58476D1CE4E5B9 ^ port * 0x94D049BB133111EB
+         ^ (qp * 0x2545F4914F6CDD1D) % (1 << 64)) & m
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & m
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+def test_two_flows_on_one_uplink_take_twice_as_long(tmp_path):
+    """One uplink per leaf: two flows leaving the leaf share it, each at half its rate."""
+    topo = _pods(tmp_path, uplinks=1)
+    assert message_slowdown(topo, [0], [2]) == ([1], [1])
+    num, den = message_slowdown(topo, [0, 1], [2, 3])
+    assert list(num / den) == [2.0, 2.0]
+    num, den = message_slowdown(topo, [0, 2], [1, 3])  # inside each leaf: no uplink
+    assert list(num / den) == [1.0, 1.0]
+    both = simulate("all_gather", 4000, topo, world_size=4, algorithm="direct")
+    alone = simulate("all_gather", 4000, fabric.ideal(topo), world_size=4, algorithm="direct")
+    assert both.duration_ns > alone.duration_ns
+
+
+def test_ecmp_collision_and_its_absence(tmp_path):
+    """Two uplinks: the flows 0->2 and 1->3 collide exactly when the hash puts them on one."""
+    topo = _pods(tmp_path, uplinks=2)
+    seen = set()
+    for qp in range(8):
+        same = _splitmix(0, 2, 0, qp) % 2 == _splitmix(1, 3, 0, qp) % 2
+        num, den = message_slowdown(topo, [0, 1], [2, 3], qp_set=qp)
+        assert list(num / den) == ([2.0, 2.0] if same else [1.0, 1.0]), qp
+        seen.add(same)
+    assert seen == {True, False}  # both cases occur among the queue-pair sets
+    ideal = fabric.ideal(topo)
+    assert [list(a) for a in message_slowdown(ideal, [0, 1], [2, 3])] == [[1, 1], [1, 1]]
+
+
+def test_ideal_fabric_keeps_the_frictionless_timing():
+    """``ecmp = false`` times exactly as a topology without a fabric; ECMP costs time across pods."""
+    hls2 = load_topology("hls2")
+    bare = dataclasses.replace(hls2, fabric=None)
+    for n in (64, 256):
+        ideal = simulate("all_reduce", 64 << 20, fabric.ideal(hls2), world_size=n)
+        assert ideal == simulate("all_reduce", 64 << 20, bare, world_size=n)
+    assert simulate("all_reduce", 64 << 20, hls2, world_size=256).duration_ns > ideal.duration_ns
+
+
+def test_shared_host_nics_halve_scale_out(tmp_path):
+    """DL1: two cards per host NIC; sending at once, each gets half of it."""
+    dl1 = load_topology("dl1", world_size=16)
+    num, den = message_slowdown(dl1, [0, 1], [8, 9])
+    assert list(num / den) == [2.0, 2.0]
+    num, den = message_slowdown(dl1, [0, 2], [8, 10])
+    assert list(num / den) == [1.0, 1.0]
+
+
+def test_fabric_table_errors(tmp_path):
+    """A bad [fabric] table is refused with a message naming the field."""
+    path = tmp_path / "t.toml"
+    path.write_text("cards_per_box = 8\n[fabric]\nplanes = 2\n")
+    with pytest.raises(ValueError, match="3 scale-out ports per card do not split over 2 planes"):
+        load_topology(str(path))
+    path.write_text("cards_per_box = 8\n[fabric]\nspines = 2\n")
+    with pytest.raises(ValueError, match=r"unknown \[fabric\] field\(s\) spines"):
+        load_topology(str(path))
+    path.write_text("cards_per_box = 8\nboxes_per_leaf = 64\n[fabric]\nleaf_radix = 8\n")
+    with pytest.raises(ValueError, match="more than 8 x 400 Gb/s ports"):
+        load_topology(str(path))
+    with pytest.raises(ValueError, match=r"tiers must be an integer in \[1, 2\]"):
+        Fabric(tiers=3)
+    for field, value in (("uplink_gbps", True), ("uplink_gbps", float("inf")), ("leaf_uplinks", 2.0),
+                         ("host_latency_ns", -1)):  # `true` is not a rate, nor 2.0 a count
+        with pytest.raises(ValueError, match=f"fabric: {field} must be"):
+            Fabric(**{field: value})
+
+
+def test_new_topologies():
+    """hls1h: 4 cards whose peers meet at the leaf; dl1: 8 cards, 2 per host NIC."""
+    h = load_topology("hls1h", world_size=8)
+    assert h.cards_per_box == 4 and h.ports(0, 1) == h.scale_out_ports(0) and h.switch_hops(0, 1) == 1
+    assert simulate("all_reduce", 1 << 20, h, world_size=8).scale_up_bytes == 0
+    d = load_topology("dl1", world_size=16)
+    assert d.fabric.nic_cards == 2 and not d.fabric.ecmp
+    assert d.path_latency_ns(0, 8) == 4 * 1000 + 3 * 600 + d.fabric.host_latency_ns
+    assert np.isclose(d.scale_out_card_gbps, 100.0)

@@ -1,0 +1,113 @@
+"""Variability and what-ifs: deterministic draws, the slowest of n, the card's slowdown, the flags."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hccl.sim import cluster, variability
+from hccl.sim.topology import load_topology
+from hccl.sim.variability import PPM, Variability
+from hccl.sim.whatif import WhatIf, link_faults
+
+
+def test_same_seed_same_factors_other_seed_others():
+    """Draws depend on (seed, rank, step) only: any order, any process; another seed differs."""
+    v = Variability(seed=5)
+    ranks = np.arange(300)
+    a = v.factors_ppm(ranks, 7)
+    assert list(a[::-1]) == [v.factor_ppm(int(r), 7) for r in ranks[::-1]]
+    assert np.array_equal(a, Variability(seed=5).factors_ppm(ranks, 7))
+    assert not np.array_equal(a, Variability(seed=6).factors_ppm(ranks, 7))
+    assert not np.array_equal(a, v.factors_ppm(ranks, 8))
+
+
+def test_distribution_body_and_tail():
+    """The body stays within +-jitter; slow steps come at their rate and within their bounds."""
+    v = Variability(seed=1, jitter=0.04, slow_prob=0.01, slow_min=0.08, slow_max=0.5)
+    f = v.factors_ppm(np.arange(200_000), 0) / PPM
+    body = f[f <= 1.04 + 1e-9]
+    assert body.min() >= 0.96 - 1e-9 and abs(body.mean() - 1.0) < 1e-3
+    slow = f[f > 1.04 + 1e-9]
+    assert slow.size / f.size == pytest.approx(0.01, rel=0.1)
+    assert slow.min() >= 1.04 * 1.08 - 1e-6 and slow.max() <= 1.04 * 1.5 + 1e-6
+    assert (slow > 1.04 * 1.2).mean() == pytest.approx((0.08 / 0.2) ** 2, abs=0.03)  # Pareto, shape 2
+
+
+def test_slowest_of_n_exact_then_order_statistic():
+    """Up to EXACT_RANKS the slowest is the largest rank draw; beyond, the order statistic has the
+    same distribution (mean of the slowest over many steps against explicit draws)."""
+    v = Variability(seed=3, jitter=0.04, slow_prob=1e-3)
+    n = 64
+    assert v.slowest_ppm(n, 4) == int(v.factors_ppm(np.arange(n), 4).max())
+    big = variability.EXACT_RANKS + 904
+    steps = range(400)
+    order = np.array([v.slowest_ppm(big, s) for s in steps]) / PPM
+    explicit = np.array([v.factors_ppm(np.arange(big), s).max() for s in steps]) / PPM
+    assert order.mean() == pytest.approx(explicit.mean(), abs=0.01)
+    assert (order > 1.05).mean() == pytest.approx((explicit > 1.05).mean(), abs=0.08)
+
+
+def test_off_and_slow_cards():
+    """Off: every factor 1; a slow card multiplies its own factor and becomes the slowest."""
+    assert variability.OFF.slowest_ppm(65536, 3) == PPM
+    assert variability.rank_slowdown(variability.OFF, WhatIf(), 2) is None
+    w = WhatIf.parse(slow_cards=["2:1.5"])
+    f = variability.rank_slowdown(variability.OFF, w, 2)
+    assert f(0) == f(9) == 1_500_000
+    assert variability.slowest_ppm(variability.OFF, w, 8, 0) == 1_500_000
+    v = Variability(seed=2)
+    assert variability.slowest_ppm(v, w, 65536, 1) >= int(round(v.factor_ppm(2, 1) * 1.5))
+
+
+def test_card_slowdown_scales_host_and_compute_not_collectives():
+    """A step at 1.5x: host work and graphs take 1.5x as long; a collective's interval is kept."""
+    from hpu_runtime.device.card import Card
+    from hpu_runtime.device.spec import get_device_spec
+
+    card = Card(get_device_spec("gaudi2"))
+    card.set_step_slowdown(lambda step: 1_500_000 if step == 1 else PPM)
+    card.spend_host("op", 1000, {})
+    card.run_compute(0, 2000, "g")
+    assert (card.host_ns, card.compute.free_ns) == (1000, 2000)
+    card.end_step()
+    card.spend_host("op", 1000, {})
+    start, end = card.run_compute(card.host_ns, 2000, "g")
+    assert (card.host_ns, end - start) == (2500, 3000)
+    card.record_collective("c", 10_000, 11_000)
+    card.wait_host(20_000)  # a wait is not work: not scaled
+    assert card.host_ns == 20_000 and card.collective.free_ns == 11_000
+
+
+def test_flags_env_round_trip_and_errors():
+    """Flags become the environment a live job reads back; bad specs name the flag."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    cluster.add_arguments(p, variability="on")
+    args = p.parse_args(["--variability", "seed=4,jitter=0.02", "--slow-card", "3:2", "--degraded-link", "1/0:4",
+                         "--failed-link", "2/1", "--dead-rank", "5@7"])
+    c = cluster.from_args(args)
+    assert c.variability == dataclasses.replace(variability.DEFAULT, seed=4, jitter=0.02)
+    back = cluster.from_env(c.env())
+    assert back == c and back.key() == c.key()
+    for bad, match in ((["--slow-card", "3"], "RANK:FACTOR"), (["--slow-card", "3:0.5"], "slowdown"),
+                       (["--degraded-link", "1:2"], "R/P:FACTOR"), (["--dead-rank", "5"], "RANK@STEP"),
+                       (["--variability", "seed=x"], "not a number"), (["--variability", "sigma=1"], "fields")):
+        with pytest.raises(ValueError, match=match):
+            cluster.from_args(p.parse_args(bad))
+
+
+def test_link_faults_follow_hcl():
+    """A down scale-out port: Gaudi 3 migrates it, Gaudi2 cannot run; a down scale-up link never can."""
+    hls3, hls2 = load_topology("hls3", world_size=16), load_topology("hls2", world_size=16)
+    t = link_faults(hls3, WhatIf.parse(failed_links=["3/1"]))
+    assert t.faults == (("out", 3, 1, 0.0),)
+    with pytest.raises(ValueError, match="no port migration"):
+        link_faults(hls2, WhatIf.parse(failed_links=["3/1"]))
+    with pytest.raises(ValueError, match="no stand-in for a scale-up link"):
+        link_faults(hls3, WhatIf.parse(failed_links=["3-4"]))
+    with pytest.raises(ValueError, match="not two cards of one box"):
+        link_faults(hls2, WhatIf.parse(degraded_links=["3-9:2"]))
+    with pytest.raises(ValueError, match="outside the job"):
+        link_faults(hls2, WhatIf.parse(degraded_links=["99/0:2"]))
