@@ -36,18 +36,24 @@ own; :func:`hpu_runtime.bridge.dispatch.activate` keeps backward on the training
 bridge's thread-local state (autocast regions) applies and ops are charged in one order.
 
 Build: :func:`install` compiles the extension with ``torch.utils.cpp_extension`` (g++ and
-ninja) into ``torch.utils.cpp_extension.get_default_build_root()`` (``TORCH_EXTENSIONS_DIR``)
-under a name that hashes the source and torch's version, the first time a process imports
-``hpu_runtime`` (about 10 s of one core here), holding a file lock so concurrent processes
-build it once; later imports load the built library (about 10 ms). No compiler at that first
-import is an error naming what is missing: tensors that said ``cpu`` instead would take other
-code paths in the very scripts (``device.type == "hpu"``, FSDP2) the emulator is meant to check.
+ninja) the first time a process on a machine imports ``hpu_runtime``, under a name that
+hashes the sources and torch's version, into torch's build folder for extensions
+(``$TORCH_EXTENSIONS_DIR`` if set, else torch's per-user cache), or, where that cannot be
+created (a read-only home), a per-user folder in the temporary directory (:func:`library_path`). A file
+lock makes concurrent first imports (``pytest -n auto`` workers, torchrun's ranks) build it
+once while the others wait; a marker written after the build finished tells a complete
+library from one a killed build left behind. Later imports load it (about 10 ms). No
+compiler at that first import is an error naming what is missing: tensors that said ``cpu``
+instead would take other code paths in the very scripts (``device.type == "hpu"``, FSDP2)
+the emulator is meant to check.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -72,11 +78,23 @@ def _name() -> str:
 
 
 def library_path() -> Path:
-    """Where the built library is (or will be): ``<build root>/<name>/<name>.so``."""
-    from torch.utils.cpp_extension import get_default_build_root
+    """Where the built library is (or will be): ``<build folder>/<name>.so``, the build folder
+    being torch's for an extension of that name (``$TORCH_EXTENSIONS_DIR/<name>``, else
+    ``<torch's per-user cache>/py3X_cpu/<name>``), or, where that cannot be created (a
+    read-only home), ``<temporary directory>/hpu_runtime_extensions_<uid>/<name>``."""
+    from torch.utils.cpp_extension import _get_build_directory
 
     name = _name()
-    return Path(get_default_build_root()) / name / f"{name}.so"
+    try:
+        folder = Path(_get_build_directory(name, verbose=False))  # creates it
+    except OSError:
+        folder = Path(tempfile.gettempdir()) / f"hpu_runtime_extensions_{os.getuid()}" / name
+    return folder / f"{name}.so"
+
+
+def _built(so: Path) -> Path:
+    """The marker :func:`install` writes once ``so`` is completely built."""
+    return so.with_suffix(".built")
 
 
 def _missing_tools() -> list[str]:
@@ -113,8 +131,9 @@ def install() -> Path:
     type for the simulated Gaudi]).
 
     Raises:
-        DeviceTypeBuildError: no C++ compiler or ninja for the first build, a failed build,
-            or another process's build not finished within 900 s.
+        DeviceTypeBuildError: no C++ compiler or ninja for the first build, no writable build
+            folder, a failed build, a library that does not load, or another process's build
+            not finished within 900 s.
     """
     global _loaded, _cpu_view
     if _loaded is not None:
@@ -122,18 +141,28 @@ def install() -> Path:
     from filelock import FileLock, Timeout
 
     so = library_path()
-    if not so.is_file():
+    if not _built(so).is_file():
+        try:
+            so.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DeviceTypeBuildError(f"hpu_runtime: cannot create the 'hpu' device type's build folder"
+                                       f" {so.parent} ({exc}); set TORCH_EXTENSIONS_DIR to a writable"
+                                       f" folder") from None
         lock = FileLock(str(so.parent.parent / f"{so.stem}.lock"))
-        so.parent.parent.mkdir(parents=True, exist_ok=True)
         try:
             with lock.acquire(timeout=_LOCK_TIMEOUT_S):
-                if not so.is_file():
+                if not _built(so).is_file():
                     _build(so)
+                    _built(so).write_text(torch.__version__ + "\n")
         except Timeout:
             raise DeviceTypeBuildError(f"hpu_runtime: another process has held {lock.lock_file} for more than"
                                        f" {_LOCK_TIMEOUT_S:.0f} s building the 'hpu' device type") from None
     if not hasattr(torch.ops.hpu_sim, "cpu_view"):
-        torch.ops.load_library(str(so))
+        try:
+            torch.ops.load_library(str(so))
+        except OSError as exc:
+            raise DeviceTypeBuildError(f"hpu_runtime: cannot load the 'hpu' device type ({exc}); delete"
+                                       f" {so.parent} to rebuild it") from None
     _cpu_view = torch.ops.hpu_sim.cpu_view.default
     _loaded = so
     return so
