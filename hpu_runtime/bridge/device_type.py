@@ -164,8 +164,30 @@ def install() -> Path:
             raise DeviceTypeBuildError(f"hpu_runtime: cannot load the 'hpu' device type ({exc}); delete"
                                        f" {so.parent} to rebuild it") from None
     _cpu_view = torch.ops.hpu_sim.cpu_view.default
+    _fake_strides_as_the_kernels_make_them()
     _loaded = so
     return so
+
+
+def _noncontiguous_supported(device) -> bool:
+    return True
+
+
+def _fake_strides_as_the_kernels_make_them() -> None:
+    """NOTE [fake hpu tensors keep the CPU kernels' strides]
+    PyTorch's fake tensors (``FakeTensorMode``: the tracer, ``torch.compile``) make every
+    elementwise result on an ``hpu`` device contiguous (``is_noncontiguous_supported`` in
+    ``torch/_subclasses/fake_impls.py`` and ``torch/_refs``), as Intel's bridge does. The
+    simulated card runs the CPU kernels, which keep their input's layout (``q * scale`` of a
+    transposed ``q`` stays transposed), so a fake step would take other paths than the live
+    one (a ``reshape`` that is a view on one side and a copy on the other: GPT-2's attention
+    made 4 copies per step live that its trace lacked, and live != planned). Fake hpu tensors
+    here follow the kernels that really run: every device supports non-contiguous results."""
+    import torch._refs as refs
+    import torch._subclasses.fake_impls as fake_impls
+
+    fake_impls.is_noncontiguous_supported = _noncontiguous_supported
+    refs.is_noncontiguous_supported = _noncontiguous_supported
 
 
 def cpu_view(t: torch.Tensor) -> torch.Tensor:

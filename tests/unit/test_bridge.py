@@ -46,3 +46,17 @@ def test_faster_device_gives_shorter_graph():
         times[name] = end - start
     hpu.reset_device("gaudi2")
     assert times["gaudi3"] < times["gaudi"]
+
+
+def test_fake_hpu_tensors_keep_the_strides_the_kernels_make():
+    """The tracer's fake hpu tensors lay results out as the live card's (CPU) kernels do: an
+    elementwise op on a transposed tensor stays transposed on both (NOTE [fake hpu tensors
+    keep the CPU kernels' strides])."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 3, 4, device="hpu").transpose(1, 2)
+    live = (x * 2).stride()
+    with FakeTensorMode():
+        fake = torch.empty_strided(x.shape, x.stride(), device="hpu")
+        traced = (fake * 2).stride()
+    assert traced == live == x.stride()
