@@ -60,3 +60,20 @@ def test_fake_hpu_tensors_keep_the_strides_the_kernels_make():
         fake = torch.empty_strided(x.shape, x.stride(), device="hpu")
         traced = (fake * 2).stride()
     assert traced == live == x.stride()
+
+
+def test_hpu_is_the_accelerator_even_when_asked_before_the_import():
+    """A script that asks for the accelerator before importing the emulator (as
+    ``dist.init_process_group("gloo")`` does) still runs backward of hpu tensors."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "assert torch.accelerator.current_accelerator() is None\n"
+            "import hpu_runtime\n"
+            "x = torch.randn(3, device='hpu', requires_grad=True)\n"
+            "(x * 2).sum().backward()\n"
+            "print(torch.accelerator.current_accelerator(), x.grad.device)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["hpu", "hpu:0"]

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <memory>
+#include <new>
 #include <string>
 
 namespace {
@@ -361,4 +362,23 @@ TORCH_LIBRARY(hpu_sim, m) { m.def("cpu_view(Tensor(a) self) -> Tensor(a)", &cpu_
 namespace {
 // after the registrations above (same file: initialised in order), so their ops are skipped
 const DirectKernels direct_kernels;
+
+// at::detail::getHPUHooks() makes its hooks object once, from the registry, at its first call.
+// A process that asked for the accelerator before loading this library (torch.accelerator,
+// dist.init_process_group("gloo") before `import habana_frameworks.torch`) holds the
+// interface's default, which says no HPU is built: backward of hpu tensors then fails with
+// "Cannot access accelerator device when none is available". That object is replaced in
+// place by ours (the same size: neither has data members), so the HPU is this process's
+// accelerator whenever the library is loaded.
+static_assert(sizeof(HpuHooks) == sizeof(at::HPUHooksInterface), "HpuHooks must stay as small as its interface");
+struct InstallHooks {
+  InstallHooks() {
+    auto& hooks = const_cast<at::HPUHooksInterface&>(at::detail::getHPUHooks());
+    if (dynamic_cast<HpuHooks*>(&hooks) == nullptr) {
+      hooks.~HPUHooksInterface();
+      new (&hooks) HpuHooks(at::HPUHooksArgs{});
+    }
+  }
+};
+const InstallHooks install_hooks;
 }  // namespace
