@@ -73,10 +73,6 @@ class Residency:
             self.refs[key] = ref
         return ref
 
-    def is_resident(self, t) -> bool:
-        """Whether tensor ``t``'s storage is on the simulated HBM."""
-        return id(t.untyped_storage()) in self.refs
-
     def serial_of(self, t) -> int:
         """The serial of tensor ``t``'s resident storage, or -1 if it is not resident."""
         ref = self.refs.get(id(t.untyped_storage()))
