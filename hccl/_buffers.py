@@ -1,10 +1,14 @@
 """Flat views of tensors and the metadata words of a collective: the face's side of the
-data plane's calling convention (buffers are flat and contiguous; every call carries one
-row of :data:`~hccl.transport.shm.META_FIELDS`)."""
+data plane's calling convention (buffers are flat, contiguous CPU tensors; every call
+carries one row of :data:`~hccl.transport.shm.META_FIELDS`). A tensor on the simulated
+Gaudi (``hpu``) is moved as a CPU view of its storage: no copy (NOTE [a device type for the
+simulated Gaudi] in :mod:`hpu_runtime.bridge.device_type`)."""
 
 from __future__ import annotations
 
 import torch
+
+from hpu_runtime.bridge.device_type import cpu_view
 
 from .transport.shm_engine import KIND_CODES
 
@@ -12,7 +16,8 @@ __all__ = ["flat", "writeback", "meta_words"]
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
-    """A flat contiguous view of ``t`` (or a contiguous copy, written back by :func:`writeback`)."""
+    """A flat contiguous CPU view of ``t`` (or a contiguous copy, written back by :func:`writeback`)."""
+    t = cpu_view(t)
     return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
 
 

@@ -73,7 +73,7 @@ class CollectivesMixin:
         self._check("allreduce_coalesced" if len(tensors) != 1 else "allreduce", tensors=tensors, op=op)
         dcode = check_dtype(tensors[0])
         with torch._C._DisableTorchDispatch():
-            buf = torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else flat(tensors[0])
+            buf = torch.cat([flat(t) for t in tensors]) if len(tensors) > 1 else flat(tensors[0])
 
         def body(ready, what):
             ready_all = self._coll.allreduce(buf, op, self._meta("allreduce", dcode, buf.numel(), op, 0, ready), what)

@@ -52,6 +52,7 @@ from .api.hpu import (
 from .api.metrics import metric_global, metric_localcontext
 from .bridge import autocast as _autocast
 from .bridge import compile_backend as _compile_backend
+from .bridge import device_type as _device_type
 from .bridge.dispatch import activate, bridge_disabled, deactivate, is_active
 from .bridge.hpu_graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
 from .bridge.runtime import get_device, reset_device
@@ -100,9 +101,11 @@ __all__ = [
 
 
 def _register() -> None:
-    """Once per process: ``torch.hpu``, ``torch.autocast("hpu")``, the ``"hpu_backend"``
+    """Once per process: the ``hpu`` device type (NOTE [a device type for the simulated Gaudi] in
+    :mod:`hpu_runtime.bridge.device_type`), ``torch.hpu``, ``torch.autocast("hpu")``, the ``"hpu_backend"``
     compile backend, the ``torch.ops.hpu`` custom ops, ``ProfilerActivity.HPU`` and the
     ``habana_frameworks`` import hook."""
+    _device_type.install()
     try:
         torch._register_device_module("hpu", hpu)
     except RuntimeError:  # already registered (e.g. by a previous import under another name)

@@ -57,17 +57,22 @@ def split_batch(task: str, batch: Sequence[torch.Tensor]) -> tuple[tuple[torch.T
 
 
 def task_loss(task: str, output: Any, targets: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Scalar training loss of ``output`` (a tensor or a transformers ModelOutput)."""
+    """Scalar training loss of ``output`` (a tensor or a transformers ModelOutput).
+
+    ``targets`` may be host tensors: each is copied to the device of the logits first (on the
+    simulated Gaudi a host->device copy, as a Gaudi script moves its labels).
+    """
     if task == "classify":
-        return F.cross_entropy(_field(output, "logits"), targets[0])
+        logits = _field(output, "logits")
+        return F.cross_entropy(logits, targets[0].to(logits.device))
     if task == "mlm-nsp":
-        mlm, nsp = targets
-        logits = output["prediction_logits"]
+        logits, nsp_logits = output["prediction_logits"], output["seq_relationship_logits"]
+        mlm, nsp = (t.to(logits.device) for t in targets)
         mlm_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), mlm.reshape(-1), ignore_index=-100)
-        return mlm_loss + F.cross_entropy(output["seq_relationship_logits"], nsp)
+        return mlm_loss + F.cross_entropy(nsp_logits, nsp)
     if task == "causal-lm":
         logits = _field(output, "logits")
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[0].reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[0].to(logits.device).reshape(-1))
     raise ValueError(f"unknown task {task!r}")
 
 
@@ -124,6 +129,7 @@ def step_factory(
     seq_len, image_size = check_sizes(name, kind, seq_len=seq_len, image_size=image_size)
     model = entry.build(cfg)
     inputs, targets = split_batch(kind.task, _random_batch(kind, batch_size, seq_len, image_size))
+    targets = tuple(t.cpu() for t in targets)  # host labels, as a data loader gives them
     return TrainingStep(model, inputs, lambda output: task_loss(kind.task, output, targets))
 
 

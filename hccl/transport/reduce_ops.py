@@ -90,7 +90,7 @@ def check_dtype(tensor: torch.Tensor, what: str = "tensor") -> int:
         TypeError: if the dtype is not one HCCL emulation moves (e.g. complex, quantized),
             naming the dtype; or if the tensor is not on the CPU/"hpu", or not dense.
     """
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "hpu"):
         raise TypeError(f"hccl: {what} must live on the (emulated) hpu/CPU, got {tensor.device}")
     if tensor.layout != torch.strided:
         raise TypeError(f"hccl: {what} has layout {str(tensor.layout).removeprefix('torch.')}: only dense"

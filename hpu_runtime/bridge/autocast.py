@@ -1,18 +1,22 @@
 """``torch.autocast("hpu", dtype=torch.bfloat16)`` on the simulated Gaudi.
 
-NOTE [autocast on CPU tensors]
-Autocast is a per-backend dispatch key: an "hpu" autocast region never touches CPU tensors,
-so on its own it would change nothing here. :func:`install` makes an autocast whose
-``device_type`` is ``"hpu"`` drive *CPU* autocast with the requested dtype instead (the
-default dtype is bf16, as on Gaudi). Matmuls and linear layers then really run in bf16 on the
-CPU (real numerics), and the cost model charges them at the bf16 MME rate because it sees
-bf16 inputs. ``torch.is_autocast_enabled("hpu")`` stays False inside the region; use
-``torch.is_autocast_enabled("cpu")``. Also reachable as ``torch.hpu.amp.autocast``.
+NOTE [autocast on hpu tensors]
+Autocast is a per-backend dispatch key: a ``torch.autocast("hpu")`` region enables the
+``AutocastHPU`` key, which hpu tensors carry. Its kernels come with the ``hpu`` device type
+(``csrc/hpu_autocast.cpp``, built by :mod:`hpu_runtime.bridge.device_type`): the op lists torch
+keeps for out-of-tree backends in ``ATen/autocast_mode.h`` with torch's own casting wrapper
+(matmuls, convolutions and linear layers in the region's lower precision; reductions, norms,
+softmax and losses in fp32; ``cat``, ``stack``, ``addcmul``... at their widest input), so
+matmuls really run in bf16 on the CPU kernels (real numerics) and the cost model charges them
+at the bf16 MME rate because it sees bf16 inputs. :func:`install` keeps a region's dtype bf16
+by default, as on Gaudi, and turns an fp32 "region" (Lightning's precision "32") into none.
+CPU tensors are not autocast by an ``"hpu"`` region, as on Gaudi. Also reachable as
+``torch.hpu.amp.autocast``.
 
 NOTE [fp32 on the host, bf16 on the device]
 A CPU without fast bf16 matmul runs a bf16 autocast region many times slower than fp32 (a
 BERT-Large layer: 14x here). With ``PT_HPU_AUTOCAST_FP32_ON_HOST=1`` an ``"hpu"`` autocast
-region computes in fp32 on the host (CPU autocast stays off) while the simulated device is
+region computes in fp32 on the host (autocast itself stays off) while the simulated device is
 charged as if it ran in bf16: every fp32 op in the region, and in the backward that follows
 it up to the next ``mark_step``, is charged at the bf16 rates with 2 bytes per element,
 except the ops autocast keeps in fp32 (softmax, losses, norms, reductions:
@@ -29,10 +33,9 @@ NOTE [Gaudi's autocast op lists]
 with one op per line (optimum-habana's ``GaudiConfig`` writes them from ``autocast_bf16_ops``
 / ``autocast_fp32_ops``); on Gaudi they replace autocast's default lists. They are read at
 the first ``"hpu"`` autocast region of the process (Gaudi reads them when the bridge loads)
-and applied to the CPU autocast that region drives, by kernels registered for the
-``AutocastCPU`` key: a listed op casts its floating inputs to the region's dtype (lower list)
-or to fp32 (fp32 list); an op CPU autocast would cast by default but neither list names runs
-in its inputs' dtypes (the promote ops ``cat``, ``stack``, ``index_copy`` keep theirs).
+and applied by kernels registered for the ``AutocastHPU`` key: a listed op casts its floating
+hpu inputs to the region's dtype (lower list) or to fp32 (fp32 list); an op the default lists
+would cast but neither list names runs in its inputs' dtypes (the promote ops ``cat``, ``stack``, ``index_copy`` keep theirs).
 Python operator names Gaudi's lists use (``iadd``, ``truediv``, ``rsub``...) map to their
 aten ops; in-place overloads are not cast. Process-wide, for the life of the process.
 """
@@ -88,13 +91,14 @@ def _overloads(name: str) -> list[str] | None:
 
 
 def _casting_kernel(op, to_lower: bool):
-    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastHPU)
 
     def kernel(*args, **kwargs):
-        dtype = torch.get_autocast_dtype("cpu") if to_lower else torch.float32
+        dtype = torch.get_autocast_dtype("hpu") if to_lower else torch.float32
 
         def cast(x):
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+            if (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
+                    and x.device.type == "hpu"):
                 return x.to(dtype)
             return x
 
@@ -128,11 +132,11 @@ def apply_op_lists() -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
         for full in torch._C._dispatch_get_all_op_names():
-            if not full.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(full, "AutocastCPU"):
+            if not full.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(full, "AutocastHPU"):
                 continue
             base = full[len("aten::"):].split(".")[0]
             if base not in named and base not in _PROMOTE:
-                lib.impl(full[len("aten::"):], torch.library.fallthrough_kernel, "AutocastCPU")
+                lib.impl(full[len("aten::"):], torch.library.fallthrough_kernel, "AutocastHPU")
         for names, to_lower in ((lower, True), (fp32, False)):
             for name in sorted(names):
                 overloads = _overloads(name)
@@ -141,7 +145,7 @@ def apply_op_lists() -> bool:
                 for qual in overloads or ():
                     base, _, ov = qual.partition(".")
                     op = getattr(getattr(torch.ops.aten, base), ov or "default")
-                    lib.impl(qual, _casting_kernel(op, to_lower), "AutocastCPU")
+                    lib.impl(qual, _casting_kernel(op, to_lower), "AutocastHPU")
     _library = lib
     return True
 
@@ -159,7 +163,7 @@ def hpu_region() -> torch.dtype | None:
 
 
 def install() -> None:
-    """Redirect ``torch.autocast("hpu", ...)`` to CPU autocast (idempotent)."""
+    """Make ``torch.autocast("hpu", ...)`` a Gaudi region (idempotent; NOTE [autocast on hpu tensors])."""
     global _installed
     if _installed:
         return
@@ -171,11 +175,11 @@ def install() -> None:
         self._hpu_region = None
         if isinstance(device_type, str) and device_type.startswith("hpu"):
             apply_op_lists()
-            device_type = "cpu"
+            device_type = "hpu"
             if dtype is None:
                 dtype = torch.bfloat16
             if dtype == torch.float32:  # an fp32 "autocast" region (Lightning's precision "32")
-                enabled = False         # is plain fp32, as on Gaudi; CPU autocast would warn
+                enabled = False         # is plain fp32, as on Gaudi
             if enabled:
                 self._hpu_region = dtype
             if enabled and dtype in (torch.bfloat16, torch.float16) and config().autocast_fp32_on_host:

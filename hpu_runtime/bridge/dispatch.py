@@ -1,23 +1,26 @@
 """The lazy-mode bridge: sees every aten op of the process and charges it to the simulated Gaudi.
 
-NOTE [the bridge over CPU tensors]
-Tensors stay ordinary CPU tensors: numerics are real. Two thread-local modes, pushed once
-by :func:`activate` on the thread that imports ``hpu_runtime`` (the training thread):
+NOTE [the bridge over hpu tensors]
+Tensors on the simulated card are tensors of torch's ``hpu`` device type over CPU storage
+(NOTE [a device type for the simulated Gaudi] in :mod:`hpu_runtime.bridge.device_type`):
+numerics are real. Two thread-local modes, pushed once by :func:`activate` on the thread
+that imports ``hpu_runtime`` (the training thread):
 
-* :class:`HpuFunctionMode` (``TorchFunctionMode``) handles the few Python-level calls that
-  cannot reach the dispatcher with an ``"hpu"`` device (``tensor.to("hpu")``,
-  ``torch.tensor(..., device="hpu")``, ``model.to("hpu")``): it maps the device to the CPU
-  and charges the host->device copy. It turns host reads of device tensors (``.item()``,
-  ``.cpu()``, ``.tolist()``, ``.numpy()``, printing) into lazy-mode launch points plus a
-  host wait and a device->host copy; printing itself is not device work. Every other call
-  passes straight through (one dict lookup).
-* :class:`HpuDispatchMode` (``TorchDispatchMode``) maps ``device=hpu`` of factory ops to the
-  CPU after checking the size against the simulated HBM (so an oversized tensor raises
-  :class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` before the host allocates anything),
-  and hands every op to :meth:`SimDevice.record`. Factory ops with an explicit
-  ``device="cpu"`` are host work and are not charged; an op with ``device=cpu`` whose input
-  is on the device (the ``_to_copy`` autograd runs to cast a gradient back to fp32 after
-  autocast) is a device op like any other.
+* :class:`HpuDispatchMode` (``TorchDispatchMode``) hands every aten op to
+  :meth:`SimDevice.record`, which charges the ops that read or write hpu tensors and leaves
+  host work (ops on CPU tensors only) alone. A factory with ``device="hpu"`` is checked
+  against the simulated HBM first (so an oversized tensor raises
+  :class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` before the host allocates anything).
+  Copies between host and device are transfers, not device ops: ``.to("hpu")`` of a CPU
+  tensor (``_to_copy``) and ``copy_`` into an hpu tensor from a CPU one are a host->device
+  PCIe copy; ``.cpu()``, ``.to("cpu")``, ``.tolist()`` (``_to_copy`` to the CPU), ``copy_``
+  from an hpu tensor into a CPU one and ``.item()`` (``_local_scalar_dense``) are host reads:
+  a lazy-mode launch point, a host wait and a device->host copy.
+  ``torch.tensor(data, device="hpu")`` and friends build the tensor with the Python key
+  excluded and then ``lift_fresh`` it: the lift is charged as a host->device copy.
+* :class:`HpuFunctionMode` (``TorchFunctionMode``) handles the Python-level host reads
+  (``.item()``, ``bool()``, ``int()``...) and printing (a host read, then formatting that is
+  not device work). Every other call passes straight through (one dict lookup).
 
 The dispatch mode sets ``ignore_compile_internals``: ``torch.compile`` traces without it and
 runs the compiled artifact under it (see :mod:`hpu_runtime.bridge.compile_backend`).
@@ -56,97 +59,44 @@ __all__ = ["HpuFunctionMode", "HpuDispatchMode", "activate", "deactivate", "is_a
 
 log = logging.getLogger(__name__)
 
-_CPU = torch.device("cpu")
 _T = torch.Tensor
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _aten = torch.ops.aten
-_LOCAL_SCALAR = _aten._local_scalar_dense.default
 
 
-def _is_hpu(value: object) -> bool:
-    if isinstance(value, str):
-        return value.startswith("hpu")
-    return isinstance(value, torch.device) and value.type == "hpu"
-
-
-def _is_cpu(value: object) -> bool:
-    if isinstance(value, str):
-        return value.startswith("cpu")
-    return isinstance(value, torch.device) and value.type == "cpu"
-
-
-def _read_back(args) -> None:
-    """A host read of ``args[0]``: launch, wait and copy back if it lives on the device."""
-    t = args[0] if args else None
-    if isinstance(t, torch.Tensor):
+def _read_back(t, nbytes: int | None = None) -> None:
+    """A host read of ``t`` (``nbytes`` of it, default all): launch, wait and copy back if it is
+    on the device."""
+    if isinstance(t, torch.Tensor) and t.device.type == "hpu":
         dev = get_device()
         try:
-            resident = dev.is_resident(t)
+            serial = dev.serial_of(t)
         except NotImplementedError:  # a tensor without storage (vmap's batched tensors): no host read
             return
-        if resident:
-            dev.host_read(t.nbytes, t)
+        dev.read_serial(t.nbytes if nbytes is None else nbytes, serial)
 
 
 def _host_read(func, args, kwargs):
-    _read_back(args)
+    _read_back(args[0] if args else None)
     return func(*args, **kwargs)
 
 
 def _format(func, args, kwargs):
     """Printing: a host read of the tensor, then formatting that is not device work."""
-    _read_back(args)
+    _read_back(args[0] if args else None)
     with bridge_disabled():
         return func(*args, **kwargs)
-
-
-def _to(func, args, kwargs):
-    target = kwargs.get("device")
-    if target is None and len(args) > 1:
-        a1 = args[1]
-        if isinstance(a1, (str, torch.device)):
-            target = a1
-        elif isinstance(a1, torch.Tensor):
-            target = None  # to(other): other is a CPU tensor, nothing to map
-    if target is None:
-        return func(*args, **kwargs)
-    if _is_hpu(target):
-        if "device" in kwargs:
-            kwargs = dict(kwargs, device=_CPU)
-        else:
-            args = (args[0], _CPU, *args[2:])
-        out = func(*args, **kwargs)
-        get_device().to_device(out)
-        return out
-    if _is_cpu(target):
-        return _host_read(func, args, kwargs)
-    return func(*args, **kwargs)
-
-
-def _new_data(func, args, kwargs):
-    """``torch.tensor(data, device="hpu")`` and friends: build on the host, copy to the device."""
-    if not _is_hpu(kwargs.get("device")):
-        return func(*args, **kwargs)
-    kwargs = dict(kwargs, device=_CPU)
-    with bridge_disabled():
-        out = func(*args, **kwargs)
-    get_device().to_device(out)
-    return out
 
 
 _HANDLERS = {
-    _T.item: _host_read, _T.cpu: _host_read, _T.tolist: _host_read, _T.numpy: _host_read,
-    _T.__bool__: _host_read, _T.__int__: _host_read, _T.__float__: _host_read,
+    _T.item: _host_read, _T.__bool__: _host_read, _T.__int__: _host_read, _T.__float__: _host_read,
     _T.__index__: _host_read,
     _T.__repr__: _format, _T.__format__: _format, _T.__str__: _format,
-    _T.to: _to,
-    torch.tensor: _new_data, torch.as_tensor: _new_data, torch.asarray: _new_data,
-    _T.new_tensor: _new_data,
 }
 
 
 class HpuFunctionMode(TorchFunctionMode):
-    """Maps ``"hpu"`` for calls the dispatcher cannot take, and turns host reads into launches."""
+    """Turns Python-level host reads into launches; printing is not device work."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -169,8 +119,59 @@ def _factory_nbytes(args: tuple, kwargs: dict) -> int | None:
     return n * dtype.itemsize
 
 
+_NOT_A_TRANSFER = object()
+
+
+def _to_copy(dev, func, args, kwargs):
+    """``.to(device)`` between host and device: a PCIe copy or a host read, not a device op."""
+    target, src = kwargs.get("device"), args[0]
+    if target is None or target.type == src.device.type:
+        return _NOT_A_TRANSFER
+    if target.type == "hpu":
+        dev.check_alloc(src.numel() * (kwargs.get("dtype") or src.dtype).itemsize)
+        out = func(*args, **kwargs)
+        dev.to_device(out)
+        return out
+    _read_back(src)
+    return func(*args, **kwargs)
+
+
+def _copy(dev, func, args, kwargs):
+    """``dst.copy_(src)`` between host and device: a PCIe copy or a host read."""
+    dst, src = args[0], args[1]
+    into_device = dst.device.type == "hpu"
+    if into_device == (src.device.type == "hpu"):
+        return _NOT_A_TRANSFER
+    if not into_device:
+        _read_back(src)
+        return func(*args, **kwargs)
+    out = func(*args, **kwargs)
+    dev.make_resident(dst)
+    dev.charge_h2d(src.nbytes)
+    return out
+
+
+def _lift_fresh(dev, func, args, kwargs):
+    """``torch.tensor(data, device="hpu")`` and friends build the tensor unseen (the Python
+    dispatch key excluded), then lift it: its host->device copy is charged here."""
+    out = func(*args, **kwargs)
+    if out.device.type == "hpu":
+        dev.to_device(out)
+    return out
+
+
+def _local_scalar(dev, func, args, kwargs):
+    """``.item()`` and friends reach the dispatcher as ``_local_scalar_dense``: a host read."""
+    _read_back(args[0], args[0].element_size())
+    return func(*args, **kwargs)
+
+
+_TRANSFERS = {_aten._to_copy.default: _to_copy, _aten.copy_.default: _copy,
+              _aten.lift_fresh.default: _lift_fresh, _aten._local_scalar_dense.default: _local_scalar}
+
+
 class HpuDispatchMode(TorchDispatchMode):
-    """Hands each aten op to the simulated device (host factories excepted)."""
+    """Hands each aten op to the simulated device; transfers between host and device are charged here."""
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -191,26 +192,23 @@ class HpuDispatchMode(TorchDispatchMode):
             return self._dispatch(func, args, kwargs)
 
     def _dispatch(self, func, args, kwargs):
+        if kwargs is None:
+            kwargs = {}
+        transfer = _TRANSFERS.get(func)
+        if transfer is not None:
+            out = transfer(self.device, func, args, kwargs)
+            if out is not _NOT_A_TRANSFER:
+                return out
         if kwargs:
             dev = kwargs.get("device")
             if dev is not None:
-                if dev.type == "cpu" and not (args and isinstance(args[0], torch.Tensor)
-                                              and self.device.is_resident(args[0])):
-                    return func(*args, **kwargs)  # an explicit host tensor: not device work
-                if dev.type == "hpu":
-                    nbytes = _factory_nbytes(args, kwargs)
-                    if nbytes is not None:
-                        self.device.check_alloc(nbytes)
-                    kwargs = dict(kwargs)
-                    kwargs["device"] = _CPU
-        else:
-            kwargs = {}
+                if dev.type != "hpu":
+                    return func(*args, **kwargs)  # a host tensor (device="cpu"): not device work
+                nbytes = _factory_nbytes(args, kwargs)
+                if nbytes is not None:
+                    self.device.check_alloc(nbytes)
         sig = self.device.check_outputs(func, args, kwargs)  # NOTE [HBM before host] in op_accounting
         out = func(*args, **kwargs)
-        if func is _LOCAL_SCALAR:
-            if self.device.is_resident(args[0]):
-                self.device.host_read(args[0].element_size(), args[0])
-            return out
         try:
             self.device.record(func, args, kwargs, out, sig)
         except HPUOutOfMemoryError:
@@ -228,14 +226,19 @@ _state = threading.local()
 def activate() -> None:
     """Start charging ops on the calling thread (idempotent).
 
-    ``"hpu"`` device strings, ``torch.hpu``, ``torch.autocast("hpu")`` and the compile
-    backend are registered once per process by ``import hpu_runtime``, not here.
+    The ``hpu`` device type, ``torch.hpu``, ``torch.autocast("hpu")`` and the compile
+    backend are registered once per process by ``import hpu_runtime``, not here. Backward
+    of hpu tensors runs on the calling thread, as it did on CPU tensors (autograd would
+    otherwise give the device a thread of its own, see NOTE [a device type for the simulated
+    Gaudi] in :mod:`hpu_runtime.bridge.device_type`).
     """
     if getattr(_state, "modes", None):
         return
     fmode, dmode = HpuFunctionMode(), HpuDispatchMode()
     fmode.__enter__()
     dmode.__enter__()
+    _state.multithreading = torch._C._is_multithreading_enabled()
+    torch.autograd.set_multithreading_enabled(False)
     _state.modes = (fmode, dmode)
 
 
@@ -247,6 +250,7 @@ def deactivate() -> None:
     fmode, dmode = modes
     dmode.__exit__(None, None, None)
     fmode.__exit__(None, None, None)
+    torch.autograd.set_multithreading_enabled(_state.multithreading)
     _state.modes = None
 
 

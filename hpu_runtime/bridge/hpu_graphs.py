@@ -68,7 +68,7 @@ def _program(ops: list) -> tuple[list, list]:
     """The captured ``(func, args, kwargs, out, allocates)`` list as a program, emptying
     ``ops``: per op ``[func, argument leaves (a :class:`_Ref` for a tensor an earlier op
     produced), pytree spec, allocates, outputs, frees]``, and per output an op allocated,
-    ``(op, index, tensor weakref, storage weakref, (dtype, offset, size, stride))``."""
+    ``(op, index, tensor weakref, storage weakref, (dtype, device, offset, size, stride))``."""
     produced: dict[int, _Ref] = {}
     program, outputs = [], []
     for i, (func, args, kwargs, out, allocates) in enumerate(ops):
@@ -79,7 +79,7 @@ def _program(ops: list) -> tuple[list, list]:
             for k, o in enumerate(_outputs(out)):
                 produced[id(o)] = _Ref(i, k)
                 outputs.append((i, k, weakref.ref(o), weakref.ref(o.untyped_storage()),
-                                (o.dtype, o.storage_offset(), o.shape, o.stride())))
+                                (o.dtype, o.device, o.storage_offset(), o.shape, o.stride())))
     ops.clear()
     return program, outputs
 
@@ -87,11 +87,11 @@ def _program(ops: list) -> tuple[list, list]:
 def _persistent(program: list, outputs: list) -> None:
     """Keep the outputs someone else still holds (NOTE [what a captured graph keeps]);
     the others become temporaries of each replay, freed after their last use."""
-    for i, k, tensor, storage, (dtype, offset, size, stride) in outputs:
+    for i, k, tensor, storage, (dtype, device, offset, size, stride) in outputs:
         kept = tensor()
         if kept is None and storage() is not None:  # its tensor died, its storage is still read
             with get_device().uncharged():
-                kept = torch.empty(0, dtype=dtype).set_(storage(), offset, size, stride)
+                kept = torch.empty(0, dtype=dtype, device=device).set_(storage(), offset, size, stride)
         keep = program[i][4]
         keep.extend([None] * (k + 1 - len(keep)))
         keep[k] = kept

@@ -303,25 +303,26 @@ class OpAccounting:
         if info.dynamic:
             mk = (facts.name, sig, output_signature(out))
         with self.lock:
+            first = args[0] if args else None
+            on_host = isinstance(first, _Tensor) and first.is_cpu  # NOTE [device residency and HBM]
             if info.view:
-                self.launcher.append_view(mk)
+                if not on_host:
+                    self.launcher.append_view(mk)
                 return
-            if info.fallback:
-                self._cpu_fallback(func, args, kwargs, out, info.cost)
-                return
-            resident = self.residency.refs
-            if (not info.allocates and args and isinstance(args[0], _Tensor)
-                    and id(args[0].untyped_storage()) not in resident):
+            if not info.allocates and on_host:
                 return  # in place on a host tensor (parameter init, a CPU step counter): host work
-            if low and info.cost.engine == "MME":
-                self._charge_weight_casts(args)
+            resident = self.residency.refs
+            register = self.residency.register
             reads = []
             tensors, serials = [], []  # every tensor argument, and its serial (-1: not resident)
             rg = False  # autograd will record this op (and keep what AUTOGRAD_SAVES says)
             for a in (*args, *kwargs.values()) if kwargs else args:
                 if isinstance(a, _Tensor):
                     rg = rg or a.requires_grad
-                    ref = resident.get(id(a.untyped_storage()))
+                    st = a.untyped_storage()
+                    ref = resident.get(id(st))
+                    if ref is None and not a.is_cpu:  # an hpu tensor the bridge has not seen made
+                        ref = register(st)
                     tensors.append(a)
                     serials.append(-1 if ref is None else ref.serial)
                     if ref is not None:
@@ -330,7 +331,10 @@ class OpAccounting:
                     for x in a:
                         if isinstance(x, _Tensor):
                             rg = rg or x.requires_grad
-                            ref = resident.get(id(x.untyped_storage()))
+                            st = x.untyped_storage()
+                            ref = resident.get(id(st))
+                            if ref is None and not x.is_cpu:
+                                ref = register(st)
                             tensors.append(x)
                             serials.append(-1 if ref is None else ref.serial)
                             if ref is not None:
@@ -339,12 +343,20 @@ class OpAccounting:
             saved = facts.saves[1] if rg else ()
             writes = []
             allocates = info.allocates
-            register = self.residency.register
             for k, o in enumerate((out,) if isinstance(out, _Tensor) else out_tensors(out)):
+                if o.is_cpu:
+                    continue  # a host result
                 st = o.untyped_storage()
                 ref = register(st) if allocates else resident.get(id(st))
                 writes.append((-1 if ref is None else ref.serial, charged_nbytes(o, low) if low else o.nbytes,
                                allocates, saved == _ALL or k in saved))
+            if not reads and not writes:
+                return  # host work: nothing on the device read or written
+            if info.fallback:
+                self._cpu_fallback(func, args, kwargs, out, info.cost)
+                return
+            if low and info.cost.engine == "MME":
+                self._charge_weight_casts(args)
             saves = _saved_arguments(facts.saves[0], tensors, serials) if rg else ()
             launcher = self.launcher
             if launcher.capture is not None:

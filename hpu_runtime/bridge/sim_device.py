@@ -117,8 +117,8 @@ class SimDevice:
 
     # ---- residency and HBM -------------------------------------------------------------------
     def is_resident(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s storage is on the simulated HBM."""
-        return self.residency.is_resident(t)
+        """Whether ``t`` is on the simulated card (an ``hpu`` tensor: its storage is on the HBM)."""
+        return t.device.type == "hpu"
 
     def serial_of(self, t: torch.Tensor) -> int:
         """The serial of ``t``'s resident storage, or -1 if it is not on the simulated HBM."""
@@ -134,7 +134,8 @@ class SimDevice:
         self.hbm.check_alloc(nbytes)
 
     def to_device(self, t: torch.Tensor) -> None:
-        """``.to("hpu")`` of ``t``: a PCIe host->device copy unless it is already resident.
+        """``t`` was just copied from the host (``.to("hpu")``): a PCIe host->device copy of its
+        bytes, unless its storage is already counted on the HBM.
 
         Raises:
             HPUOutOfMemoryError: if the tensor does not fit in the remaining HBM.

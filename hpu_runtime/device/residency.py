@@ -1,16 +1,15 @@
 """Which tensor storages are on the simulated HBM, and the serials that name them.
 
 NOTE [device residency and HBM]
-Tensors are CPU tensors; the device tracks which *storages* are on the simulated HBM: the
-outputs of ops the bridge charges, tensors moved with ``.to("hpu")`` and factories with
-``device="hpu"``. Each is held by a weak reference to its storage, so HBM is freed exactly
-when the storage dies (also when autograd releases saved activations). ``.to("hpu")`` of a
-storage that is not resident is a host->device PCIe copy; ``.cpu()``/``.item()`` of a
-resident one is a host read (launch, wait, device->host copy); of a host tensor it is free.
-An in-place op on a host tensor (parameter initialisation before ``model.to("hpu")``, a
-CPU-resident optimizer step counter) is host work and is not charged. Ops that create new
-tensors are charged whatever their inputs, since a script written for Gaudi computes on
-device tensors (a simplification: CPU-side compute on host tensors is charged too).
+The storages of the card's tensors (``hpu`` tensors, NOTE [a device type for the simulated
+Gaudi] in :mod:`hpu_runtime.bridge.device_type`) are counted on the simulated HBM: the hpu
+outputs of ops the bridge charges, tensors copied with ``.to("hpu")``, factories with
+``device="hpu"``, and any other hpu storage at its first use by a charged op. Each is held
+by a weak reference to its storage, so HBM is freed exactly when the storage dies (also when
+autograd releases saved activations). Host tensors are not counted, and ops on host tensors
+only (parameter initialisation before ``model.to("hpu")``, a CPU optimizer step counter) are
+host work, not charged. ``.to("hpu")`` is a host->device PCIe copy; ``.cpu()``/``.item()``
+of an hpu tensor is a host read (launch, wait, device->host copy).
 
 Each resident storage gets a *serial*, an integer handed out once and never reused (a
 Python ``id`` is reused as soon as an object dies): op records name storages by serial
@@ -73,10 +72,6 @@ class Residency:
             self._next_serial += 1
             self.refs[key] = ref
         return ref
-
-    def is_resident(self, t) -> bool:
-        """Whether tensor ``t``'s storage is on the simulated HBM."""
-        return id(t.untyped_storage()) in self.refs
 
     def serial_of(self, t) -> int:
         """The serial of tensor ``t``'s resident storage, or -1 if it is not resident."""

@@ -284,7 +284,8 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
 
     Args:
         factory: ``factory(batch_size) -> (model, inputs, loss_fn)``; called under
-            ``FakeTensorMode``, so it must build everything with torch factories.
+            ``FakeTensorMode`` with ``hpu`` as the default device, so it must build everything
+            with torch factories (the inputs are then taken as host batches).
         batch_size: per-card batch.
         spec: the simulated device.
         mode: one of :data:`MODES`.
@@ -321,7 +322,8 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
     wall0 = time.perf_counter()
     dev = replay_device(spec, mode, fallback=config().fallback)
     with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
-        made = factory(batch_size)
+        with torch.device("hpu"):  # the model on the card, as a live script moves it (fake tensors cannot be .to()'d)
+            made = factory(batch_size)
         if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
                 or not callable(made[2])):
             raise ValueError("a step factory must return (model: nn.Module, inputs: tuple of tensors, "
@@ -330,13 +332,14 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
         if not all(isinstance(t, torch.Tensor) for t in inputs):
             raise ValueError("a step factory's inputs must all be tensors")
+        inputs = tuple(t.cpu() for t in inputs)  # host batches: the step copies them to the card
         named = ddp_parameters(model)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
         prepare_model(model, mode)
         bridge.activate()
         try:
-            for t in (*model.parameters(), *model.buffers()):  # on the device (fake tensors
-                dev.make_resident(t)                            # cannot be swapped by .to())
+            for t in (*model.parameters(), *model.buffers()):  # on the card, already there when the step starts
+                dev.make_resident(t)
             opt = make_optimizer(optimizer, named, lr, momentum)
             index = {id(p): i for i, (_, p) in enumerate(named)}
             grad_serial: dict[int, int] = {}

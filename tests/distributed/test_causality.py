@@ -49,7 +49,7 @@ def _ddp_future(rank, world):
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to("hpu")
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1, gradient_as_bucket_view=True)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-    x, y = torch.randn(32, 256), torch.randint(10, (32,))
+    x, y = torch.randn(32, 256), torch.randint(10, (32,)).to("hpu")  # labels on the card, a host batch
     out = []
     for _ in range(3):
         dev.graph_log = []

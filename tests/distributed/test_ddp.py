@@ -18,22 +18,24 @@ CONFIGS = {
 
 
 def _train(group, cfg: dict, rank: int, steps: int = 4) -> tuple[list[torch.Tensor], int]:
+    """DDP on the simulated Gaudi over "hccl", on the CPU over "gloo" (the reference)."""
     from models.registry import build_model
 
+    device = "hpu" if dist.get_backend(group) == "hccl" else "cpu"
     torch.manual_seed(0)
-    model = build_model("mlp", hidden=96).to("hpu")
+    model = build_model("mlp", hidden=96).to(device)
     ddp = DDP(model, process_group=group, **cfg)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
     for _ in range(steps):
-        x = torch.randn(16, 64, generator=g)
-        y = torch.randint(0, 10, (16,), generator=g)
+        x = torch.randn(16, 64, generator=g).to(device)
+        y = torch.randint(0, 10, (16,), generator=g).to(device)
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
     buckets = ddp._get_ddp_logging_data().get("num_buckets_reduced", 0)
-    return [p.detach().clone() for p in model.parameters()], buckets
+    return [p.detach().cpu() for p in model.parameters()], buckets
 
 
 def _compare_backends(rank: int, world: int) -> dict:
@@ -83,7 +85,7 @@ def _timeline(rank: int, world: int) -> list:
     dev.begin_step()
     steps = []
     for _ in range(3):
-        loss = ddp(torch.randn(4096, 64, generator=g)).square().mean()
+        loss = ddp(torch.randn(4096, 64, generator=g).to("hpu")).square().mean()
         loss.backward()
         hpu.mark_step()
         opt.step()

@@ -124,7 +124,7 @@ def _train(feature: str, group, device: str, rank: int, world: int) -> dict:
     model = BranchNet().to(device)
     if not (kwargs.get("find_unused_parameters") or kwargs.get("static_graph")):
         model.never.requires_grad_(False)  # DDP would wait for its gradient forever
-    start = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+    start = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
     ddp = DDP(model, process_group=group, **kwargs)
     state = _register_hook(ddp, group, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)

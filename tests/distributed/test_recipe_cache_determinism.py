@@ -32,7 +32,7 @@ def _job(rank: int, world: int) -> dict:
     dev.begin_step()
     steps = []
     for _ in range(3):
-        loss = ddp(torch.randn(32, 64, generator=g)).square().mean()
+        loss = ddp(torch.randn(32, 64, generator=g).to("hpu")).square().mean()
         loss.backward()
         hpu.mark_step()
         opt.step()

@@ -10,7 +10,7 @@ from tests.integration.launch_helpers import run
 
 _PROBE = r"""
 import torch, hpu_runtime
-a, b, c = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4)
+a, b, c = torch.randn(4, 4, device="hpu"), torch.randn(4, 4, device="hpu"), torch.randn(4, device="hpu")
 with torch.autocast("hpu", dtype=torch.bfloat16):
     out = {"mm": torch.mm(a, b), "addmm": torch.addmm(c, a, b), "linear": torch.nn.functional.linear(a, b),
            "softmax_of_bf16": torch.softmax(a.bfloat16(), -1), "bmm": torch.bmm(a[None], b[None]),

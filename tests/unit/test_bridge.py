@@ -7,13 +7,13 @@ import torch
 import hpu_runtime as hpu
 
 
-def test_hpu_device_strings_map_to_cpu():
+def test_hpu_device_strings_give_hpu_tensors():
     x = torch.randn(3, device="hpu")
     y = torch.tensor([1, 2], device=torch.device("hpu"))
     m = torch.nn.Linear(2, 2).to("hpu")
     z = torch.ones(2).to("hpu:0", torch.bfloat16)
-    assert x.device.type == y.device.type == m.weight.device.type == "cpu"
-    assert z.dtype == torch.bfloat16
+    assert x.device == y.device == m.weight.device == z.device == torch.device("hpu", 0)
+    assert z.dtype == torch.bfloat16 and x.cpu().device.type == "cpu"
     assert hpu.is_available() and hpu.device_count() == 1
 
 
@@ -40,9 +40,40 @@ def test_faster_device_gives_shorter_graph():
     times = {}
     for name in ("gaudi", "gaudi3"):
         dev = hpu.reset_device(name)
-        a = torch.randn(512, 512)
+        a = torch.randn(512, 512, device="hpu")
         a @ a
         start, end = dev.launch()
         times[name] = end - start
     hpu.reset_device("gaudi2")
     assert times["gaudi3"] < times["gaudi"]
+
+
+def test_fake_hpu_tensors_keep_the_strides_the_kernels_make():
+    """The tracer's fake hpu tensors lay results out as the live card's (CPU) kernels do: an
+    elementwise op on a transposed tensor stays transposed on both (NOTE [fake hpu tensors
+    keep the CPU kernels' strides])."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 3, 4, device="hpu").transpose(1, 2)
+    live = (x * 2).stride()
+    with FakeTensorMode():
+        fake = torch.empty_strided(x.shape, x.stride(), device="hpu")
+        traced = (fake * 2).stride()
+    assert traced == live == x.stride()
+
+
+def test_hpu_is_the_accelerator_even_when_asked_before_the_import():
+    """A script that asks for the accelerator before importing the emulator (as
+    ``dist.init_process_group("gloo")`` does) still runs backward of hpu tensors."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "assert torch.accelerator.current_accelerator() is None\n"
+            "import hpu_runtime\n"
+            "x = torch.randn(3, device='hpu', requires_grad=True)\n"
+            "(x * 2).sum().backward()\n"
+            "print(torch.accelerator.current_accelerator(), x.grad.device)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["hpu", "hpu:0"]

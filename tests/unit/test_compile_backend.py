@@ -67,7 +67,7 @@ def test_forward_and_backward_are_one_recipe_each(eager_device):
         compiles.append(dev.compilations - before)
         assert [r for r, _ in _regions(dev)] == [FORWARD, BACKWARD]
         with hpu.bridge_disabled():
-            _step(ref, x)
+            _step(ref, x.to("hpu"))
     assert compiles[0] > 0 and compiles[1:] == [0, 0]  # the regions (and the eager ops) hit the cache
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad)

@@ -33,7 +33,7 @@ def _run(opt, params, grads) -> list[np.ndarray]:
         for p, gr in zip(params, step):
             p.grad = torch.from_numpy(gr).float().to("hpu")
         opt.step()
-    return [p.detach().double().numpy() for p in params]
+    return [p.detach().double().cpu().numpy() for p in params]
 
 
 def _close(got, want, rtol=2e-5, atol=2e-6):
@@ -134,7 +134,7 @@ def test_fused_clip_norm_matches_reference_and_returns_the_norm() -> None:
     want_norm = math.sqrt(sum(float(((g * 3.0) ** 2).sum()) for g in grads[0]))
     assert total.item() == pytest.approx(want_norm, rel=1e-5)
     for p, g in zip(params, grads[0]):
-        np.testing.assert_allclose(p.grad.double().numpy(), g * 3.0 / (want_norm + 1e-6), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(p.grad.double().cpu().numpy(), g * 3.0 / (want_norm + 1e-6), rtol=1e-5, atol=1e-7)
     assert FusedClipNorm(params, 1.0).clip_norm(torch.nn.Parameter(torch.ones(2))).item() == 0.0
 
 

@@ -91,7 +91,7 @@ def test_whole_step_replay_trains_like_eager():
         F.nll_loss(ref(x), y).backward()
         opt_ref.step()
     for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
 
 
 def test_make_graphed_callables_gradients_match():
@@ -103,11 +103,12 @@ def test_make_graphed_callables_gradients_match():
     graphed = hpu.make_graphed_callables(mod, (torch.randn(4, 6, device="hpu"),))
     for _ in range(2):
         x = torch.randn(4, 6)
-        for m in (ref, graphed):
-            m.zero_grad(set_to_none=True)
-            m(x.to("hpu")).square().sum().backward()
+        ref.zero_grad(set_to_none=True)
+        ref(x).square().sum().backward()
+        graphed.zero_grad(set_to_none=True)
+        graphed(x.to("hpu")).square().sum().backward()
         for p, q in zip(mod.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad)
+            torch.testing.assert_close(p.grad.cpu(), q.grad)
 
 
 def test_module_cacher_captures_per_shape_and_evicts():
@@ -121,7 +122,7 @@ def test_module_cacher_captures_per_shape_and_evicts():
     for bs in (4, 4, 5, 4, 6, 4, 5):
         x = torch.randn(bs, 8)
         with torch.no_grad():
-            torch.testing.assert_close(model(x.to("hpu")), ref(x))
+            torch.testing.assert_close(model(x.to("hpu")).cpu(), ref(x))
     # LRU with room for 2: capture 4, 5; 4 hits; 6 evicts 5; 4 hits; 5 is captured again, evicting 6
     assert cacher.captures == 4 and cacher.evictions == 2 and len(cacher.cache) == 2
 
@@ -197,16 +198,17 @@ def test_keyword_tensors_replay_the_new_values(wrap):
         want = ref(input_ids=x, attention_mask=mask)
         got = mod(input_ids=x.to("hpu"), attention_mask=mask.to("hpu"))
         assert set(got) == {"logits", "extra"} and got["extra"][1] == "tag"
-        torch.testing.assert_close(got["logits"], want["logits"])
-        torch.testing.assert_close(got["extra"][0], want["extra"][0])
+        assert got["logits"].device.type == got["extra"][0].device.type == "hpu"
+        torch.testing.assert_close(got["logits"].cpu(), want["logits"])
+        torch.testing.assert_close(got["extra"][0].cpu(), want["extra"][0])
         got["logits"].square().sum().backward()
         want["logits"].square().sum().backward()
         for p, q in zip(mod.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad)
+            torch.testing.assert_close(p.grad.cpu(), q.grad)
     with torch.no_grad():  # a changed Python value is a new signature: a new graph, not a stale one
         x = torch.randn(4, 6)
         want = ref(input_ids=x, scale=2.0)["logits"]
-        torch.testing.assert_close(mod(input_ids=x.to("hpu"), scale=2.0)["logits"], want)
+        torch.testing.assert_close(mod(input_ids=x.to("hpu"), scale=2.0)["logits"].cpu(), want)
 
 
 def test_tensors_nested_in_arguments_are_inputs_too():
@@ -221,7 +223,7 @@ def test_tensors_nested_in_arguments_are_inputs_too():
     with torch.no_grad():
         for _ in range(2):
             a, b = torch.randn(3), torch.randn(3)
-            torch.testing.assert_close(model([a.to("hpu"), b.to("hpu")]), a * 2 + b)
+            torch.testing.assert_close(model([a.to("hpu"), b.to("hpu")]).cpu(), a * 2 + b)
 
 
 def test_hugging_face_model_output():
@@ -255,8 +257,8 @@ def test_hugging_face_model_output():
             x = torch.randn(3, 5)
             got = model(x.to("hpu"))
             assert isinstance(got, Out)
-            torch.testing.assert_close(got.logits, ref(x).logits)
-            torch.testing.assert_close(got["hidden"], ref(x).hidden)
+            torch.testing.assert_close(got.logits.cpu(), ref(x).logits)
+            torch.testing.assert_close(got["hidden"].cpu(), ref(x).hidden)
 
 
 def test_make_graphed_callables_refuses_what_it_cannot_replay():
@@ -282,4 +284,21 @@ def test_capture_frees_what_nothing_else_holds():
     assert dev.hbm.live_bytes - before == 256 * 4  # only y stays
     x.copy_(torch.ones(256, 256))
     g.replay()
-    torch.testing.assert_close(y, torch.full((256,), 9.0 * 256))
+    torch.testing.assert_close(y.cpu(), torch.full((256,), 9.0 * 256))
+
+
+def test_an_output_held_only_through_its_storage_stays_on_the_card():
+    """A captured output whose tensor died while an alias still holds its storage (``detach``)
+    is kept as an hpu tensor: the replay feeds it to the next captured op beside hpu tensors."""
+    hpu.reset_device()
+    x, w = torch.randn(8, device="hpu"), torch.randn(8, device="hpu")
+    g = hpu.HPUGraph()
+    with torch.no_grad(), hpu.graph(g):
+        t = x * 2
+        u = t * w
+        alias = t.detach()
+        del t
+    x.copy_(torch.ones(8))
+    g.replay()
+    torch.testing.assert_close(u.cpu(), 2 * w.cpu())
+    torch.testing.assert_close(alias.cpu(), torch.full((8,), 2.0))

@@ -1,0 +1,384 @@
+// The "hpu" device type of the simulated Gaudi: tensors that say hpu:0, keep CPU storage and run
+// the CPU kernels. Built and loaded by hpu_runtime/bridge/device_type.py, which holds
+// NOTE [a device type for the simulated Gaudi] (what this file registers and why).
+//
+// Invariant used throughout: an hpu tensor's storage is an ordinary CPU storage (CPU allocator,
+// CPU data pointer); only the TensorImpl says hpu (its device and its dispatch keys). A CPU view
+// of an hpu tensor is a second TensorImpl over the same storage, so whatever a CPU kernel does
+// through it (write, resize the storage, take views of it) is done to the hpu tensor's data.
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/detail/HPUHooksInterface.h>
+#include <ATen/ops/copy_ops.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <new>
+#include <string>
+
+namespace {
+
+using c10::BackendComponent;
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+using c10::DispatchKey;
+using c10::DispatchKeySet;
+using c10::IValue;
+using c10::Stream;
+using c10::TensorImpl;
+
+constexpr DeviceType kHpu = DeviceType::HPU;
+const Device kHpu0(kHpu, 0);
+const Device kCpu(DeviceType::CPU);
+const DispatchKeySet kCpuKernel(DispatchKey::CPU);
+
+// TensorImpl keeps its device and dispatch keys protected; a derived class's member pointers
+// reach them on any TensorImpl (standard C++: [class.protected]).
+struct Fields : TensorImpl {
+  static DispatchKeySet& keys(TensorImpl* t) { return t->*(&Fields::key_set_); }
+  static std::optional<Device>& device(TensorImpl* t) { return t->*(&Fields::device_opt_); }
+};
+
+// The same keys for another backend: the backend bit moves (Dense, Autograd... follow it) and
+// so does the autocast key, which is per device type.
+DispatchKeySet move_keys(DispatchKeySet ks, BackendComponent from, BackendComponent to, DispatchKey autocast_from,
+                         DispatchKey autocast_to) {
+  if (ks.has_backend(from)) ks = ks.remove_backend(from) | DispatchKeySet(to);
+  if (ks.has(autocast_from)) ks = ks.remove(autocast_from) | DispatchKeySet(autocast_to);
+  return ks;
+}
+
+inline DispatchKeySet cpu_keys(DispatchKeySet ks) {
+  return move_keys(ks, BackendComponent::HPUBit, BackendComponent::CPUBit, DispatchKey::AutocastHPU,
+                   DispatchKey::AutocastCPU);
+}
+
+inline DispatchKeySet hpu_keys(DispatchKeySet ks) {
+  return move_keys(ks, BackendComponent::CPUBit, BackendComponent::HPUBit, DispatchKey::AutocastCPU,
+                   DispatchKey::AutocastHPU);
+}
+
+inline bool is_hpu(const at::Tensor& t) { return t.defined() && t.unsafeGetTensorImpl()->is_hpu(); }
+
+// A CPU tensor over an hpu tensor's storage: same storage object, sizes, strides and offset.
+at::Tensor cpu_view(const at::Tensor& t) {
+  TensorImpl* src = t.unsafeGetTensorImpl();
+  auto impl = c10::make_intrusive<TensorImpl>(TensorImpl::VIEW, c10::Storage(src->storage()),
+                                              cpu_keys(src->key_set()), src->dtype());
+  impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
+  if (src->is_wrapped_number()) impl->set_wrapped_number(true);
+  // a kernel that may not change this tensor's metadata (a .data / detach alias) fails as on CPU
+  impl->set_allow_tensor_metadata_change(src->allow_tensor_metadata_change());
+  return at::Tensor(std::move(impl));
+}
+
+// A tensor a CPU kernel has just made (no one else holds it yet) becomes an hpu tensor, in place.
+inline void make_hpu(TensorImpl* impl) {
+  Fields::device(impl) = kHpu0;
+  Fields::keys(impl) = hpu_keys(impl->key_set());
+}
+
+// One call of the fallback: the hpu arguments swapped for CPU views, and the way back.
+struct Call {
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 8> views;  // (CPU view, the hpu tensor it views)
+  c10::SmallVector<TensorImpl*, 4> host_args;                    // CPU tensors passed in as they are
+  bool host_device = false;                                     // an explicit device=cpu argument
+
+  at::Tensor to_cpu(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (!t.unsafeGetTensorImpl()->is_hpu()) {
+      host_args.push_back(t.unsafeGetTensorImpl());
+      return t;
+    }
+    at::Tensor v = cpu_view(t);
+    views.emplace_back(v, t);
+    return v;
+  }
+
+  void arg_to_cpu(IValue& v) {
+    if (v.isTensor()) {
+      v = to_cpu(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto in = v.toTensorList();
+      c10::List<at::Tensor> out;  // a new list: the caller's list is shared, not ours to change
+      out.reserve(in.size());
+      for (const at::Tensor& t : in) out.push_back(to_cpu(t));
+      v = std::move(out);
+    } else if (v.isOptionalTensorList()) {
+      auto in = v.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> out;
+      out.reserve(in.size());
+      for (const std::optional<at::Tensor>& t : in)
+        out.push_back(t.has_value() ? std::optional<at::Tensor>(to_cpu(*t)) : std::nullopt);
+      v = std::move(out);
+    } else if (v.isList()) {  // nested lists, e.g. the Tensor[][] of c10d::allgather_
+      auto in = v.toList();
+      c10::impl::GenericList out(in.elementType());
+      out.reserve(in.size());
+      for (IValue e : in) {
+        arg_to_cpu(e);
+        out.push_back(std::move(e));
+      }
+      v = std::move(out);
+    } else if (v.isDevice()) {
+      if (v.toDevice().type() == kHpu)
+        v = kCpu;
+      else
+        host_device = true;
+    }
+  }
+
+  // An output: the hpu tensor itself if it is one of our views (in-place and out= ops return
+  // their argument); a CPU argument stays as it is; anything new becomes hpu, unless the op
+  // was asked for a CPU result.
+  at::Tensor to_hpu(at::Tensor t) const {
+    if (!t.defined()) return t;
+    TensorImpl* impl = t.unsafeGetTensorImpl();
+    for (const auto& [view, orig] : views)
+      if (view.unsafeGetTensorImpl() == impl) return orig;
+    if (host_device || !impl->is_cpu()) return t;
+    for (TensorImpl* h : host_args)
+      if (h == impl) return t;
+    make_hpu(impl);
+    return t;
+  }
+
+  void result_to_hpu(IValue& v) const {
+    if (v.isTensor()) {
+      v = to_hpu(std::move(v).toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) list.set(j, to_hpu(list.get(j)));
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        IValue e = list.get(j);
+        result_to_hpu(e);
+        list.set(j, std::move(e));
+      }
+    }
+  }
+
+  // A mutating op (out=, resize_, set_) may have resized or re-pointed a view: the hpu tensor
+  // takes the view's storage, sizes, strides and offset.
+  void write_back() const {
+    for (const auto& [v, orig] : views) {
+      TensorImpl* view = v.unsafeGetTensorImpl();
+      TensorImpl* o = orig.unsafeGetTensorImpl();
+      if (!view->storage().is_alias_of(o->storage())) {
+        o->set_storage_keep_dtype(view->storage());
+        Fields::device(o) = kHpu0;  // set_storage_keep_dtype took the storage's (CPU) device
+      }
+      if (view->sizes() != o->sizes() || view->strides() != o->strides() ||
+          view->storage_offset() != o->storage_offset())
+        o->set_sizes_and_strides(view->sizes(), view->strides(), view->storage_offset());
+    }
+  }
+};
+
+// Ops that take host tensors beside device ones on any accelerator: index tensors on the CPU.
+bool takes_host_indices(const c10::OperatorName& name) {
+  const std::string& n = name.name;
+  return n == "aten::index" || n == "aten::index_put" || n == "aten::index_put_" || n == "aten::_index_put_impl_" ||
+         n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
+}
+
+// Every op on hpu tensors: run the CPU kernel on CPU views, hand back hpu tensors. As on an
+// accelerator, a host tensor beside hpu ones must be a 0-d scalar (or an index).
+void hpu_fallback(const c10::OperatorHandle& op, DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  Call call;
+  for (size_t i = stack->size() - schema.arguments().size(); i < stack->size(); ++i) call.arg_to_cpu((*stack)[i]);
+  if (!call.views.empty() && !call.host_device) {
+    for (TensorImpl* h : call.host_args) {
+      TORCH_CHECK(h->dim() == 0 || takes_host_indices(schema.operator_name()),
+                  "Expected all tensors to be on the same device, but found at least two devices, hpu:0 and cpu! (",
+                  schema.operator_name(), " on the simulated Gaudi: move the host tensor with .to(\"hpu\"))");
+    }
+  }
+  op.redispatchBoxed(kCpuKernel, stack);
+  for (size_t i = stack->size() - schema.returns().size(); i < stack->size(); ++i) call.result_to_hpu((*stack)[i]);
+  if (schema.is_mutable()) call.write_back();
+}
+
+void check_device(std::optional<Device> device) {
+  TORCH_CHECK(!device || device->type() != kHpu || device->index() <= 0,
+              "the simulated Gaudi has one card per process, hpu:0; got ", *device);
+}
+
+at::Tensor hpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                     std::optional<Device> device, std::optional<bool>, std::optional<at::MemoryFormat> memory_format) {
+  check_device(device);
+  TORCH_CHECK(!layout || *layout == at::kStrided, "hpu tensors are strided; got layout ", *layout);
+  at::Tensor t = at::detail::empty_generic(size, c10::GetCPUAllocator(), DispatchKeySet(DispatchKey::HPU),
+                                           dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
+  Fields::device(t.unsafeGetTensorImpl()) = kHpu0;
+  return t;
+}
+
+at::Tensor hpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                             std::optional<at::Layout> layout, std::optional<Device> device, std::optional<bool>) {
+  check_device(device);
+  TORCH_CHECK(!layout || *layout == at::kStrided, "hpu tensors are strided; got layout ", *layout);
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, c10::GetCPUAllocator(),
+                                                   DispatchKeySet(DispatchKey::HPU),
+                                                   dtype.value_or(c10::get_default_dtype_as_scalartype()));
+  Fields::device(t.unsafeGetTensorImpl()) = kHpu0;
+  return t;
+}
+
+// copy_ between any of hpu and CPU (its composite form would ask for _copy_from, which has no
+// CPU kernel): a CPU copy between views.
+at::Tensor& hpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  at::Tensor dst = is_hpu(self) ? cpu_view(self) : self;
+  at::_ops::copy_::redispatch(kCpuKernel, dst, is_hpu(src) ? cpu_view(src) : src, non_blocking);
+  return self;
+}
+
+// One compute queue: a tensor used on another stream needs no bookkeeping (NOTE [streams and
+// events] in hpu_runtime/api/hpu.py).
+void hpu_record_stream(at::Tensor&, Stream) {}
+
+thread_local c10::StreamId current_stream = 0;
+std::atomic<c10::StreamId> next_stream{1};
+
+// Streams are ids (the default stream is 0), events are no-ops: simulated time is the bridge's.
+struct HpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return kHpu; }
+  Device exchangeDevice(Device d) const override {
+    check_device(d);
+    return kHpu0;
+  }
+  Device getDevice() const override { return kHpu0; }
+  void setDevice(Device d) const override { check_device(d); }
+  void uncheckedSetDevice(Device) const noexcept override {}
+  Stream getStream(Device) const noexcept override { return Stream(Stream::UNSAFE, kHpu0, current_stream); }
+  Stream getDefaultStream(Device) const override { return Stream(Stream::DEFAULT, kHpu0); }
+  Stream getNewStream(Device, int) const override { return Stream(Stream::UNSAFE, kHpu0, next_stream++); }
+  Stream getStreamFromGlobalPool(Device, bool) const override {
+    return Stream(Stream::UNSAFE, kHpu0, next_stream++);
+  }
+  Stream exchangeStream(Stream s) const noexcept override {
+    auto old = current_stream;
+    current_stream = s.id();
+    return Stream(Stream::UNSAFE, kHpu0, old);
+  }
+  DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const Stream&, const DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const DeviceIndex) const noexcept override {}
+  bool queryStream(const Stream&) const override { return true; }
+  void synchronizeStream(const Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const DeviceIndex) const override {}
+};
+
+// The accelerator hooks: hpu is this process's accelerator, with one card; host memory is
+// "pinned" memory and the CPU generator is the card's (hpu random ops run CPU kernels).
+struct HpuHooks final : at::HPUHooksInterface {
+  explicit HpuHooks(at::HPUHooksArgs) {}
+  void init() const override {}
+  bool hasHPU() const override { return true; }
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  DeviceIndex deviceCount() const override { return 1; }
+  void setCurrentDevice(DeviceIndex d) const override { check_device(Device(kHpu, d)); }
+  DeviceIndex getCurrentDevice() const override { return 0; }
+  DeviceIndex exchangeDevice(DeviceIndex d) const override {
+    check_device(Device(kHpu, d));
+    return 0;
+  }
+  DeviceIndex maybeExchangeDevice(DeviceIndex d) const override { return exchangeDevice(d); }
+  bool hasPrimaryContext(DeviceIndex) const override { return true; }
+  Device getDeviceFromPtr(void*) const override { return kHpu0; }
+  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  const at::Generator& getDefaultGenerator(DeviceIndex) const override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+  at::Generator getNewGenerator(DeviceIndex) const override { return at::detail::createCPUGenerator(); }
+};
+
+at::Tensor cpu_view_op(const at::Tensor& t) { return is_hpu(t) ? cpu_view(t) : t; }
+
+// The fallback is also the hpu kernel of every aten op with a CPU kernel or a composite-explicit
+// one (and no composite-implicit one: those decompose above autograd and must keep doing so).
+// Structured ops would otherwise run their composite form for other backends (an empty output,
+// then the out= op through the fallback: one more boxed call), and composite-explicit kernels
+// would run on hpu tensors, where some (alias, _unsafe_view, unsqueeze...) build a TensorImpl
+// over the storage directly: with CPU storage it would say cpu while carrying hpu keys.
+struct DirectKernels {
+  std::unique_ptr<torch::Library> lib;
+  DirectKernels() {
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", DispatchKey::HPU, __FILE__, __LINE__);
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || op->hasKernelForDispatchKey(DispatchKey::HPU) ||
+          op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ||
+          !(op->hasKernelForDispatchKey(DispatchKey::CPU) ||
+            op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+            op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional)))
+        continue;
+      std::string n = name.name.substr(6);
+      if (!name.overload_name.empty()) n += "." + name.overload_name;
+      lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&hpu_fallback>());
+    }
+  }
+};
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(HPU, HpuGuardImpl);
+// hpu storages are host memory (UntypedStorage(n, device="hpu"), pinned buffers)
+REGISTER_ALLOCATOR(c10::DeviceType::HPU, c10::GetCPUAllocator());
+
+namespace at {
+C10_REGISTER_CLASS(HPUHooksRegistry, HPUHooks, ::HpuHooks)
+}
+
+TORCH_LIBRARY_IMPL(_, HPU, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&hpu_fallback>()); }
+
+TORCH_LIBRARY_IMPL(aten, HPU, m) {
+  m.impl("empty.memory_format", TORCH_FN(hpu_empty));
+  m.impl("empty_strided", TORCH_FN(hpu_empty_strided));
+  m.impl("copy_", TORCH_FN(hpu_copy_));
+  m.impl("record_stream", TORCH_FN(hpu_record_stream));
+}
+
+TORCH_LIBRARY(hpu_sim, m) { m.def("cpu_view(Tensor(a) self) -> Tensor(a)", &cpu_view_op); }
+
+namespace {
+// after the registrations above (same file: initialised in order), so their ops are skipped
+const DirectKernels direct_kernels;
+
+// at::detail::getHPUHooks() makes its hooks object once, from the registry, at its first call.
+// A process that asked for the accelerator before loading this library (torch.accelerator,
+// dist.init_process_group("gloo") before `import habana_frameworks.torch`) holds the
+// interface's default, which says no HPU is built: backward of hpu tensors then fails with
+// "Cannot access accelerator device when none is available". That object is replaced in
+// place by ours (the same size: neither has data members), so the HPU is this process's
+// accelerator whenever the library is loaded.
+static_assert(sizeof(HpuHooks) == sizeof(at::HPUHooksInterface), "HpuHooks must stay as small as its interface");
+struct InstallHooks {
+  InstallHooks() {
+    auto& hooks = const_cast<at::HPUHooksInterface&>(at::detail::getHPUHooks());
+    if (dynamic_cast<HpuHooks*>(&hooks) == nullptr) {
+      hooks.~HPUHooksInterface();
+      new (&hooks) HpuHooks(at::HPUHooksArgs{});
+    }
+  }
+};
+const InstallHooks install_hooks;
+}  // namespace
