@@ -110,6 +110,9 @@ class OpFacts:
     """Its outputs are new storages (not a view, not in place, not ``out=``)."""
     dynamic: bool
     """Its output shape depends on the data (``nonzero``)."""
+    pointwise: bool
+    """Tagged pointwise: its output shape is its tensor inputs' broadcast shape, whatever its
+    scalars (NOTE [HBM before host])."""
     keeps_fp32: bool
     """In :data:`FP32_AUTOCAST_OPS`."""
     saves: tuple
@@ -129,7 +132,7 @@ def op_facts(func) -> OpFacts:
         facts = _FACTS[id(func)] = OpFacts(
             func=func, name=str(func), ignored=func.namespace in _NOT_DEVICE_WORK, view=view,
             allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
-            keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
+            pointwise=torch.Tag.pointwise in func.tags, keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
             saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)))
     return facts
 
@@ -142,24 +145,16 @@ def _cost_key(facts: OpFacts, sig: tuple, out: object, low: bool) -> tuple:
     """A key for an op's cost that leaves out float arguments (a learning rate, Adam's bias
     corrections: new values every step, same cost) but keeps the output shapes (an
     ``arange`` with float bounds)."""
-    return (facts.name, low, output_signature(out),
-            tuple(_FLOAT if type(x) is float else
-                  tuple(_FLOAT if type(y) is float else y for y in x) if type(x) is tuple else x for x in sig))
+    return (facts.name, low, output_signature(out), _without_floats(sig))
+
+
+def _without_floats(sig: tuple) -> tuple:
+    """``sig`` with every float argument (also inside a tuple argument) replaced by :data:`_FLOAT`."""
+    return tuple(_FLOAT if type(x) is float else
+                 tuple(_FLOAT if type(y) is float else y for y in x) if type(x) is tuple else x for x in sig)
 
 
 _OUT_BYTES_LIMIT = 100_000
-_POINTWISE: dict[int, bool] = {}  # id(func) -> torch.Tag.pointwise in its tags
-
-
-def _out_bytes_key(func, name: str, sig: tuple) -> tuple:
-    """The memo key of an op's output bytes (NOTE [HBM before host]): floats left out for
-    pointwise ops, whose output shapes no scalar changes."""
-    pointwise = _POINTWISE.get(id(func))
-    if pointwise is None:
-        pointwise = _POINTWISE[id(func)] = torch.Tag.pointwise in getattr(func, "tags", ())
-    if not pointwise:
-        return (name, sig)
-    return (name, tuple(_FLOAT if type(x) is float else x for x in sig))
 _META = torch.device("meta")
 
 
@@ -273,7 +268,8 @@ class OpAccounting:
         if facts.ignored or not facts.allocates or facts.dynamic or self._in_kernel:
             return None
         sig = op_signature(args, kwargs)
-        key = _out_bytes_key(func, facts.name, sig)
+        # a pointwise op's output size depends on no scalar: Adam's new floats every step reuse it
+        key = (facts.name, _without_floats(sig) if facts.pointwise else sig)
         nbytes = self._out_bytes.get(key)
         if nbytes is None:
             if len(self._out_bytes) >= _OUT_BYTES_LIMIT:
