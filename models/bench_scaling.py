@@ -135,7 +135,7 @@ _TRACES: dict = {}
 
 
 def _traces(s: Series) -> dict:
-    from launchers.study._runner import trace_steps
+    from launchers.study._runner import trace_key, trace_steps
     from launchers.study.scale import ScaleConfig
 
     key = (s.model, s.device, s.mode, s.seq_len, s.model_kwargs)
@@ -143,10 +143,9 @@ def _traces(s: Series) -> dict:
     have = _TRACES.setdefault(key, {})
     missing = [b for b in batches if b not in have]
     if missing:
-        # compile mode: the step compiled as under DDP at the planned cap (DDPOptimizer's breaks)
-        cfg = ScaleConfig(model=s.model, batch_size=batches[0], world_sizes=(s.points[0][0],))
-        ddp = (cfg.bucket_cap_mb, cfg.first_bucket_mb) if s.mode == "compile" else ()
-        have.update({k[0]: t for k, t in trace_steps(s.model, [(b, s.mode, s.device, *ddp) for b in missing],
+        cfg = ScaleConfig(model=s.model, batch_size=batches[0], world_sizes=(s.points[0][0],))  # the planned caps
+        key = trace_key(s.mode, s.device, cfg.bucket_cap_mb, cfg.first_bucket_mb)
+        have.update({k[0]: t for k, t in trace_steps(s.model, [(b, *key) for b in missing],
                                                      seq_len=s.seq_len, **dict(s.model_kwargs)).items()})
     return have
 

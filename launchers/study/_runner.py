@@ -15,7 +15,19 @@ import sys
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-__all__ = ["trace_steps", "run_points", "write_files", "save_figure", "study_topology"]
+__all__ = ["DEFAULT_CAP_MB", "trace_key", "trace_steps", "run_points", "write_files", "save_figure", "study_topology"]
+
+DEFAULT_CAP_MB = 25.0
+"""DDP's default ``bucket_cap_mb``."""
+
+
+def trace_key(mode: str, device_spec: str, bucket_cap_mb: float | None, first_bucket_mb: float | None) -> tuple:
+    """Which traced step a point is planned from: one per (mode, device); in compile mode one
+    per DDP cap too, because DDPOptimizer breaks the compiled graph at DDP's bucket sizes
+    (:func:`hpu_runtime.tools.tracing.trace_step`, ``ddp_bucket_cap_mb``)."""
+    if mode == "compile":
+        return mode, device_spec, DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb, first_bucket_mb
+    return mode, device_spec
 
 
 def trace_steps(model: str, keys: Sequence[tuple], *, seq_len: int | None = None,

@@ -39,13 +39,12 @@ from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 from hpu_runtime.cli_args import count
 
 from ._args import add_fabric_arg, add_model_args, boolean, env_mode, first_mb, list_of, mb, ranks
-from ._runner import run_points, save_figure, study_topology, trace_steps, write_files
+from ._runner import DEFAULT_CAP_MB, run_points, save_figure, study_topology, trace_key, trace_steps, write_files
 
 __all__ = ["add_parser", "bucket_main", "print_result", "StudyConfig", "Point", "SETTINGS_IN_THE_WILD", "study_points", "trace_key", "run_study", "recommend",
            "write_outputs", "validate", "gain_text"]
 
 _MB = 1024 * 1024
-DEFAULT_CAP_MB = 25.0
 
 SETTINGS_IN_THE_WILD = {
     # label: (bucket_cap_mb or None for DDP's default, first_bucket_mb, models it applies to)
@@ -247,15 +246,6 @@ def mean_times(plan):
     n = len(plan.samples)
     return type(plan.times)(**{f: sum(getattr(s, f) for s in plan.samples) // n
                                for f in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "host_ns")})
-
-
-def trace_key(mode: str, device_spec: str, bucket_cap_mb: float | None, first_bucket_mb: float | None) -> tuple:
-    """Which traced step a point is planned from: one per (mode, device); in compile mode one
-    per DDP cap too, because DDPOptimizer breaks the compiled graph at DDP's bucket sizes
-    (:func:`hpu_runtime.tools.tracing.trace_step`, ``ddp_bucket_cap_mb``)."""
-    if mode == "compile":
-        return mode, device_spec, DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb, first_bucket_mb
-    return mode, device_spec
 
 
 def _runner_key(cfg: StudyConfig, p: Point) -> tuple:

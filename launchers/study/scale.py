@@ -43,7 +43,7 @@ from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 from hpu_runtime.cli_args import count, real
 
 from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, mb, ranks
-from ._runner import run_points, save_figure, study_topology, trace_steps, write_files
+from ._runner import run_points, save_figure, study_topology, trace_key, trace_steps, write_files
 
 __all__ = ["ScaleConfig", "add_parser", "scale_main", "run_scale", "plan_world_size", "print_result", "CAUSES"]
 
@@ -186,8 +186,7 @@ def run_scale(cfg: ScaleConfig, *, progress: bool = True) -> list[dict]:
     validate(cfg)
     batches = sorted({cfg.batch_at(n) for n in cfg.world_sizes})
     # compile mode: the step compiled as under DDP with this cap (DDPOptimizer's graph breaks)
-    ddp = (cfg.bucket_cap_mb, cfg.first_bucket_mb) if cfg.mode == "compile" else ()
-    keys = {b: (b, cfg.mode, cfg.device_spec, *ddp) for b in batches}
+    keys = {b: (b, *trace_key(cfg.mode, cfg.device_spec, cfg.bucket_cap_mb, cfg.first_bucket_mb)) for b in batches}
     traces = trace_steps(cfg.model, list(keys.values()), seq_len=cfg.seq_len, image_size=cfg.image_size,
                          precision=cfg.precision)
     by_batch = {b: traces[keys[b]] for b in batches}
