@@ -20,6 +20,14 @@ reduces every peer's copy itself. A region of parity ``p`` is rewritten two roun
 after every peer has signalled the round in between, which it only does once it finished
 reading. The metadata words are double-buffered by round parity in the same way.
 
+An allreduce of a few ranks (:data:`~hccl.transport.shm_engine.ONE_ROUND_MAX_RANKS`) takes one
+round per slice at every size: each slice goes to ``A`` or ``B``, whichever no peer may still
+be reading, and each rank reduces every peer's copy itself. A region published at round
+``k`` is read by the peers until they signal round ``k + 1``; the arena keeps that one
+"hot" region (:attr:`ShmArena.hot`): the next one-round slice takes the other region, and a
+two-round collective whose ``A`` is hot first runs one empty round. After a two-round
+allreduce, ``B`` is hot (peers copy their results out of it after round 2).
+
 Nothing here is pickled: metadata is fixed-width int64 words.
 
 NOTE [anonymous segments]
@@ -233,6 +241,10 @@ class ShmArena:
         self._rings = 0  # doorbell values this rank wrote (NOTE [futex doorbells])
         self._peer_idx = [i for i in range(len(segments)) if i != rank]
         self._small_views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
+        self.hot: tuple[str, int] | None = None
+        """``(region, round)``: the region ``"a"`` or ``"b"`` that peers read after that round
+        and until their next signal (NOTE [shared-memory protocol]); it may be rewritten only
+        once this rank has waited for the round after it (:meth:`busy`)."""
 
     @property
     def world_size(self) -> int:
@@ -247,6 +259,10 @@ class ShmArena:
             views = [seg.small[parity].view(dtype)[:n] for seg in self.segments]
             self._small_views[key] = views
         return views
+
+    def busy(self, region: str) -> bool:
+        """Whether a peer may still be reading ``region`` (``"a"`` or ``"b"``) of this rank."""
+        return self.hot is not None and self.hot[0] == region and self.round <= self.hot[1]
 
     def signal(self) -> int:
         """Finish the next round (and wake the peers that sleep); returns its number."""
