@@ -30,9 +30,55 @@ def run(cmd: list[str], timeout: float = 90, env: dict[str, str] | None = None) 
                           timeout=timeout)
 
 
+class Background:
+    """``cmd`` started now (as :func:`run` would run it, output captured); :meth:`result`
+    waits for it. Lets a test overlap a reference job with a mostly single-core wait (a Ray
+    driver or cluster starting). Never outlives its ``with`` block: killed there if still
+    running."""
+
+    def __init__(self, cmd: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> None:
+        self.timeout, self.deadline = timeout, time.monotonic() + timeout
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**clean_env(), **(env or {})}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self._done: subprocess.CompletedProcess[str] | None = None
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        """Waits (until ``timeout`` seconds after the start) and returns the finished process;
+        raises ``subprocess.TimeoutExpired`` (the process killed) past it."""
+        if self._done is None:
+            try:
+                out, err = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise subprocess.TimeoutExpired(self.proc.args, self.timeout) from None
+            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+        return self._done
+
+    def kill(self) -> None:
+        """SIGTERM (torchrun passes it on to its ranks), SIGKILL 10 s later."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.communicate(timeout=10)
+                return
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.communicate()
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._done is None:
+            self.kill()
+
+
+def torchrun_cmd(n: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *args]
+
+
 def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-    return run([*cmd, *args], timeout=150)
+    return run(torchrun_cmd(n, *args), timeout=150)
 
 
 def rank_pids(output: str) -> dict[int, int]:

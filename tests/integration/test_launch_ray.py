@@ -13,7 +13,7 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,8 @@ from launchers.target import Target
 
 from tests.integration.launch_helpers import TINY, assert_all_gone as _assert_all_gone
 from tests.integration.launch_helpers import assert_no_new_shm as _assert_no_new_shm, rank_pids as _rank_pids
-from tests.integration.launch_helpers import run as _run, shm_names as _shm_names, torchrun as _torchrun
+from tests.integration.launch_helpers import Background, run as _run, shm_names as _shm_names
+from tests.integration.launch_helpers import torchrun_cmd as _torchrun_cmd
 
 
 def _ray(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -62,12 +63,18 @@ def ray_address() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def torchrun_params(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    """Final parameters of the tiny job under torchrun (2 ranks): the reference."""
+def torchrun_params(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], list[float]]]:
+    """Final parameters of the tiny job under torchrun (2 ranks), the reference: the job starts
+    at set-up (ask for this fixture before ``ray_address``, so that it runs while Ray starts)
+    and the returned function waits for it."""
     out = tmp_path_factory.mktemp("torchrun") / "params.json"
-    proc = _torchrun(2, TINY, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())["params"]
+    with Background(_torchrun_cmd(2, TINY, "--out", str(out)), timeout=150) as job:
+        def params() -> list[float]:
+            proc = job.result()
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            return json.loads(out.read_text())["params"]
+
+        yield params
 
 
 # --- pure parts: no Ray needed ---------------------------------------------------------
@@ -179,14 +186,15 @@ def test_missing_ray_says_what_to_install() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_ray_gives_torchruns_parameters(ray_address: str, torchrun_params: list[float], tmp_path: Path) -> None:
+def test_ray_gives_torchruns_parameters(torchrun_params: Callable[[], list[float]], ray_address: str,
+                                        tmp_path: Path) -> None:
     """The tiny job (runpy path) on 2 Ray Train workers ends with bitwise torchrun's parameters;
     every rank saw torchrun's variables; the workers' output reaches the driver; no worker
     process outlives the job."""
     out, summary = tmp_path / "ray.json", tmp_path / "summary.json"
     proc = _ray("--address", ray_address, "--num-workers", "2", "--summary", str(summary), TINY, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["params"] == torchrun_params
+    assert json.loads(out.read_text())["params"] == torchrun_params()
     per_rank = json.loads(summary.read_text())["per_rank"]
     assert [(r["rank"], r["local_rank"]) for r in per_rank] == [(0, 0), (1, 1)]
     envs = [r["env"] for r in per_rank]
@@ -228,25 +236,28 @@ def test_timeout_ends_the_job_naming_the_ranks(ray_address: str) -> None:
 @pytest.mark.timeout(120)
 def test_too_few_hpus_is_a_launch_error(ray_address: str) -> None:
     """3 workers on a cluster with 2 "HPU": exit 2 within the placement timeout, naming the
-    resource to add."""
-    proc = _ray("--address", ray_address, "--num-workers", "3", "--placement-timeout", "5", TINY, timeout=100)
+    resource to add. (The third worker can never be placed: any placement timeout ends the
+    same way, so the shortest allowed keeps the test short.)"""
+    proc = _ray("--address", ray_address, "--num-workers", "3", "--placement-timeout", "1", TINY, timeout=100)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "cannot start 3 workers" in proc.stderr and '"HPU"' in proc.stderr
+    assert "cannot start 3 workers" in proc.stderr and "within 1 s" in proc.stderr and '"HPU"' in proc.stderr
 
 
 @pytest.mark.timeout(300)
 def test_sweep_of_models_train_matches_torchrun(ray_address: str, tmp_path: Path) -> None:
     """A bucket_cap_mb sweep (2 Tune trials) writes one table in sweep order; its default-bucket
-    row has torchrun's loss, accuracy and simulated time."""
+    row has torchrun's loss, accuracy and simulated time. (The torchrun reference runs while
+    the sweep's driver, Tune and the first trial start.)"""
     pytest.importorskip("ray.tune")
     job = ["-m", "models.train", "--epochs", "1", "--max-steps", "3", "--backend", "hccl"]
     ref = tmp_path / "torchrun.json"
-    proc = _torchrun(2, *job, "--summary", str(ref))
-    assert proc.returncode == 0, proc.stderr[-3000:]
     table = tmp_path / "sweep.csv"
-    proc = _ray("--address", ray_address, "--num-workers", "2", "--sweep", "bucket_cap_mb=0.001,25",
-                "--sweep-table", str(table), *job, timeout=270)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Background(_torchrun_cmd(2, *job, "--summary", str(ref)), timeout=150) as reference:
+        proc = _ray("--address", ray_address, "--num-workers", "2", "--sweep", "bucket_cap_mb=0.001,25",
+                    "--sweep-table", str(table), *job, timeout=270)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = reference.result()
+        assert proc.returncode == 0, proc.stderr[-3000:]
     header, *rows = [line.split(",") for line in table.read_text().splitlines()]
     records = [dict(zip(header, row, strict=True)) for row in rows]
     assert header[:4] == ["bucket_cap_mb", "status", "startup_s", "wall_s"]
