@@ -43,7 +43,9 @@ def ray_installed() -> None:
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """A local Ray with 2 "HPU" and 2 logical CPUs for this module's jobs; its GCS address."""
+    """A local Ray for this module's jobs; its GCS address. 4 "HPU" and 3 logical CPUs: two
+    2-worker jobs at once (a sweep's two trials side by side, each 2 x 0.5 CPU for its workers
+    and 0.05 for its trial driver)."""
     pytest.importorskip("ray.train.torch", reason="needs ray[train]: pip install -e '.[ray]'")
     with pytest.MonkeyPatch.context() as mp:
         from launchers.ray_cluster import RAY_TRAIN_DEFAULTS, worker_runtime_env
@@ -54,7 +56,7 @@ def ray_address() -> Iterator[str]:
                                                                os.environ.get("PYTHONPATH")])))
         import ray
 
-        ctx = ray.init(num_cpus=2, resources={"HPU": 2}, include_dashboard=False, log_to_driver=False,
+        ctx = ray.init(num_cpus=3, resources={"HPU": 4}, include_dashboard=False, log_to_driver=False,
                        runtime_env=worker_runtime_env())
         try:
             yield ctx.address_info["gcs_address"]
@@ -235,19 +237,19 @@ def test_timeout_ends_the_job_naming_the_ranks(ray_address: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_too_few_hpus_is_a_launch_error(ray_address: str) -> None:
-    """3 workers on a cluster with 2 "HPU": exit 2 within the placement timeout, naming the
-    resource to add. (The third worker can never be placed: any placement timeout ends the
-    same way, so the shortest allowed keeps the test short.)"""
-    proc = _ray("--address", ray_address, "--num-workers", "3", "--placement-timeout", "1", TINY, timeout=100)
+    """5 workers on a cluster with 4 "HPU" (and CPUs for 6 workers): exit 2 within the
+    placement timeout, naming the resource to add. (The fifth worker can never be placed: any
+    placement timeout ends the same way, so the shortest allowed keeps the test short.)"""
+    proc = _ray("--address", ray_address, "--num-workers", "5", "--placement-timeout", "1", TINY, timeout=100)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "cannot start 3 workers" in proc.stderr and "within 1 s" in proc.stderr and '"HPU"' in proc.stderr
+    assert "cannot start 5 workers" in proc.stderr and "within 1 s" in proc.stderr and '"HPU"' in proc.stderr
 
 
 @pytest.mark.timeout(300)
 def test_sweep_of_models_train_matches_torchrun(ray_address: str, tmp_path: Path) -> None:
-    """A bucket_cap_mb sweep (2 Tune trials) writes one table in sweep order; its default-bucket
-    row has torchrun's loss, accuracy and simulated time. (The torchrun reference runs while
-    the sweep's driver, Tune and the first trial start.)"""
+    """A bucket_cap_mb sweep (2 Tune trials, side by side on the module's 4 "HPU") writes one
+    table in sweep order; its default-bucket row has torchrun's loss, accuracy and simulated
+    time. (The torchrun reference runs while the sweep's driver, Tune and the trials start.)"""
     pytest.importorskip("ray.tune")
     job = ["-m", "models.train", "--epochs", "1", "--max-steps", "3", "--backend", "hccl"]
     ref = tmp_path / "torchrun.json"
