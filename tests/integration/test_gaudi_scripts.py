@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.launch_helpers import run
+from tests.integration.launch_helpers import Background, run
 
 MNIST = "tests/integration/scripts/gaudi_mnist.py"
 LIGHTNING = "tests/integration/scripts/lightning_hpu.py"
@@ -78,14 +78,18 @@ def test_mnist_script_under_mpirun_equals_gloo(mnist_data: Path, gloo_reference,
 
 
 @pytest.mark.timeout(240)
-def test_mnist_script_under_ray_equals_gloo(mnist_data: Path, gloo_reference, tmp_path: Path) -> None:
+def test_mnist_script_under_ray_equals_gloo(mnist_data: Path, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """``python -m launchers.ray --num-workers 2 script`` on an embedded Ray: each Ray Train
     worker runs the script, whose own ``initialize_distributed_hpu()`` and
-    ``init_process_group("hccl", rank=, world_size=)`` find the launcher's rendezvous."""
+    ``init_process_group("hccl", rank=, world_size=)`` find the launcher's rendezvous.
+    (The Ray job starts first: where this process has no gloo reference yet, it is made
+    while Ray starts.)"""
     pytest.importorskip("ray.train.torch", reason="needs ray[train]: pip install -e '.[ray]'")
     out = tmp_path / "s"
-    proc = run([sys.executable, "-m", "launchers.ray", "--num-workers", "2", MNIST, "--hpu", "--use_lazy_mode",
-                "--distributed", "--data-path", str(mnist_data), "--summary", str(out)], timeout=200)
+    with Background([sys.executable, "-m", "launchers.ray", "--num-workers", "2", MNIST, "--hpu", "--use_lazy_mode",
+                     "--distributed", "--data-path", str(mnist_data), "--summary", str(out)], timeout=200) as job:
+        gloo_reference = request.getfixturevalue("gloo_reference")
+        proc = job.result()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "Test set: Average loss" in proc.stdout
     _assert_same_training(_summaries(out), gloo_reference)
