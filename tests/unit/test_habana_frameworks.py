@@ -100,17 +100,21 @@ def test_hccl_import_maps_mpi_env_and_initialize_distributed_hpu() -> None:
     """, env={"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["(4,", "1,", "1)", "1", "4", "1", "True"]
-    alone = _py("from habana_frameworks.torch.distributed.hccl import initialize_distributed_hpu as f; print(f())")
-    assert alone.returncode == 0 and alone.stdout.strip() == "(1, -1, -1)", alone.stderr
     partial = _py("from habana_frameworks.torch.distributed.hccl import initialize_distributed_hpu as f; print(f())",
                   env={"WORLD_SIZE": "2", "LOCAL_RANK": "1"})  # as Lightning's launcher leaves it
     assert partial.returncode == 0 and partial.stdout.strip() == "(2, -1, 1)", partial.stderr
-    given = _py("""
+    # no launcher at all, then the three values given: one process (the helper reads and
+    # writes os.environ on every call; the call without arguments writes nothing)
+    alone_then_given = _py("""
         import os
         from habana_frameworks.torch.distributed.hccl import initialize_distributed_hpu as f
+        print(f(), "RANK" in os.environ)
         print(f(world_size=3, rank=2, local_rank=0), os.environ["RANK"])
     """)
-    assert given.returncode == 0 and given.stdout.split() == ["(3,", "2,", "0)", "2"], given.stderr
+    assert alone_then_given.returncode == 0, alone_then_given.stderr
+    alone, given = alone_then_given.stdout.splitlines()
+    assert alone.split() == ["(1,", "-1,", "-1)", "False"], alone_then_given.stdout
+    assert given.split() == ["(3,", "2,", "0)", "2"], alone_then_given.stdout
 
 
 def test_core_names() -> None:
