@@ -73,7 +73,10 @@ if START_METHOD not in ("forkserver", "spawn"):
 # (about 4 s of CPU here), which would dominate a run on 2 cores. A forkserver that has
 # imported this module once forks ready ranks instead. Forked ranks inherit the server's
 # environment, not the test's, so TEMP_DIR stays one folder for the whole run (emptied
-# before each test) instead of the fresh folder torch's setUp makes per test.
+# before each test) instead of the fresh folder torch's setUp makes per test. For hccl the
+# server also imports the process group and the emulator (``hccl.process_group``, which
+# imports ``hpu_runtime``), as tests/dist_utils.py's fork server does: otherwise every rank
+# of every test imports them at its init_process_group (0.3-1 s of CPU a rank).
 
 
 def _reset_temp_dir() -> None:
@@ -101,8 +104,12 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         if START_METHOD == "spawn":
             return super()._spawn_processes()
         ctx = torch.multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["tests.torch_suite.spawn_suite"])
+        ctx.set_forkserver_preload(_PRELOAD)
         self._start_processes(ctx.Process)
+
+
+_PRELOAD = ["tests.torch_suite.spawn_suite", *(["hccl.process_group"] if BACKEND == "hccl" else [])]
+"""What the fork server imports before it forks ranks (NOTE [forkserver ranks])."""
 
 
 # named per backend, as in torch (the spawned ranks find the class by this module-level name)
