@@ -53,7 +53,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -78,36 +77,16 @@ def _name() -> str:
     return f"hpu_runtime_device_{digest}"
 
 
-def _torch_extensions_root() -> Path:
-    """The folder torch builds extensions in (``torch.utils.cpp_extension._get_build_directory``
-    less the extension's name): ``$TORCH_EXTENSIONS_DIR``, else ``<torch's per-user
-    cache>/torch_extensions/py3X_cpu``. Worked out here as torch does, because importing
-    ``torch.utils.cpp_extension`` imports setuptools: about 75 ms in every process that imports
-    ``hpu_runtime``, for a path (test_device_type_build.py checks it equals torch's)."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is not None:
-        return Path(root)
-    import torch._appdirs
-
-    if torch.version.hip is not None:
-        accelerator = f"rocm{torch.version.hip.replace('.', '')}"
-    elif torch.version.cuda is not None:
-        accelerator = f"cu{torch.version.cuda.replace('.', '')}"
-    else:
-        accelerator = "cpu"
-    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-    return Path(os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions"))) / f"{python}_{accelerator}"
-
-
 def library_path() -> Path:
     """Where the built library is (or will be): ``<build folder>/<name>.so``, the build folder
     being torch's for an extension of that name (``$TORCH_EXTENSIONS_DIR/<name>``, else
     ``<torch's per-user cache>/py3X_cpu/<name>``), or, where that cannot be created (a
     read-only home), ``<temporary directory>/hpu_runtime_extensions_<uid>/<name>``."""
+    from torch.utils.cpp_extension import _get_build_directory
+
     name = _name()
     try:
-        folder = _torch_extensions_root() / name
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = Path(_get_build_directory(name, verbose=False))  # creates it
     except OSError:
         folder = Path(tempfile.gettempdir()) / f"hpu_runtime_extensions_{os.getuid()}" / name
     return folder / f"{name}.so"

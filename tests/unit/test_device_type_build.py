@@ -17,22 +17,6 @@ def test_the_library_is_under_torch_extensions_dir(monkeypatch, tmp_path):
     assert so.parent.parent == tmp_path and so.parent.is_dir() and so.name == f"{so.parent.name}.so"
 
 
-@pytest.mark.parametrize("extensions_dir", [True, False], ids=["TORCH_EXTENSIONS_DIR", "torch's cache"])
-def test_the_build_folder_is_the_one_torch_picks(monkeypatch, tmp_path, extensions_dir):
-    """library_path() works torch's build folder out without importing torch.utils.cpp_extension
-    (it imports setuptools): the same folder torch's own _get_build_directory gives."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    if extensions_dir:
-        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    else:
-        monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    so = device_type.library_path()
-    assert so.parent == Path(_get_build_directory(device_type._name(), verbose=False))
-    assert tmp_path in so.parents and so.parent.is_dir()
-
-
 def test_an_unwritable_cache_falls_back_to_the_temporary_directory(monkeypatch, tmp_path):
     """torch's per-user cache cannot be created (XDG_CACHE_HOME under a regular file): the
     build goes to a per-user folder of the temporary directory instead of failing."""
