@@ -9,8 +9,8 @@ after the data writes: x86 stores are not reordered with older stores). Waiting 
 ``k`` means every peer's ``STATE >= k``.
 
 Every slice of a collective takes two rounds (but see the one-round allreduce below):
-round 1 publishes ``A`` (and, on a collective's first slice, the metadata words); round 2 says "I am done reading your ``A``
-and my ``B`` holds my part of the result". A rank rewrites ``A`` only after all peers
+round 1 publishes ``A`` (and, on a collective's first slice, the metadata words); round 2
+says "I am done reading your ``A`` and my ``B`` holds my part of the result". A rank rewrites ``A`` only after all peers
 passed round 2 of the previous slice, and rewrites ``B`` only after all peers passed round
 1 of the next slice, so one set of regions is enough and nothing is overwritten while
 still being read.
