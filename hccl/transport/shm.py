@@ -10,10 +10,10 @@ after the data writes: x86 stores are not reordered with older stores). Waiting 
 
 Every slice of a collective takes two rounds (but see the one-round allreduce below):
 round 1 publishes ``A`` (and, on a collective's first slice, the metadata words); round 2
-says "I am done reading your ``A`` and my ``B`` holds my part of the result". A rank rewrites ``A`` only after all peers
-passed round 2 of the previous slice, and rewrites ``B`` only after all peers passed round
-1 of the next slice, so one set of regions is enough and nothing is overwritten while
-still being read.
+says "I am done reading your ``A`` and my ``B`` holds my part of the result". A rank
+rewrites ``A`` only after all peers passed round 2 of the previous slice, and rewrites ``B``
+only after all peers passed round 1 of the next slice, so one set of regions is enough and
+nothing is overwritten while still being read.
 
 Small messages take one round instead: data goes to ``S[round parity]`` and each rank
 reduces every peer's copy itself. A region of parity ``p`` is rewritten two rounds later,
@@ -22,11 +22,14 @@ reading. The metadata words are double-buffered by round parity in the same way.
 
 An allreduce of a few ranks (:data:`~hccl.transport.shm_engine.ONE_ROUND_MAX_RANKS`) takes one
 round per slice at every size: each slice goes to ``A`` or ``B``, whichever no peer may still
-be reading, and each rank reduces every peer's copy itself. A region published at round
-``k`` is read by the peers until they signal round ``k + 1``; the arena keeps that one
-"hot" region (:attr:`ShmArena.hot`): the next one-round slice takes the other region, and a
-two-round collective whose ``A`` is hot first runs one empty round. After a two-round
-allreduce, ``B`` is hot (peers copy their results out of it after round 2).
+be reading, and each rank reduces every peer's copy itself. A slice published at round ``k``
+is read by the peers until they signal round ``k + 1``. The arena remembers the round of the
+last such slice in ``A`` (:attr:`ShmArena.a_read_round`); while this rank has not waited for
+a later round, ``A`` is busy (:meth:`ShmArena.a_busy`): the next one-round slice goes to
+``B`` and a two-round collective first runs one empty round. ``B`` needs no such record: a
+one-round slice takes it only while ``A`` is busy, that is right after a slice in ``A``,
+and every earlier reader of ``B`` (a one-round slice before that, or a two-round
+collective's results) finished by the round this rank last waited for.
 
 Nothing here is pickled: metadata is fixed-width int64 words.
 
@@ -241,10 +244,9 @@ class ShmArena:
         self._rings = 0  # doorbell values this rank wrote (NOTE [futex doorbells])
         self._peer_idx = [i for i in range(len(segments)) if i != rank]
         self._small_views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
-        self.hot: tuple[str, int] | None = None
-        """``(region, round)``: the region ``"a"`` or ``"b"`` that peers read after that round
-        and until their next signal (NOTE [shared-memory protocol]); it may be rewritten only
-        once this rank has waited for the round after it (:meth:`busy`)."""
+        self.a_read_round = -1
+        """The round that published this rank's last one-round slice in ``A``: peers read it
+        until their next signal (NOTE [shared-memory protocol])."""
 
     @property
     def world_size(self) -> int:
@@ -260,9 +262,10 @@ class ShmArena:
             self._small_views[key] = views
         return views
 
-    def busy(self, region: str) -> bool:
-        """Whether a peer may still be reading ``region`` (``"a"`` or ``"b"``) of this rank."""
-        return self.hot is not None and self.hot[0] == region and self.round <= self.hot[1]
+    def a_busy(self) -> bool:
+        """Whether a peer may still be reading this rank's ``A`` (a one-round slice published
+        at the last round this rank finished)."""
+        return self.round <= self.a_read_round
 
     def signal(self) -> int:
         """Finish the next round (and wake the peers that sleep); returns its number."""

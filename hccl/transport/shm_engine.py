@@ -144,7 +144,7 @@ class _Rounds:
         self.meta = meta
         self.what = what
         self.ready: list[int] | None = None
-        if arena.busy("a"):  # a one-round allreduce's slice is still being read: one empty round
+        if arena.a_busy():  # a one-round allreduce's slice is still being read: one empty round
             arena.signal()
             arena.wait_all(what)
 
@@ -187,15 +187,20 @@ def allreduce_small(arena: ShmArena, flat: torch.Tensor, op: int, meta: list[int
     arena.signal()
     arena.wait_all(what)
     ready = _gather_meta(arena, meta, parity)
-    n = len(views)
-    if n == 1:
-        finish(op, flat, 1)
-        return ready
-    combine_out(op, flat, views[0][:numel], views[1][:numel])
-    for q in range(2, n):
-        combine(op, flat, views[q][:numel])
-    finish(op, flat, n)
+    _reduce_copies(op, flat, [v[:numel] for v in views])
     return ready
+
+
+def _reduce_copies(op: int, out: torch.Tensor, copies: list[torch.Tensor]) -> None:
+    """``out`` = op over every rank's copy, in rank order (the same bits on every rank that
+    reduces the same copies); AVG divided by the number of copies."""
+    if len(copies) == 1:
+        out.copy_(copies[0])
+    else:
+        combine_out(op, out, copies[0], copies[1])
+        for c in copies[2:]:
+            combine(op, out, c)
+    finish(op, out, len(copies))
 
 
 ONE_ROUND_MAX_RANKS = 2
@@ -209,7 +214,6 @@ def allreduce_one_round(arena: ShmArena, flat: torch.Tensor, op: int, meta: list
     """In place on ``flat``, one round per slice (NOTE [shared-memory protocol]): each slice
     goes to this rank's ``A`` or ``B``, whichever no peer may still read, and every rank
     reduces all ranks' copies itself, in rank order, so all ranks get the same bits."""
-    n = arena.world_size
     segs = arena.segments
     dtype = flat.dtype
     step = _slice_elems(arena, dtype)
@@ -218,23 +222,18 @@ def allreduce_one_round(arena: ShmArena, flat: torch.Tensor, op: int, meta: list
     for s0 in range(0, max(total, 1), step):
         cnt = min(step, total - s0)
         part = flat[s0 : s0 + cnt]
-        which = "b" if arena.busy("a") else "a"
+        which = "b" if arena.a_busy() else "a"
         arena.me.region(which, dtype, cnt).copy_(part)
         parity = (arena.round + 1) & 1
         if ready is None:
             arena.me.write_meta(meta, parity)
-        arena.hot = (which, arena.signal())
+        published = arena.signal()
+        if which == "a":
+            arena.a_read_round = published
         arena.wait_all(what)
         if ready is None:
             ready = _gather_meta(arena, meta, parity)
-        if n == 1:
-            finish(op, part, 1)
-            continue
-        views = [seg.region(which, dtype, cnt) for seg in segs]
-        combine_out(op, part, views[0], views[1])
-        for q in range(2, n):
-            combine(op, part, views[q])
-        finish(op, part, n)
+        _reduce_copies(op, part, [seg.region(which, dtype, cnt) for seg in segs])
     assert ready is not None
     return ready
 
@@ -273,16 +272,9 @@ def _reduce_slices(arena: ShmArena, flat: torch.Tensor, op: int, root: int | Non
         rounds.publish()
         lo, hi = chunk_bounds(cnt, n, me)
         if hi > lo:
-            acc = arena.me.region("b", dtype, hi - lo, lo)
-            if n == 1:
-                acc.copy_(segs[0].region("a", dtype, hi - lo, lo))
-            else:
-                combine_out(op, acc, segs[0].region("a", dtype, hi - lo, lo), segs[1].region("a", dtype, hi - lo, lo))
-                for q in range(2, n):
-                    combine(op, acc, segs[q].region("a", dtype, hi - lo, lo))
-            finish(op, acc, n)
+            _reduce_copies(op, arena.me.region("b", dtype, hi - lo, lo),
+                           [seg.region("a", dtype, hi - lo, lo) for seg in segs])
         rounds.consumed()
-        arena.hot = ("b", arena.round)  # peers copy out of B until their next signal
         if root is None or me == root:
             for q in range(n):
                 qlo, qhi = chunk_bounds(cnt, n, q)
@@ -340,14 +332,7 @@ def reduce_scatter(
         for q in range(n):
             arena.me.region("a", out.dtype, cnt, q * cnt).copy_(inputs[q][s0 : s0 + cnt])
         rounds.publish()
-        acc = out[s0 : s0 + cnt]
-        if n == 1:
-            acc.copy_(segs[0].region("a", out.dtype, cnt, 0))
-        else:
-            combine_out(op, acc, segs[0].region("a", out.dtype, cnt, me * cnt), segs[1].region("a", out.dtype, cnt, me * cnt))
-            for q in range(2, n):
-                combine(op, acc, segs[q].region("a", out.dtype, cnt, me * cnt))
-        finish(op, acc, n)
+        _reduce_copies(op, out[s0 : s0 + cnt], [seg.region("a", out.dtype, cnt, me * cnt) for seg in segs])
         rounds.consumed()
     return rounds.result()
 
@@ -454,8 +439,8 @@ class ShmCollectives:
     of ranks, so the time per rank stays flat as ranks are added until the host's memory
     bandwidth is the limit. Two ranks take one round per slice instead
     (:func:`allreduce_one_round`: about 5x the buffer too, with half the waits, which is what
-    costs most when the ranks share their cores with other work). Measured here (2 ranks, one host, 2 shared cores under a load
-    average of about 25 from other jobs, so only the ratios mean anything), this engine vs
+    costs most when the ranks share their cores with other work). Measured here (2 ranks, one
+    host, 2 shared cores under a load average of about 25 from other jobs, so only the ratios mean anything), this engine vs
     the executor running the direct schedule over the same arena's point-to-point outboxes:
     1 KB 325 us vs 24,700 us; 1 MB 2.7x, 16 MB 22x, 64 MB 51x faster (busbw). The executor
     serves several hosts and MPI, where every message crosses a wire anyway.
