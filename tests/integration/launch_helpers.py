@@ -98,13 +98,45 @@ def shm_names() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("*") if p.name.startswith(("hccl_", "mpich_shm_"))}
 
 
+def _shm_in_use() -> set[str]:
+    """Names under /dev/shm that some live process holds open or mapped (read from
+    /proc/*/fd and /proc/*/maps). Tests run side by side (pytest -n), so another job's
+    segments exist while that job runs: a leak is a segment nobody holds."""
+    held: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    held.add(line.split("/dev/shm/", 1)[1].split(" ", 1)[0])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].split(" ", 1)[0])
+        except OSError:  # the process ended while being read
+            continue
+    return held
+
+
+def _leaked(before: set[str]) -> set[str]:
+    listed = shm_names() - before
+    if not listed:
+        return listed
+    held = _shm_in_use()
+    # listed again after the scan: a segment unlinked meanwhile is not a leak
+    return (listed & shm_names()) - held
+
+
 def assert_no_new_shm(before: set[str], within_s: float = 5.0) -> None:
-    """No segment created since ``before`` survives (other jobs' segments are unlinked
-    within milliseconds of creation, so only a leak outlasts the deadline)."""
+    """No segment created since ``before`` survives unheld: hccl unlinks its segments
+    within milliseconds of the rendezvous and MPICH at the end of its job, so a new
+    segment that no live process holds past the deadline is a leak. Segments that other
+    jobs running side by side still hold are not counted."""
     deadline = time.monotonic() + within_s
-    while shm_names() - before and time.monotonic() < deadline:
+    while _leaked(before) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = shm_names() - before
+    left = _leaked(before)
     assert not left, f"shared-memory segments left behind: {sorted(left)}"
 
 

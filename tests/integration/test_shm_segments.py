@@ -128,3 +128,36 @@ def test_rank_killed_after_the_rendezvous_leaves_no_segment_and_peer_fails():
         assert_no_new_shm(before)
     finally:
         _reap(procs)
+
+
+@pytest.mark.timeout(60)
+def test_leak_check_counts_unheld_segments_only() -> None:
+    """The leak check's reference: a segment another live process holds mapped (a job
+    running side by side) is not a leak; the same kind of file that nobody holds is."""
+    import os
+
+    before = shm_names()
+    token = f"{os.getpid()}_{time.monotonic_ns()}"
+    held, orphan = f"/dev/shm/hccl_test_held_{token}", f"/dev/shm/hccl_test_orphan_{token}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import mmap, os, sys, time\n"
+         f"fd = os.open({held!r}, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096)\n"
+         "m = mmap.mmap(fd, 4096); os.close(fd); print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert_no_new_shm(before, within_s=0.5)  # held by a live process: not a leak
+        fd = os.open(orphan, os.O_CREAT | os.O_RDWR, 0o600)
+        os.close(fd)
+        with pytest.raises(AssertionError, match="hccl_test_orphan_") as err:
+            assert_no_new_shm(before, within_s=0.5)
+        assert "hccl_test_held_" not in str(err.value)
+    finally:
+        holder.kill()
+        holder.wait(10)
+        for path in (held, orphan):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
