@@ -17,6 +17,7 @@ the mechanisms behind it (ops, launches, replays, copies).
 from __future__ import annotations
 
 import tomllib
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,9 @@ class Row:
     """Gradient all-reduce buckets, MiB."""
     comm_hook: str = "none"
     """All-reduce dtype: ``none`` (fp32), ``bf16`` or ``fp16`` (:data:`hccl.sim.ddp_plan.COMM_HOOKS`)."""
+    autocast_ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """The run's own autocast op lists ``(bf16 ops, fp32 ops)``, traced with
+    :func:`hpu_runtime.bridge.autocast.op_lists`; None: the default lists."""
     source: str
     """Where the settings come from."""
 
@@ -119,6 +123,14 @@ _BERT_ATTENTION = (("attn_implementation", "eager"), ("attention_dropout", 0.1))
 """The published BERT runs' attention: NVIDIA's BERT modeling.py lineage (Model-References
 PyTorch/nlp/bert/modeling.py: matmul, softmax, dropout, matmul) with bert_config.json's
 attention_probs_dropout_prob 0.1, not a fused SDPA kernel."""
+_BERT_PT_OPS = (("addmm", "bmm", "dropout", "gelu", "linear", "layer_norm", "matmul", "mm", "softmax"),
+                 ("embedding", "nll_loss", "truediv", "log_softmax"))
+"""The mixed-precision op lists Habana's PyTorch BERT scripts pass (``--hmp --hmp_bf16
+ops_bf16_bert_pt.txt --hmp_fp32 ops_fp32_bert_pt.txt``; the files in HabanaAI/Model-References
+PyTorch/nlp/bert/; the MLPerf v3.0 launch_bert_pytorch.sh passes files of the same names from its
+PyTorch folder, ASSUMED to hold the same lists): softmax, layer_norm and dropout in bf16, where
+torch's default lists keep softmax and layer_norm in fp32 (a BERT-Large layer at seq 512 then
+keeps a fp32 copy of every attention-probability tensor for backward)."""
 _MR_RN50_COMPILE = ("Intel Gaudi reference models page, 'ResNet50 LARS (torch.compile)'; Model-References "
                     "torchvision ResNet-50 (bucket_cap_mb=256, gradient_as_bucket_view)")
 
@@ -130,7 +142,7 @@ def _mlperf_bert(device: str, cards: int, batch: int, micro: int) -> Row:
         return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="PyTorch 1.13.1",
                    model_config=_BERT_ATTENTION, ran_in="PyTorch lazy + HPU graph, FastDDP", mode="hpu_graphs",
                    micro_batch=micro, samples_per_sequence=2.0, optimizer="fused-lamb", comm_hook="bf16",
-                   source=_MLPERF_BERT_PT)
+                   autocast_ops=_BERT_PT_OPS, source=_MLPERF_BERT_PT)
     return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="TensorFlow 2.5.1",
                model_config=_BERT_ATTENTION, ran_in="TensorFlow graph", mode="compile", micro_batch=micro,
                samples_per_sequence=2.0, accumulation=2, optimizer="fused-lamb", bucket_cap_mb=64,
@@ -143,7 +155,7 @@ def _mr_bert(cards: int, batch: int, seq: int, micro: int, packing: float, accum
     return Row(model="bert-large", device="gaudi", cards=cards, batch=batch, seq_len=seq, software="PyTorch lazy",
                model_config=_BERT_ATTENTION, ran_in="PyTorch lazy", mode="lazy", micro_batch=micro,
                samples_per_sequence=packing, accumulation=accumulation, optimizer="fused-lamb", comm_hook="fp16",
-               source=_MR_BERT)
+               autocast_ops=_BERT_PT_OPS, source=_MR_BERT)
 
 
 ROWS: tuple[Row, ...] = (
@@ -220,6 +232,7 @@ class RowResult:
 
 
 def _trace(row: Row, spec, optimizer: str, flavour: str | None, ddp: bool):
+    from hpu_runtime.bridge.autocast import op_lists
     from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
@@ -228,8 +241,10 @@ def _trace(row: Row, spec, optimizer: str, flavour: str | None, ddp: bool):
     name = f"{row.model}:{flavour}" if flavour else row.model
     # compile mode under DDP: the model is compiled broken at the buckets (DDPOptimizer)
     cap = row.bucket_cap_mb if ddp and row.mode == "compile" else None
-    return trace_step(resolve_factory(name, **kwargs), row.micro_batch, spec=spec, mode=row.mode,
-                      optimizer=optimizer, autocast=True, ddp_bucket_cap_mb=cap)
+    lists = op_lists(*row.autocast_ops) if row.autocast_ops else nullcontext()
+    with lists:
+        return trace_step(resolve_factory(name, **kwargs), row.micro_batch, spec=spec, mode=row.mode,
+                          optimizer=optimizer, autocast=True, ddp_bucket_cap_mb=cap)
 
 
 def _counts(graphs, trace) -> tuple[int, int, int, int, int, int]:
@@ -286,7 +301,7 @@ def simulate_row(row: Row, cache: dict | None = None, spec=None) -> RowResult:
 
     cache = {} if cache is None else cache
     key = (row.model, row.device, row.micro_batch, row.seq_len, row.model_config, row.mode, row.optimizer,
-           row.accumulation > 1, row.bucket_cap_mb if row.mode == "compile" else None)
+           row.accumulation > 1, row.bucket_cap_mb if row.mode == "compile" else None, row.autocast_ops)
     if key not in cache:
         cache[key] = trace_row(row)
     traces = cache[key]

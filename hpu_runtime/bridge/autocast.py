@@ -43,6 +43,8 @@ aten ops; in-place overloads are not cast. Process-wide, for the life of the pro
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch.amp import autocast_mode
@@ -108,25 +110,9 @@ def _casting_kernel(op, to_lower: bool):
     return kernel
 
 
-def apply_op_lists() -> bool:
-    """Apply Gaudi's autocast op lists once per process (NOTE [Gaudi's autocast op lists]).
-
-    Returns:
-        whether lists were given and applied (False on every call after the first).
-
-    Raises:
-        ValueError: a list variable names a file that cannot be read.
-    """
-    global _op_lists_read, _library
-    if _op_lists_read:
-        return False
-    _op_lists_read = True
-    cfg = RuntimeConfig.from_env()  # now, not at device creation: GaudiConfig sets them late
-    lower = _read_list(LOWER_LIST_VAR, cfg.autocast_lower_precision_ops_list)
-    fp32 = _read_list(FP32_LIST_VAR, cfg.autocast_fp32_ops_list)
-    if lower is None and fp32 is None:
-        return False
-    lower, fp32 = set(lower or ()), set(fp32 or ())
+def _register_lists(lower: set[str], fp32: set[str]):
+    """A library whose ``AutocastHPU`` kernels apply ``lower`` / ``fp32`` (NOTE [Gaudi's
+    autocast op lists]); it stays in force while referenced, and until ``_destroy()``."""
     named = {_PYTHON_NAMES.get(n, n) for n in lower | fp32}
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
@@ -146,10 +132,59 @@ def apply_op_lists() -> bool:
                     base, _, ov = qual.partition(".")
                     op = getattr(getattr(torch.ops.aten, base), ov or "default")
                     lib.impl(qual, _casting_kernel(op, to_lower), "AutocastHPU")
-    _library = lib
+    return lib
+
+
+_applied: tuple[frozenset, frozenset] | None = None  # the lists _library applies
+
+
+def apply_op_lists() -> bool:
+    """Apply Gaudi's autocast op lists once per process (NOTE [Gaudi's autocast op lists]).
+
+    Returns:
+        whether lists were given and applied (False on every call after the first).
+
+    Raises:
+        ValueError: a list variable names a file that cannot be read.
+    """
+    global _op_lists_read, _library, _applied
+    if _op_lists_read:
+        return False
+    _op_lists_read = True
+    cfg = RuntimeConfig.from_env()  # now, not at device creation: GaudiConfig sets them late
+    lower = _read_list(LOWER_LIST_VAR, cfg.autocast_lower_precision_ops_list)
+    fp32 = _read_list(FP32_LIST_VAR, cfg.autocast_fp32_ops_list)
+    if lower is None and fp32 is None:
+        return False
+    _applied = (frozenset(lower or ()), frozenset(fp32 or ()))
+    _library = _register_lists(set(_applied[0]), set(_applied[1]))
     return True
 
-__all__ = ["apply_op_lists", "autocast", "hpu_region", "install"]
+
+@contextmanager
+def op_lists(lower: Iterable[str], fp32: Iterable[str]) -> Iterator[None]:
+    """Within the block, ``"hpu"`` autocast regions use these op lists instead of the process's
+    (the files ``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST`` / ``PT_HPU_AUTOCAST_FP32_OPS_LIST``
+    would name, or torch's defaults); the process's lists are back after it. For tracers that
+    plan several published runs in one process, each with the lists its script passed
+    (Habana's BERT scripts: ``ops_bf16_bert_pt.txt`` / ``ops_fp32_bert_pt.txt``). Not
+    thread-safe: the lists are process-wide while the block runs."""
+    global _library, _applied
+    apply_op_lists()  # the environment's lists are read first, so they cannot replace these later
+    before, previous = _library, _applied
+    if before is not None:
+        before._destroy()
+    _applied = (frozenset(lower), frozenset(fp32))
+    _library = _register_lists(set(_applied[0]), set(_applied[1]))
+    try:
+        yield
+    finally:
+        _library._destroy()
+        _applied = previous
+        _library = _register_lists(set(previous[0]), set(previous[1])) if previous is not None else None
+
+
+__all__ = ["apply_op_lists", "autocast", "hpu_region", "install", "op_lists"]
 
 _installed = False
 _regions = threading.local()

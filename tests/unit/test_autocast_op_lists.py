@@ -43,3 +43,37 @@ def test_an_unreadable_list_is_an_error_naming_it(tmp_path) -> None:
     proc = run([sys.executable, "-c", _PROBE], timeout=120,
                env={"PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST": str(tmp_path / "missing.txt")})
     assert proc.returncode != 0 and "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST" in proc.stderr
+
+
+_SCOPED = r"""
+import torch, hpu_runtime
+from hpu_runtime.bridge.autocast import op_lists
+a, b = torch.randn(4, 4, device="hpu"), torch.randn(4, 4, device="hpu")
+
+def probe(tag):
+    with torch.autocast("hpu", dtype=torch.bfloat16):
+        got = {"softmax": torch.softmax(a, -1), "mm": torch.mm(a, b), "layer_norm": torch.nn.functional.layer_norm(a, (4,))}
+    print(tag + ":" + ",".join(f"{k}={str(v.dtype).split('.')[-1]}" for k, v in got.items()))
+
+probe("before")
+with op_lists(["softmax", "layer_norm"], ["mm"]):
+    probe("inside")
+probe("after")
+"""
+
+
+def test_op_lists_apply_inside_the_block_only(tmp_path) -> None:
+    """``op_lists`` (a tracer planning a published run with its script's lists) replaces the
+    process's lists inside the block and puts them back after it: with the environment's lists
+    given, and with none (torch's defaults: softmax and layer_norm in fp32, mm in bf16)."""
+    (tmp_path / "lower.txt").write_text("mm\nsoftmax\n")
+    (tmp_path / "fp32.txt").write_text("layer_norm\n")
+    for env, outside in (({}, "softmax=float32,mm=bfloat16,layer_norm=float32"),
+                         ({"PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST": str(tmp_path / "lower.txt"),
+                           "PT_HPU_AUTOCAST_FP32_OPS_LIST": str(tmp_path / "fp32.txt")},
+                          "softmax=bfloat16,mm=bfloat16,layer_norm=float32")):
+        proc = run([sys.executable, "-c", _SCOPED], timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = dict(line.split(":", 1) for line in proc.stdout.split())
+        assert lines["before"] == lines["after"] == outside, (env, lines)
+        assert lines["inside"] == "softmax=bfloat16,mm=float32,layer_norm=bfloat16", lines
