@@ -37,7 +37,8 @@ and applied by kernels registered for the ``AutocastHPU`` key: a listed op casts
 hpu inputs to the region's dtype (lower list) or to fp32 (fp32 list); an op the default lists
 would cast but neither list names runs in its inputs' dtypes (the promote ops ``cat``, ``stack``, ``index_copy`` keep theirs).
 Python operator names Gaudi's lists use (``iadd``, ``truediv``, ``rsub``...) map to their
-aten ops; in-place overloads are not cast. Process-wide, for the life of the process.
+aten ops; in-place overloads are not cast. Process-wide, for the life of the process,
+except inside :func:`op_lists` (a tracer planning a published run with its script's lists).
 """
 
 from __future__ import annotations
