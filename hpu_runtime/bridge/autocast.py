@@ -111,7 +111,7 @@ def _casting_kernel(op, to_lower: bool):
     return kernel
 
 
-def _register_lists(lower: set[str], fp32: set[str]):
+def _register_lists(lower: frozenset[str], fp32: frozenset[str]):
     """A library whose ``AutocastHPU`` kernels apply ``lower`` / ``fp32`` (NOTE [Gaudi's
     autocast op lists]); it stays in force while referenced, and until ``_destroy()``."""
     named = {_PYTHON_NAMES.get(n, n) for n in lower | fp32}
@@ -158,7 +158,7 @@ def apply_op_lists() -> bool:
     if lower is None and fp32 is None:
         return False
     _applied = (frozenset(lower or ()), frozenset(fp32 or ()))
-    _library = _register_lists(set(_applied[0]), set(_applied[1]))
+    _library = _register_lists(*_applied)
     return True
 
 
@@ -172,17 +172,18 @@ def op_lists(lower: Iterable[str], fp32: Iterable[str]) -> Iterator[None]:
     thread-safe: the lists are process-wide while the block runs."""
     global _library, _applied
     apply_op_lists()  # the environment's lists are read first, so they cannot replace these later
-    before, previous = _library, _applied
-    if before is not None:
-        before._destroy()
-    _applied = (frozenset(lower), frozenset(fp32))
-    _library = _register_lists(set(_applied[0]), set(_applied[1]))
-    try:
-        yield
-    finally:
+    previous = _applied
+    if _library is not None:
         _library._destroy()
+    _library, _applied = None, (frozenset(lower), frozenset(fp32))
+    try:
+        _library = _register_lists(*_applied)
+        yield
+    finally:  # also when registering failed part-way: the process's lists come back either way
+        if _library is not None:
+            _library._destroy()
         _applied = previous
-        _library = _register_lists(set(previous[0]), set(previous[1])) if previous is not None else None
+        _library = _register_lists(*previous) if previous is not None else None
 
 
 __all__ = ["apply_op_lists", "autocast", "hpu_region", "install", "op_lists"]

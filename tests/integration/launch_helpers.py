@@ -134,9 +134,8 @@ def assert_no_new_shm(before: set[str], within_s: float = 5.0) -> None:
     segment that no live process holds past the deadline is a leak. Segments that other
     jobs running side by side still hold are not counted."""
     deadline = time.monotonic() + within_s
-    while _leaked(before) and time.monotonic() < deadline:
+    while (left := _leaked(before)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = _leaked(before)
     assert not left, f"shared-memory segments left behind: {sorted(left)}"
 
 

@@ -84,6 +84,8 @@ def test_gaudi2_mlperf_bert_fits_the_card_it_ran_on():
     96 GB Gaudi2 cards: traced with its script's op lists (softmax and layer_norm in bf16) the
     micro-step fits; with torch's default lists (both in fp32) the attention probabilities alone
     would not."""
+    import torch
+
     from hpu_runtime.bridge.autocast import op_lists
 
     row = next(r for r in bf.ROWS if r.device == "gaudi2" and r.model == "bert-large" and r.cards == 8)
@@ -91,7 +93,6 @@ def test_gaudi2_mlperf_bert_fits_the_card_it_ran_on():
     full, _ = bf.trace_row(row)
     assert full.peak_hbm_bytes < get_device_spec("gaudi2").hbm_bytes
     # the lists are scoped to the trace: outside it, autocast keeps torch's default (softmax in fp32)
-    import torch
     with torch.autocast("hpu", dtype=torch.bfloat16):
         assert torch.softmax(torch.ones(2, 2, device="hpu"), -1).dtype == torch.float32
     with op_lists(*row.autocast_ops), torch.autocast("hpu", dtype=torch.bfloat16):
