@@ -93,9 +93,14 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def shm_names() -> set[str]:
-    """Shared-memory files a job of ours could leave: hccl's segments and MPICH's."""
-    return {p.name for p in Path("/dev/shm").glob("*") if p.name.startswith(("hccl_", "mpich_shm_"))}
+JOB_SHM_PREFIXES = ("hccl_", "mpich_shm_")
+
+
+def shm_names(prefixes: tuple[str, ...] = JOB_SHM_PREFIXES) -> set[str]:
+    """Shared-memory files a job of ours could leave: hccl's segments and (under mpiexec or
+    mpi4py) MPICH's. A test whose job cannot start MPI passes ``("hccl_",)``, so that an MPI
+    job running beside it is not counted against it."""
+    return {p.name for p in Path("/dev/shm").glob("*") if p.name.startswith(prefixes)}
 
 
 def _shm_in_use() -> set[str]:
@@ -119,22 +124,23 @@ def _shm_in_use() -> set[str]:
     return held
 
 
-def _leaked(before: set[str]) -> set[str]:
-    listed = shm_names() - before
+def _leaked(before: set[str], prefixes: tuple[str, ...]) -> set[str]:
+    listed = shm_names(prefixes) - before
     if not listed:
         return listed
     held = _shm_in_use()
     # listed again after the scan: a segment unlinked meanwhile is not a leak
-    return (listed & shm_names()) - held
+    return (listed & shm_names(prefixes)) - held
 
 
-def assert_no_new_shm(before: set[str], within_s: float = 5.0) -> None:
+def assert_no_new_shm(before: set[str], within_s: float = 5.0,
+                      prefixes: tuple[str, ...] = JOB_SHM_PREFIXES) -> None:
     """No segment created since ``before`` survives unheld: hccl unlinks its segments
     within milliseconds of the rendezvous and MPICH at the end of its job, so a new
     segment that no live process holds past the deadline is a leak. Segments that other
-    jobs running side by side still hold are not counted."""
+    jobs running side by side still hold are not counted; ``prefixes`` as in :func:`shm_names`."""
     deadline = time.monotonic() + within_s
-    while (left := _leaked(before)) and time.monotonic() < deadline:
+    while (left := _leaked(before, prefixes)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"shared-memory segments left behind: {sorted(left)}"
 

@@ -95,7 +95,14 @@ def test_bad_transport_value_is_refused() -> None:
 def _two_ranks_without_mpiexec(rank: int, world: int) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("hccl", init_method=f"file://{os.environ['INIT_FILE']}", rank=rank, world_size=world)
+    try:
+        dist.init_process_group("hccl", init_method=f"file://{os.environ['INIT_FILE']}", rank=rank, world_size=world)
+    finally:
+        # the transport initialised MPI as a singleton, whose MPICH segment mpi4py's atexit
+        # Finalize unlinks; run_ranks' workers end by os._exit, which skips atexit
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
 
 
 @pytest.mark.timeout(60)
@@ -103,13 +110,16 @@ def test_mpi_transport_outside_mpiexec_says_how_to_start(tmp_path: Path) -> None
     """HCCL_TRANSPORT=mpi in ranks not started by mpiexec: a clear error on every rank."""
     pytest.importorskip("mpi4py")
     from tests.dist_utils import run_ranks
+    from tests.integration.launch_helpers import assert_no_new_shm, shm_names
 
+    before = shm_names()
     res = run_ranks(_two_ranks_without_mpiexec, 2, backend=None, timeout=50, expect_errors=True,
                     env={"HCCL_TRANSPORT": "mpi", "INIT_FILE": str(tmp_path / "init")})
     for status, text in res:
         assert status == "err", res
         assert "HCCL_TRANSPORT=mpi needs the job started by mpiexec" in text
         assert "MPI sees 1 process(es) but the process group has 2 ranks" in text
+    assert_no_new_shm(before)
 
 
 # ---- rank side (under mpiexec) ---------------------------------------------------------------
