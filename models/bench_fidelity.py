@@ -57,7 +57,7 @@ def throughput_table(figures: list[dict], cache: dict) -> tuple[list, dict]:
         try:
             r = simulate_row(row, cache)
         except HPUOutOfMemoryError as exc:
-            rows.append([*head, f"{pub:,.0f}", "HBM OOM", "-", "-", "-", "-", "-", "-", "-", role.get(i, "check")])
+            rows.append([*head, f"{pub:,.0f}", "HBM OOM", "-", "-", "-", "-", "-", "-", "-", "-", role.get(i, "check")])
             print(f"  {row.label}: {exc}")
             continue
         results[i] = (pub, r)
@@ -65,7 +65,8 @@ def throughput_table(figures: list[dict], cache: dict) -> tuple[list, dict]:
             "host" if r.host_ns >= r.exposed_comm_ns else "comm")
         hbm = f"{r.peak_hbm_bytes / 2**30:.0f}/{get_device_spec(row.device).hbm_bytes / 2**30:.0f}"
         rows.append([*head, f"{pub:,.0f}", f"{r.samples_per_s:,.0f}", f"{r.samples_per_s / pub:.2f}", _ms(r.step_ns),
-                     _ms(r.device_ns), _ms(r.host_ns), _ms(r.exposed_comm_ns), bound, hbm, role.get(i, "check")])
+                     _ms(r.device_ns), _ms(r.host_ns), _ms(r.exposed_comm_ns), _ms(r.checkpoint_ns) if r.checkpoint_ns
+                     else "-", bound, hbm, role.get(i, "check")])
     return rows, results
 
 
@@ -110,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     cache: dict = {}
     rows, results = throughput_table(figures, cache)
     print("Per-card training throughput (samples/s per card; simulated: bf16, the published run's mode, micro-batch,"
-          " packing, accumulation,\noptimizer and all-reduce; times per card per optimizer step, simulated ms; HBM:"
-          " the micro-step's simulated peak / the card's, GiB)")
+          " packing, accumulation,\noptimizer and all-reduce; times per card per optimizer step, simulated ms; ckpt:"
+          " the published block's checkpoint, its share per step\n(NOTE [a block's checkpoint] in"
+          " models/published_runs.py); HBM: the micro-step's simulated peak / the card's, GiB)")
     print(tabulate(rows, headers=["model", "device", "cards", "batch", "published run", "planned", "traced",
                                   "published", "simulated", "ratio", "step", "device", "host", "exposed comm",
-                                  "bound", "HBM", "role"], tablefmt="github"))
+                                  "ckpt", "bound", "HBM", "role"], tablefmt="github"))
     print("\nScaling efficiency (per-card throughput at N cards / at 8 cards)")
     print(tabulate(_scaling(results), headers=["model", "device", "seq", "cards", "published", "simulated",
                                                "points"], tablefmt="github"))

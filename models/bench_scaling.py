@@ -25,7 +25,9 @@ NOTE [what the series run]
     no per-op host cost; the MLPerf PyTorch BERT run is planned as it ran, in lazy mode with HPU
     graphs (``hpu_graphs``, as :mod:`models.published_runs` plans its throughput rows). Lazy mode
     without graphs would make those steps host-bound and their per-card throughput
-    proportional to the batch.
+    proportional to the batch. The MLPerf PyTorch BERT figures are samples per block over the
+    block's time, and a block ends with a checkpoint of the model to the host (NOTE [a block's
+    checkpoint] in :mod:`models.published_runs`): its share per step is added to the step.
 """
 
 from __future__ import annotations
@@ -63,13 +65,16 @@ class Series:
     """The figures' ``model`` name when it differs from the planner's."""
     pick: str = ""
     """Substring of the figures' ``source`` that picks the series' rows (several runs of one release)."""
+    checkpoint_every: tuple[int, ...] = ()
+    """Per point, optimizer steps between the checkpoints the published block time includes
+    (NOTE [a block's checkpoint] in :mod:`models.published_runs`); empty: none."""
 
 
 SERIES = (
     Series("HLS-1H MLPerf v1.1 ResNet-50 (TF)", "resnet50", "gaudi", "hls1h", "TensorFlow 2.5.1",
            ((16, 128), (32, 128), (64, 128), (128, 128)), mode="compile"),
     Series("HLS-Gaudi2 MLPerf v3.0 BERT-Large (PT)", "bert-large", "gaudi2", "hls2", "PyTorch 1.13.1",
-           ((8, 28), (64, 24)), seq_len=512, accumulation=2, mode="hpu_graphs"),
+           ((8, 28), (64, 24)), seq_len=512, accumulation=2, mode="hpu_graphs", checkpoint_every=(335, 57)),
     Series("HLS-1H MLPerf v1.1 BERT-Large (TF)", "bert-large", "gaudi", "hls1h", "TensorFlow 2.5.1",
            ((8, 28), (64, 24)), seq_len=512, accumulation=2, mode="compile"),
     Series("HLS-1 ResNet-50 SGD (TF, SynapseAI 1.0)", "resnet50", "gaudi", "hls1", "TensorFlow 2.5.0",
@@ -115,10 +120,12 @@ def _simulated(s: Series, traces: dict, steps: int, variability=None) -> dict[in
     from hccl.sim.cluster import Cluster
     from hccl.sim.ddp_plan import plan_ddp_step
     from hccl.sim.variability import DEFAULT
+    from hpu_runtime.device.cost_model import state_dict_to_host_ns
+    from hpu_runtime.device.spec import get_device_spec
     from launchers.study.scale import ScaleConfig, plan_world_size
 
     out = {}
-    for cards, batch in s.points:
+    for i, (cards, batch) in enumerate(s.points):
         cfg = ScaleConfig(model=s.model, batch_size=batch, seq_len=s.seq_len, world_sizes=(cards,),
                           topology=s.topology, mode=s.mode, device_spec=s.device, steps=steps,
                           condition=Cluster(variability or DEFAULT))
@@ -127,6 +134,9 @@ def _simulated(s: Series, traces: dict, steps: int, variability=None) -> dict[in
             micro = plan_ddp_step(traces[batch], world_size=1, topology=s.topology, bucket_cap_mb=cfg.bucket_cap_mb,
                                   gradient_as_bucket_view=True).times.step_ns
             step += (s.accumulation - 1) * micro
+        if s.checkpoint_every:  # the block's checkpoint, its share per optimizer step
+            spec = get_device_spec(s.device)
+            step += state_dict_to_host_ns(spec, (p.nbytes for p in traces[batch].params)) / s.checkpoint_every[i]
         out[cards] = batch * s.accumulation / (step * 1e-9)
     return out
 

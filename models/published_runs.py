@@ -21,8 +21,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DATA", "ROWS", "Row", "RowResult", "load_figures", "plan_row", "published_figure", "simulate_row",
-           "trace_row"]
+__all__ = ["DATA", "ROWS", "Row", "RowResult", "checkpoint_ns", "load_figures", "plan_row", "published_figure",
+           "simulate_row", "trace_row"]
 
 DATA = Path(__file__).with_name("published_figures.toml")
 
@@ -70,6 +70,10 @@ class Row:
     autocast_ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """The run's own autocast op lists ``(bf16 ops, fp32 ops)``, traced with
     :func:`hpu_runtime.bridge.autocast.op_lists`; None: the default lists."""
+    checkpoint_every: int | None = None
+    """Optimizer steps between the run's checkpoints, each a copy of the model's state dict
+    to the host that the published block time includes (NOTE [a block's checkpoint]); None:
+    the figure's time has none."""
     source: str
     """Where the settings come from."""
 
@@ -83,8 +87,8 @@ class Row:
             raise ValueError(f"Row {self.label}: optimizer must be one of {', '.join(OPTIMIZERS[:-1])}")
         if self.comm_hook not in COMM_HOOKS:
             raise ValueError(f"Row {self.label}: unknown comm hook {self.comm_hook!r}")
-        for name in ("cards", "batch", "micro_batch", "accumulation"):
-            if getattr(self, name) < 1:
+        for name in ("cards", "batch", "micro_batch", "accumulation", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"Row {self.label}: {name} must be >= 1")
         if not self.samples_per_sequence >= 1.0:
             raise ValueError(f"Row {self.label}: samples_per_sequence must be >= 1")
@@ -135,6 +139,24 @@ _MR_RN50_COMPILE = ("Intel Gaudi reference models page, 'ResNet50 LARS (torch.co
                     "torchvision ResNet-50 (bucket_cap_mb=256, gradient_as_bucket_view)")
 
 
+# NOTE [a block's checkpoint]
+# The MLPerf v3.0 Gaudi2 PyTorch BERT figures are samples per block over the block's time
+# (block_start -> block_stop in the result logs). In that run a block is training only:
+# evaluation runs after training, on the checkpoints it saved (run_pretraining.py, its
+# `if args.do_eval:` section, which logs eval_accuracy with the block's timestamp). What a
+# block adds to its steps is the checkpoint at its end: the node's local rank 0 builds
+# `{k: v.to('cpu') for k, v in model.state_dict().items()}` (async_checkpoint, the default;
+# --checkpoint_filter model) and hands it to a saver process. Every
+# SAVE_CHECKPOINTS_STEPS optimizer steps (launch_bert_pytorch.sh: 335 on 8 cards, 57 on 64),
+# the same fixed cost whatever the cards, so it weighs 6x more on 64 cards' 8 s blocks than
+# on 8 cards' 52 s ones. It is charged as the bridge charges that code: one host read per
+# state-dict tensor (hpu_runtime.device.cost_model.state_dict_to_host_ns; the model's
+# parameters, fp32). Not charged: the saver's torch.save (another process) and the queue's
+# pickling into shared memory (the queue's feeder thread).
+_MLPERF_BERT_CHECKPOINT_STEPS = {8: 335, 64: 57}
+"""SAVE_CHECKPOINTS_STEPS in launch_bert_pytorch.sh (MLPerf v3.0 Intel-HabanaLabs HLS-Gaudi2-PT)."""
+
+
 def _mlperf_bert(device: str, cards: int, batch: int, micro: int) -> Row:
     """An MLPerf BERT row: Gaudi2, PyTorch with an HPU graph and FastDDP's one bf16 all-reduce;
     first-gen, TensorFlow graph mode, two micro-steps, Horovod."""
@@ -142,7 +164,8 @@ def _mlperf_bert(device: str, cards: int, batch: int, micro: int) -> Row:
         return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="PyTorch 1.13.1",
                    model_config=_BERT_ATTENTION, ran_in="PyTorch lazy + HPU graph, FastDDP", mode="hpu_graphs",
                    micro_batch=micro, samples_per_sequence=2.0, optimizer="fused-lamb", comm_hook="bf16",
-                   autocast_ops=_BERT_PT_OPS, source=_MLPERF_BERT_PT)
+                   autocast_ops=_BERT_PT_OPS, checkpoint_every=_MLPERF_BERT_CHECKPOINT_STEPS[cards],
+                   source=_MLPERF_BERT_PT)
     return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="TensorFlow 2.5.1",
                model_config=_BERT_ATTENTION, ran_in="TensorFlow graph", mode="compile", micro_batch=micro,
                samples_per_sequence=2.0, accumulation=2, optimizer="fused-lamb", bucket_cap_mb=64,
@@ -204,9 +227,12 @@ class RowResult:
     """One row planned: per card, per optimizer step (simulated ns), and its mechanisms.
 
     Attributes:
-        samples_per_s: simulated throughput per card.
+        samples_per_s: simulated throughput per card (per optimizer step and its share of
+            the checkpoints).
         step_ns, device_ns, host_ns, exposed_comm_ns: the optimizer step, the compute
             stream busy in it, the host thread busy in it, communication not under compute.
+        checkpoint_ns: the run's checkpoint (NOTE [a block's checkpoint]) per optimizer step,
+            amortized over ``Row.checkpoint_every`` steps; 0 without one.
         ops: device ops run per optimizer step (replayed HPU-graph ops included).
         replayed_ops: of those, the ops HPU-graph replays ran (no host cost each).
         launches: graph launches per optimizer step (replays excluded).
@@ -229,6 +255,17 @@ class RowResult:
     copied_bytes: int
     buckets: int
     peak_hbm_bytes: int
+    checkpoint_ns: int = 0
+
+
+def checkpoint_ns(row: Row, trace, spec) -> int:
+    """One checkpoint of ``row``'s run (NOTE [a block's checkpoint]): the traced model's
+    parameters copied to the host one by one on ``spec``, simulated ns; 0 if the row has none."""
+    from hpu_runtime.device.cost_model import state_dict_to_host_ns
+
+    if row.checkpoint_every is None:
+        return 0
+    return state_dict_to_host_ns(spec, (p.nbytes for p in trace.params))
 
 
 def _trace(row: Row, spec, optimizer: str, flavour: str | None, ddp: bool):
@@ -275,10 +312,11 @@ def plan_row(row: Row, traces: tuple) -> RowResult:
         counts = [a + k * b for a, b in zip(counts, _counts(m.graphs, micro))]
     step, device, host = times
     ops, replayed, launches, replays, copies, copied = counts
-    return RowResult(samples_per_s=row.samples_per_step / (step * 1e-9), step_ns=step, device_ns=device,
+    ckpt = checkpoint_ns(row, full, full.spec) // (row.checkpoint_every or 1)
+    return RowResult(samples_per_s=row.samples_per_step / ((step + ckpt) * 1e-9), step_ns=step, device_ns=device,
                      host_ns=host, exposed_comm_ns=t.exposed_comm_ns, ops=ops, replayed_ops=replayed,
                      launches=launches, replays=replays, copies=copies, copied_bytes=copied,
-                     buckets=len(plan.buckets), peak_hbm_bytes=full.peak_hbm_bytes)
+                     buckets=len(plan.buckets), peak_hbm_bytes=full.peak_hbm_bytes, checkpoint_ns=ckpt)
 
 
 def trace_row(row: Row, spec=None, flavour: str | None = None) -> tuple:

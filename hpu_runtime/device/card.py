@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .cost_model import pcie_ns
+from .cost_model import pcie_ns, read_back_ns
 from .lazy_graph import OpRecord
 from .spec import DeviceSpec
 from .timeline import Stream, StepTimes, TraceEvent, step_breakdown
@@ -162,7 +162,7 @@ class Card:
         that writes ``serial``), then copy ``nbytes`` down over PCIe."""
         self.wait_host(max(self.compute.free_ns, self.ready_after.get(serial, 0)))
         if nbytes:
-            self.spend_host("D2H copy", self.spec.host_read_ns + pcie_ns(self.spec, nbytes), {"bytes": nbytes})
+            self.spend_host("D2H copy", read_back_ns(self.spec, nbytes), {"bytes": nbytes})
 
     # ---- collectives (NOTE [collective dependencies]) ---------------------------------------
     def collective_ready_ns(self) -> int:

@@ -57,6 +57,7 @@ the host (:func:`host_op_time_ns`) and a graph compile (:func:`compile_ns`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,9 @@ __all__ = [
     "op_cost",
     "op_time_ns",
     "pcie_ns",
+    "read_back_ns",
     "recost",
+    "state_dict_to_host_ns",
     "tensor_bytes",
 ]
 
@@ -239,6 +242,19 @@ def fused_time_ns(spec: DeviceSpec, cost: OpCost, hbm_bytes: int) -> int:
 def pcie_ns(spec: DeviceSpec, nbytes: int) -> int:
     """One-direction host<->device copy of ``nbytes`` over PCIe, simulated ns."""
     return int(nbytes / spec.pcie_bytes_per_s * 1e9)
+
+
+def read_back_ns(spec: DeviceSpec, nbytes: int) -> int:
+    """Host time of one host read of ``nbytes`` once the device is done (``t.cpu()``,
+    ``t.to("cpu")``, ``.item()``): ``host_read_ns`` plus the PCIe copy, simulated ns."""
+    return spec.host_read_ns + pcie_ns(spec, nbytes)
+
+
+def state_dict_to_host_ns(spec: DeviceSpec, nbytes: Iterable[int]) -> int:
+    """Host time of copying tensors of ``nbytes`` bytes each to the host one by one, as a
+    checkpoint does (``{k: v.to("cpu") for k, v in model.state_dict().items()}``): one host
+    read per tensor (:func:`read_back_ns`), simulated ns."""
+    return sum(read_back_ns(spec, n) for n in nbytes)
 
 
 def host_op_time_ns(spec: DeviceSpec, flops: int, nbytes: int) -> int:

@@ -49,8 +49,14 @@ def test_row_mechanisms(index, changes):
     traces = bf.trace_row(row, flavour="debug")
     r = bf.plan_row(row, traces)
     assert r.host_ns == _host_from_counts(row, r, traces)
+    spec = get_device_spec(row.device)
+    if row.checkpoint_every:  # NOTE [a block's checkpoint]: one host read per parameter, shared by the block
+        reads = sum(spec.host_read_ns + pcie_ns(spec, p.nbytes) for p in traces[0].params)
+        assert len(traces[0].params) > 10 and r.checkpoint_ns == reads // row.checkpoint_every > 0
+    else:
+        assert r.checkpoint_ns == 0
     assert r.samples_per_s == pytest.approx(row.micro_batch * row.samples_per_sequence * row.accumulation
-                                            / (r.step_ns * 1e-9))
+                                            / ((r.step_ns + r.checkpoint_ns) * 1e-9))
     assert r.buckets == 1  # every published row here reduces its gradients in one bucket at this size
     if row.mode == "hpu_graphs":
         assert r.replays == 2 and r.replayed_ops > r.ops - r.replayed_ops  # forward and backward graphs

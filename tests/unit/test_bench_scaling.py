@@ -18,3 +18,24 @@ def test_compile_series_is_traced_with_ddps_graph_breaks():
     assert lazy[16].mode == "lazy"
     rate = bench_scaling._simulated(s, traces, steps=2, variability=Variability(seed=0))
     assert set(rate) == {8, 64} and 0 < rate[64] <= rate[8]
+
+
+def test_a_blocks_checkpoint_weighs_more_on_shorter_blocks():
+    """A series whose published blocks end with a checkpoint (the MLPerf v3.0 Gaudi2 BERT run):
+    each optimizer step carries its share of one host read per parameter, so the point with
+    fewer steps per block loses more per card; the per-step times differ by exactly that share."""
+    import dataclasses
+
+    from hpu_runtime.device.spec import get_device_spec
+
+    s = bench_scaling.Series("test", "mlp", "gaudi2", "hls2", "-", ((8, 16), (64, 16)), mode="compile")
+    traces = bench_scaling._traces(s)
+    plain = bench_scaling._simulated(s, traces, steps=2, variability=Variability(seed=0))
+    ckpt = bench_scaling._simulated(dataclasses.replace(s, checkpoint_every=(300, 50)), traces, steps=2,
+                                    variability=Variability(seed=0))
+    spec = get_device_spec("gaudi2")
+    one = sum(spec.host_read_ns + p.nbytes / spec.pcie_bytes_per_s * 1e9 for p in traces[16].params)
+    for cards, every in ((8, 300), (64, 50)):
+        extra_s = 16 / ckpt[cards] - 16 / plain[cards]
+        assert abs(extra_s * 1e9 - one / every) < 1e-3 * one / every
+    assert ckpt[64] / ckpt[8] < plain[64] / plain[8]

@@ -221,3 +221,25 @@ def test_host_read_inside_vmap_is_not_a_device_read() -> None:
     x = torch.randn(3, 4).to("hpu")
     out = torch.vmap(lambda row: row.to("cpu") * 2)(x)
     assert out.device.type == "cpu" and torch.equal(out, (x * 2).cpu())
+
+
+def test_checkpoint_to_host_is_charged_as_the_planner_plans(dev):
+    """``{k: v.to("cpu") for k, v in model.state_dict().items()}`` after a step (the MLPerf
+    BERT run's checkpoint): one host read per tensor, as the planner's
+    ``state_dict_to_host_ns`` plans it from the tensors' sizes; checked against the hand sum."""
+    from hpu_runtime.device.cost_model import state_dict_to_host_ns
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8)).to("hpu")
+    model(torch.ones(4, 1024, device="hpu")).sum().backward()
+    hpu.mark_step()
+    state = model.state_dict()
+    dev.synchronize()  # the step's work done: only the copies remain
+    h0 = dev.host_ns
+    on_host = {k: v.to("cpu") for k, v in state.items()}
+    charged = dev.host_ns - h0
+    sizes = [v.nbytes for v in state.values()]
+    assert sizes == [4 << 20, 4096, 32768, 32]
+    # by hand: 4 reads of COPY_NS each, plus PCIe at 32e9 bytes/s (int ns per read)
+    assert charged == 4 * COPY_NS + PCIE_4MIB_NS + 128 + 1024 + 1
+    assert state_dict_to_host_ns(dev.spec, sizes) == charged
+    assert all(t.device.type == "cpu" for t in on_host.values())
