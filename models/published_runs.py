@@ -70,6 +70,9 @@ class Row:
     autocast_ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """The run's own autocast op lists ``(bf16 ops, fp32 ops)``, traced with
     :func:`hpu_runtime.bridge.autocast.op_lists`; None: the default lists."""
+    topology: str | None = None
+    """The system it ran on (:mod:`hccl.sim.topologies`); None: the generation's 8-card box
+    (``hls1``, ``hls2``, ``hls3``)."""
     checkpoint_every: int | None = None
     """Optimizer steps between the run's checkpoints, each a copy of the model's state dict
     to the host that the published block time includes (NOTE [a block's checkpoint]); None:
@@ -92,6 +95,12 @@ class Row:
                 raise ValueError(f"Row {self.label}: {name} must be >= 1")
         if not self.samples_per_sequence >= 1.0:
             raise ValueError(f"Row {self.label}: samples_per_sequence must be >= 1")
+        if self.topology is not None:
+            from hccl.sim.topology import builtin_topologies
+
+            if self.topology not in builtin_topologies():
+                raise ValueError(f"Row {self.label}: unknown topology {self.topology!r}; known: "
+                                 f"{', '.join(builtin_topologies())}")
 
     @property
     def label(self) -> str:
@@ -116,6 +125,11 @@ _MLPERF_BERT_PT = ("MLPerf v3.0 Intel-HabanaLabs bert: HLS-Gaudi2-PT/launch_bert
                    "PyTorch/run_pretraining.py (forward, loss and backward captured in one HPUGraph and "
                    "replayed; avg_seq_per_sample default {128: 1.2, 512: 2.0}), PyTorch/fastddp.py (one "
                    "bf16 all-reduce of every gradient after backward); FastLamb")
+_MLPERF_V11_SYSTEM = "hls1h"
+"""Where Habana's MLPerf v1.1 (first-gen, TensorFlow) results ran: HLS-1H nodes, four cards
+each with every RoCE port out to the switches (mlcommons/training_results_v1.1
+Intel-HabanaLabs/systems/HLS-1H-N2 ... -N32.json), planned on that system, not on HLS-1's
+8-card box."""
 _MLPERF_BERT_TF = ("MLPerf v1.1 Intel-HabanaLabs bert HLS-1H-N2 / -N16 defaults.cfg: TRAIN_BATCH_SIZE=14 "
                    "(12 at 64 cards) packed sequences, NUM_ACCUMULATION_STEPS=4 (halved for packing, as "
                    "Habana's run_pretraining does), PACKED_DATA=True; TensorFlow graph mode, Horovod")
@@ -169,7 +183,7 @@ def _mlperf_bert(device: str, cards: int, batch: int, micro: int) -> Row:
     return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="TensorFlow 2.5.1",
                model_config=_BERT_ATTENTION, ran_in="TensorFlow graph", mode="compile", micro_batch=micro,
                samples_per_sequence=2.0, accumulation=2, optimizer="fused-lamb", bucket_cap_mb=64,
-               source=_MLPERF_BERT_TF)
+               topology=_MLPERF_V11_SYSTEM, source=_MLPERF_BERT_TF)
 
 
 def _mr_bert(cards: int, batch: int, seq: int, micro: int, packing: float, accumulation: int) -> Row:
@@ -188,12 +202,9 @@ ROWS: tuple[Row, ...] = (
         ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
     _mlperf_bert("gaudi2", 8, 56, 28),
     _mlperf_bert("gaudi2", 64, 48, 24),
-    Row(model="resnet50", device="gaudi", cards=8, batch=256, software="TensorFlow 2.5.1", micro_batch=256,
-        ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
-    Row(model="resnet50", device="gaudi", cards=64, batch=128, software="TensorFlow 2.5.1", micro_batch=128,
-        ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
-    Row(model="resnet50", device="gaudi", cards=256, batch=64, software="TensorFlow 2.5.1", micro_batch=64,
-        ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, source=_TF_GRAPH),
+    *(Row(model="resnet50", device="gaudi", cards=cards, batch=batch, software="TensorFlow 2.5.1", micro_batch=batch,
+          ran_in="TensorFlow graph", mode="compile", bucket_cap_mb=64, topology=_MLPERF_V11_SYSTEM, source=_TF_GRAPH)
+      for cards, batch in ((8, 256), (64, 128), (256, 64))),
     _mlperf_bert("gaudi", 8, 56, 14),
     _mlperf_bert("gaudi", 64, 48, 12),
     *(_mr_bert(cards, batch, seq, micro, spp, accumulation) for cards, batch, seq, micro, spp, accumulation in (
@@ -299,7 +310,7 @@ def plan_row(row: Row, traces: tuple) -> RowResult:
     from hpu_runtime.tools.replay import summarize
 
     full, micro = traces
-    topology = {"gaudi": "hls1", "gaudi2": "hls2", "gaudi3": "hls3"}[row.device]
+    topology = row.topology or {"gaudi": "hls1", "gaudi2": "hls2", "gaudi3": "hls3"}[row.device]
     plan = plan_ddp_step(full, world_size=row.cards, topology=topology, bucket_cap_mb=row.bucket_cap_mb,
                          gradient_as_bucket_view=True, comm_hook=row.comm_hook)
     t = plan.times

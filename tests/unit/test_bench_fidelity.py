@@ -103,3 +103,14 @@ def test_gaudi2_mlperf_bert_fits_the_card_it_ran_on():
         assert torch.softmax(torch.ones(2, 2, device="hpu"), -1).dtype == torch.float32
     with op_lists(*row.autocast_ops), torch.autocast("hpu", dtype=torch.bfloat16):
         assert torch.softmax(torch.ones(2, 2, device="hpu"), -1).dtype == torch.bfloat16
+
+
+def test_rows_are_planned_on_the_system_they_ran_on():
+    """A figure measured on HLS-1H nodes (four cards each, every port out to the switches; its
+    source names the HLS-1H system files) is planned on ``hls1h``, not on HLS-1's 8-card box."""
+    figures = bf.load_figures()
+    for row in bf.ROWS:
+        source = bf.published_figure(figures, row)["source"]
+        assert (row.topology == "hls1h") == ("HLS-1H" in source), (row.label, source)
+    with pytest.raises(ValueError, match="unknown topology 'hls9'"):
+        dataclasses.replace(bf.ROWS[0], topology="hls9")
