@@ -90,7 +90,8 @@ def _scaling(results: dict) -> list:
         if base is None:
             continue
         bp, br = results[base]
-        eff.append([row.model, row.device, row.seq_len or "-", f"8 -> {row.cards}", f"{pub / bp:.3f}",
+        batches = f"{ROWS[base].batch}" if ROWS[base].batch == row.batch else f"{ROWS[base].batch} -> {row.batch}"
+        eff.append([row.model, row.device, row.seq_len or "-", f"8 -> {row.cards}", batches, f"{pub / bp:.3f}",
                     f"{r.samples_per_s / br.samples_per_s:.3f}",
                     f"{(r.samples_per_s / br.samples_per_s - pub / bp) * 100:+.1f}"])
     return sorted(eff, key=str)
@@ -118,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "published", "simulated", "ratio", "step", "device", "host", "exposed comm",
                                   "ckpt", "bound", "HBM", "role"], tablefmt="github"))
     print("\nScaling efficiency (per-card throughput at N cards / at 8 cards)")
-    print(tabulate(_scaling(results), headers=["model", "device", "seq", "cards", "published", "simulated",
-                                               "points"], tablefmt="github"))
+    print(tabulate(_scaling(results), headers=["model", "device", "seq", "cards", "batch/card", "published",
+                                               "simulated", "points"], tablefmt="github"))
     if not args.skip_host:
         sim = seed_host_ms()
         print("\nHost time per step, seed MNIST Net (batch 200, Adadelta, first-gen Gaudi), ms")
