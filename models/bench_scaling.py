@@ -136,7 +136,7 @@ def _simulated(s: Series, traces: dict, steps: int, variability=None) -> dict[in
             step += (s.accumulation - 1) * micro
         if s.checkpoint_every:  # the block's checkpoint, its share per optimizer step
             spec = get_device_spec(s.device)
-            step += state_dict_to_host_ns(spec, (p.nbytes for p in traces[batch].params)) / s.checkpoint_every[i]
+            step += state_dict_to_host_ns(spec, (p.nbytes for p in traces[batch].params)) // s.checkpoint_every[i]
         out[cards] = batch * s.accumulation / (step * 1e-9)
     return out
 
