@@ -45,6 +45,7 @@ CONSTANTS: tuple[Calibrated, ...] = (
     Calibrated("mme_tile", ("gaudi2", "gaudi3"), 1, (1, 2048), rises=False),
     Calibrated("mme_efficiency", ("gaudi",), 7, (0.05, 1.0)),
     Calibrated("mme_tile", ("gaudi",), 4, (1, 2048), rises=False),
+    Calibrated("op_overhead_ns", ("gaudi",), 6, (0, 200_000), rises=False),
 )
 """The calibrated device constants, each fitted on one figure; every other row is a prediction."""
 

@@ -141,9 +141,11 @@ def graph_op_times(spec: DeviceSpec, ops: list[OpRecord]) -> list[int]:
         One share per op (same order, each >= 0): their sum is the graph's device time and
         the sum of the first ``k`` is when the first ``k`` ops are all done. An op that
         writes nothing and reads no intermediate (a pure cost, e.g. from
-        ``SimDevice.record_op``) takes its unfused ``cost.device_ns`` on its engine.
+        ``SimDevice.record_op``) takes its unfused ``cost.device_ns`` on its engine. Every
+        op also takes the spec's fixed ``op_overhead_ns`` on its engine.
     """
     reads_at, writes_at, on_chip = _versions(ops)
+    overhead = spec.op_overhead_ns  # NOTE [calibration] in hpu_runtime.device.spec
     free = {"MME": 0, "TPC": 0}
     span: dict[int, tuple[int, int]] = {}  # serial -> (start, end) of the op that last wrote it
     front = 0
@@ -153,10 +155,10 @@ def graph_op_times(spec: DeviceSpec, ops: list[OpRecord]) -> list[int]:
         engine = "MME" if cost.engine == "MME" else "TPC"
         fused_in = sum(nbytes for (_serial, nbytes), key in zip(op.reads, read_keys) if key in on_chip)
         if not op.writes and not fused_in:
-            t = cost.device_ns
+            t = cost.device_ns + overhead
         else:
             written = sum(w[1] for w, key in zip(op.writes, write_keys) if key not in on_chip)
-            t = fused_time_ns(spec, cost, cost.bytes_in - fused_in + written)
+            t = fused_time_ns(spec, cost, cost.bytes_in - fused_in + written) + overhead
         start, end = free[engine], 0
         for serial, _nbytes in op.reads:
             produced = span.get(serial)

@@ -76,3 +76,15 @@ def test_mme_and_tpc_run_at_once_and_consumers_stream_behind_producers():
     # MME 0-10,000; TPC 0-4,000; consumer starts at 4,000 (TPC free), ends at max(7,000, 10,000);
     # the last starts at 10,000 and ends at 18,000
     assert shares == [10_000, 0, 0, 8_000] and sum(shares) == 18_000
+
+
+def test_every_op_of_a_graph_takes_the_fixed_op_overhead_on_its_engine():
+    """op_overhead_ns (first-gen Gaudi's calibrated per-node cost) lengthens each op on its
+    engine: the same graph as above with 1,000 ns per op, scheduled by hand."""
+    ops = [_op("MME", 10_000, writes=(1,)), _op("TPC", 4_000, writes=(2,)),
+           _op("TPC", 3_000, reads=(1,), writes=(3,)),
+           _op("TPC", 8_000, reads=(3,), writes=(4,))]
+    shares = graph_op_times(dataclasses.replace(SPEC, op_overhead_ns=1_000), ops)
+    # MME 0-11,000; TPC 0-5,000; the consumer starts at 5,000 and ends at max(9,000, 11,000);
+    # the last starts at 11,000 and ends at 20,000
+    assert shares == [11_000, 0, 0, 9_000] and sum(shares) == 20_000

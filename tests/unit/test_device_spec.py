@@ -89,6 +89,8 @@ def test_replace_keeps_validation():
      ("tpc_efficiency", 1.5, "tpc_efficiency"),
      ("hbm_efficiency", -0.1, "hbm_efficiency"),
      ("host_op_ns", -5, "host_op_ns"),
+     ("op_overhead_ns", -1, "op_overhead_ns"),
+     ("op_overhead_ns", 1.5, "op_overhead_ns"),
      ("num_tpc", 0, "num_tpc"),
      ("num_mme", True, "num_mme"),
      ("mme_fp32_flops_per_s", 1e18, "exceeds"),
