@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from .published_runs import load_figures
+from .published_runs import checkpoint_ns, load_figures
 
 __all__ = ["SERIES", "CALIBRATION", "Series", "scaling_rows", "collective_rows", "print_table", "fit", "main"]
 
@@ -120,8 +120,6 @@ def _simulated(s: Series, traces: dict, steps: int, variability=None) -> dict[in
     from hccl.sim.cluster import Cluster
     from hccl.sim.ddp_plan import plan_ddp_step
     from hccl.sim.variability import DEFAULT
-    from hpu_runtime.device.cost_model import state_dict_to_host_ns
-    from hpu_runtime.device.spec import get_device_spec
     from launchers.study.scale import ScaleConfig, plan_world_size
 
     out = {}
@@ -135,8 +133,7 @@ def _simulated(s: Series, traces: dict, steps: int, variability=None) -> dict[in
                                   gradient_as_bucket_view=True).times.step_ns
             step += (s.accumulation - 1) * micro
         if s.checkpoint_every:  # the block's checkpoint, its share per optimizer step
-            spec = get_device_spec(s.device)
-            step += state_dict_to_host_ns(spec, (p.nbytes for p in traces[batch].params)) // s.checkpoint_every[i]
+            step += checkpoint_ns(traces[batch]) // s.checkpoint_every[i]
         out[cards] = batch * s.accumulation / (step * 1e-9)
     return out
 

@@ -269,14 +269,12 @@ class RowResult:
     checkpoint_ns: int = 0
 
 
-def checkpoint_ns(row: Row, trace, spec) -> int:
-    """One checkpoint of ``row``'s run (NOTE [a block's checkpoint]): the traced model's
-    parameters copied to the host one by one on ``spec``, simulated ns; 0 if the row has none."""
+def checkpoint_ns(trace) -> int:
+    """One checkpoint of a traced model (NOTE [a block's checkpoint]): its parameters copied to
+    the host one by one on the trace's device spec, simulated ns."""
     from hpu_runtime.device.cost_model import state_dict_to_host_ns
 
-    if row.checkpoint_every is None:
-        return 0
-    return state_dict_to_host_ns(spec, (p.nbytes for p in trace.params))
+    return state_dict_to_host_ns(trace.spec, (p.nbytes for p in trace.params))
 
 
 def _trace(row: Row, spec, optimizer: str, flavour: str | None, ddp: bool):
@@ -323,7 +321,7 @@ def plan_row(row: Row, traces: tuple) -> RowResult:
         counts = [a + k * b for a, b in zip(counts, _counts(m.graphs, micro))]
     step, device, host = times
     ops, replayed, launches, replays, copies, copied = counts
-    ckpt = checkpoint_ns(row, full, full.spec) // (row.checkpoint_every or 1)
+    ckpt = checkpoint_ns(full) // row.checkpoint_every if row.checkpoint_every else 0
     return RowResult(samples_per_s=row.samples_per_step / ((step + ckpt) * 1e-9), step_ns=step, device_ns=device,
                      host_ns=host, exposed_comm_ns=t.exposed_comm_ns, ops=ops, replayed_ops=replayed,
                      launches=launches, replays=replays, copies=copies, copied_bytes=copied,
