@@ -18,9 +18,18 @@ that imports ``hpu_runtime`` (the training thread):
   a lazy-mode launch point, a host wait and a device->host copy.
   ``torch.tensor(data, device="hpu")`` and friends build the tensor with the Python key
   excluded and then ``lift_fresh`` it: the lift is charged as a host->device copy.
-* :class:`HpuFunctionMode` (``TorchFunctionMode``) handles the Python-level host reads
-  (``.item()``, ``bool()``, ``int()``...) and printing (a host read, then formatting that is
-  not device work). Every other call passes straight through (one dict lookup).
+* Printing an hpu tensor (``Tensor.__repr__``, which ``print``, ``str`` and ``format`` of a
+  tensor with dimensions reach) is a host read, then formatting that is not device work:
+  :func:`activate` wraps ``torch.Tensor.__repr__`` once per process, and the wrapper does
+  that only on a thread where the bridge is active. ``.item()``, ``bool()``, ``int()``,
+  ``float()`` and ``__index__`` need nothing of their own: each reaches the dispatcher as one
+  ``_local_scalar_dense``, charged above as one host read.
+
+There is no torch-function mode: one that passes every call on costs about 1.3 us per
+Python-level torch call here (the digits MLP's step makes 122 of them: 0.155 ms, half the
+plain step), for the five host reads above that the dispatch mode already sees and for
+printing, which the ``__repr__`` wrapper handles at no cost per call
+(``python -m hpu_runtime.tools.bench_overhead --breakdown``).
 
 The dispatch mode sets ``ignore_compile_internals``: ``torch.compile`` traces without it and
 runs the compiled artifact under it (see :mod:`hpu_runtime.bridge.compile_backend`).
@@ -31,10 +40,9 @@ C++ into Python and back (torch's, about 2 us here, out of our hands), and
 :meth:`HpuDispatchMode._dispatch` with :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`
 (graph-key entry, memoized cost, storages read and written, one op record). The dispatch
 body runs with torch-function handling off: it reads tensor attributes (``shape``,
-``dtype``, ``untyped_storage()``...) several times per op, and with :class:`HpuFunctionMode`
-on the stack each read would be a ``__torch_function__`` call (about 2 us each, for reads
-that otherwise cost 0.1 us). Nothing in the dispatch body is user-facing, so nothing there
-needs the function mode. ``python -m
+``dtype``, ``untyped_storage()``...) several times per op, and a tensor subclass's (or a
+user's) ``__torch_function__`` would otherwise see each read (about 2 us each, for reads
+that otherwise cost 0.1 us). ``python -m
 hpu_runtime.tools.bench_overhead`` measures the whole (wall-clock, against plain PyTorch).
 
 The hccl transport runs its own tensor ops under :func:`bridge_disabled` so the bridge never
@@ -48,18 +56,16 @@ import logging
 import threading
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .dynamo_skip import skip_dynamo
 from .runtime import get_device
 from ..device.memory import HPUOutOfMemoryError
 
-__all__ = ["HpuFunctionMode", "HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled"]
+__all__ = ["HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled"]
 
 log = logging.getLogger(__name__)
 
-_T = torch.Tensor
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _aten = torch.ops.aten
 
@@ -76,35 +82,21 @@ def _read_back(t, nbytes: int | None = None) -> None:
         dev.read_serial(t.nbytes if nbytes is None else nbytes, serial)
 
 
-def _host_read(func, args, kwargs):
-    _read_back(args[0] if args else None)
-    return func(*args, **kwargs)
+_TENSOR_REPR = torch.Tensor.__repr__
 
 
-def _format(func, args, kwargs):
-    """Printing: a host read of the tensor, then formatting that is not device work."""
-    _read_back(args[0] if args else None)
+def _repr(self, *args, **kwargs):
+    """``torch.Tensor.__repr__`` on a thread where the bridge is active: a host read of the
+    tensor, then formatting with the bridge off (its ops are not device work)."""
+    if not getattr(_state, "modes", None) or not torch._C._is_torch_function_enabled():  # off, or bridge_disabled()
+        return _TENSOR_REPR(self, *args, **kwargs)
+    _read_back(self)
     with bridge_disabled():
-        return func(*args, **kwargs)
+        return _TENSOR_REPR(self, *args, **kwargs)
 
 
-_HANDLERS = {
-    _T.item: _host_read, _T.__bool__: _host_read, _T.__int__: _host_read, _T.__float__: _host_read,
-    _T.__index__: _host_read,
-    _T.__repr__: _format, _T.__format__: _format, _T.__str__: _format,
-}
-
-
-class HpuFunctionMode(TorchFunctionMode):
-    """Turns Python-level host reads into launches; printing is not device work."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        handler = _HANDLERS.get(func)
-        if handler is None:
-            return func(*args, **kwargs)
-        return handler(func, args, kwargs)
+_repr.__wrapped__ = _TENSOR_REPR
+_repr.__doc__ = _TENSOR_REPR.__doc__ or _repr.__doc__
 
 
 def _factory_nbytes(args: tuple, kwargs: dict) -> int | None:
@@ -234,22 +226,22 @@ def activate() -> None:
     """
     if getattr(_state, "modes", None):
         return
-    fmode, dmode = HpuFunctionMode(), HpuDispatchMode()
-    fmode.__enter__()
+    if torch.Tensor.__repr__ is not _repr:  # once per process (NOTE [the bridge over hpu tensors])
+        torch.Tensor.__repr__ = _repr
+    dmode = HpuDispatchMode()
     dmode.__enter__()
     _state.multithreading = torch._C._is_multithreading_enabled()
     torch.autograd.set_multithreading_enabled(False)
-    _state.modes = (fmode, dmode)
+    _state.modes = (dmode,)
 
 
 def deactivate() -> None:
-    """Stop charging ops on the calling thread (pops the modes :func:`activate` pushed)."""
+    """Stop charging ops on the calling thread (pops the mode :func:`activate` pushed)."""
     modes = getattr(_state, "modes", None)
     if not modes:
         return
-    fmode, dmode = modes
+    (dmode,) = modes
     dmode.__exit__(None, None, None)
-    fmode.__exit__(None, None, None)
     torch.autograd.set_multithreading_enabled(_state.multithreading)
     _state.modes = None
 
