@@ -8,10 +8,10 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 
     python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048] [--breakdown]
 
-``--breakdown`` says where the time goes: the plain step under a torch-function mode and a
-dispatch mode that do nothing (torch's own cost of a Python mode, which any bridge built on
-them pays per call and per aten op), against the bridge's step; the rest is the bridge's
-own work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
+``--breakdown`` says where the time goes: the plain step under a dispatch mode that does
+nothing (torch's own cost of a Python mode, which any bridge built on one pays per aten op),
+the bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest is the
+bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -106,14 +106,9 @@ def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -
     return {"hidden": hidden, "plain_s": p, "bridge_s": b, "ratio": b / p}
 
 
-def _noop_modes():
-    """A torch-function mode and a dispatch mode that only pass every call on."""
-    from torch.overrides import TorchFunctionMode
+def _noop_dispatch_mode():
+    """A dispatch mode that only passes every aten call on: torch's own cost of a Python mode."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    class NoopFunctionMode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
 
     class NoopDispatchMode(TorchDispatchMode):
         @classmethod
@@ -123,31 +118,43 @@ def _noop_modes():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    return NoopFunctionMode, NoopDispatchMode
+    return NoopDispatchMode
 
 
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
-    """Median wall seconds per step: plain, under no-op Python modes, and with the bridge."""
-    import contextlib
-
+    """Median wall seconds per step: plain, under a no-op dispatch mode (the floor of any bridge
+    built on a Python mode), with the bridge, and the bridge's ``mark_step`` calls alone (the
+    launches: graph key, recipe cache, a compile's schedule on a miss)."""
     import hpu_runtime as hpu
 
     plain_step, bridge_step = _steps(hidden, batch)
-    fmode, dmode = _noop_modes()
-    variants = {"plain": (), "no-op function mode": (fmode,), "no-op dispatch mode": (dmode,),
-                "both no-op modes": (fmode, dmode)}
-    times: dict[str, list[float]] = {name: [] for name in (*variants, "bridge")}
+    mode = _noop_dispatch_mode()
+    times: dict[str, list[float]] = {"plain": [], "no-op dispatch mode": [], "bridge": [], "bridge: mark_step": []}
+    launch = hpu.mark_step
+    spent = [0.0]
+
+    def timed_mark_step(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
     for _ in range(rounds):
-        for name, modes in variants.items():
-            hpu.deactivate()
-            try:
-                with contextlib.ExitStack() as stack:
-                    for mode in modes:
-                        stack.enter_context(mode())
-                    times[name].append(_time_steps(plain_step, steps))
-            finally:
-                hpu.activate()
-        times["bridge"].append(_time(bridge_step, steps, bridge=True))
+        hpu.deactivate()
+        try:
+            times["plain"].append(_time_steps(plain_step, steps))
+            with mode():
+                times["no-op dispatch mode"].append(_time_steps(plain_step, steps))
+        finally:
+            hpu.activate()
+        hpu.mark_step = timed_mark_step
+        try:
+            spent[0] = 0.0
+            times["bridge"].append(_time(bridge_step, steps, bridge=True))
+            times["bridge: mark_step"].append(spent[0] / (steps + 3))  # _time_steps runs 3 untimed steps
+        finally:
+            hpu.mark_step = launch
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -158,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=count(1, 1 << 20), default=32)
     parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
     parser.add_argument("--breakdown", action="store_true",
-                        help="also time the plain step under no-op Python modes (the floor of any Python-mode bridge)")
+                        help="also time the plain step under a no-op dispatch mode (the floor of any Python-mode bridge)"
+                        " and the bridge's mark_step calls")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

@@ -140,6 +140,40 @@ def test_host_reads_launch_and_wait(dev, read, capsys):
     assert not dev.pending and dev.host_ns >= dev.compute.free_ns
 
 
+@pytest.mark.parametrize("read", ["item", "bool", "int", "float", "index", "format"])
+def test_a_scalar_read_is_one_host_read(dev, read):
+    """``.item()`` and the Python conversions that reach it read the scalar back once: one
+    host read (``host_read_ns``) and a PCIe copy of its bytes, from the spec's own numbers."""
+    y = (torch.ones(4, device="hpu") * 2).sum()
+    k = torch.ones(4, device="hpu", dtype=torch.int64).sum()
+    dev.synchronize()
+    before, ops = dev.host_ns, dev.ops_recorded
+    value = {"item": y.item, "bool": lambda: bool(y), "int": lambda: int(y), "float": lambda: float(y),
+             "index": lambda: list(range(10))[k], "format": lambda: f"{y:.1f}"}[read]()
+    assert value in (8.0, True, 8, 4, "8.0")
+    nbytes = 8 if read == "index" else 4
+    assert dev.host_ns - before == dev.spec.host_read_ns + int(nbytes / dev.spec.pcie_bytes_per_s * 1e9)
+    assert dev.ops_recorded == ops
+
+
+def test_printing_is_one_host_read_and_no_device_ops(dev, capsys):
+    """``print`` of an hpu tensor reads it back once; the formatting's own tensor ops are
+    host work, not device ops; a host tensor prints without any host read."""
+    y = torch.arange(6, device="hpu", dtype=torch.float32).reshape(2, 3) * 2
+    dev.synchronize()
+    before, ops = dev.host_ns, dev.ops_recorded
+    print(y)
+    assert "device='hpu:0'" in capsys.readouterr().out
+    assert dev.host_ns - before == dev.spec.host_read_ns + int(24 / dev.spec.pcie_bytes_per_s * 1e9)
+    assert dev.ops_recorded == ops
+    with hpu.bridge_disabled():
+        z = torch.ones(3)
+    before = dev.host_ns
+    print(z, repr(y.cpu()))
+    assert dev.ops_recorded == ops and dev.host_ns - before == dev.spec.host_read_ns + int(
+        24 / dev.spec.pcie_bytes_per_s * 1e9)  # only y.cpu(): printing host tensors reads nothing
+
+
 def test_host_read_of_host_tensor_is_free(dev):
     """``.item()`` of a CPU-resident tensor (e.g. a non-capturable optimizer's step) does not launch."""
     with hpu.bridge_disabled():
