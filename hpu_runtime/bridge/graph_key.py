@@ -8,11 +8,32 @@ anything else (Python scalars, int lists, dtypes, devices, ``None``). So, as on 
 
 * the same iteration repeated gives the same key (a recipe-cache hit, no compile);
 * a different batch shape (a ragged last batch) gives a new key (a recompile);
-* a Python number that changes every iteration and reaches an op (``x * step``,
-  ``steps[i]``) is a constant of the graph and gives a new key each time (a recompile per
-  iteration; the Gaudi optimization guide's "avoid constant variables in loops");
+* a Python number that changes every iteration and reaches an op as a constant (an index,
+  ``steps[i]``; a size; a ``Scalar`` the bridge keeps in the graph, such as ``lerp``'s weight
+  or ``sub``'s ``alpha``) gives a new key each time (a recompile per iteration; the Gaudi
+  optimization guide's "avoid constant variables in loops");
+* a Python number the bridge makes a graph input is not part of the key (NOTE [scalars as
+  graph inputs]): ``x * step``, Adam's bias corrections and its step size, a scheduled learning
+  rate as ``add_``'s ``alpha``;
 * tensor *values* never matter; a 0-dim tensor made with ``torch.tensor(i, device="hpu")``
   is data, not a constant (it is copied host->device).
+
+NOTE [scalars as graph inputs]
+Habana's lazy bridge turns some Python numbers into device tensors before an op joins the
+graph, so a value that changes every step does not change the recipe (HabanaAI/gaudi-pytorch-bridge,
+1.19.0): a number passed where the op takes a tensor (a "wrapped number": ``x * 0.5``,
+``t / c``) in ``LazyOp::set_inputs`` (``habana_kernels/lazy_kernels.h``); ``add``'s ``alpha``
+(when not 1) and ``add_``'s scalar ``other`` (``habana_kernels/lazy_kernels.cpp``);
+``addcdiv`` / ``addcmul``'s ``value`` when not 1 (``hpu_ops/lazy/add_composite_gen.cpp``);
+``div.Scalar`` (``hpu_ops/lazy/binaryscalar2tensor.cpp``) and the ``.Scalar`` comparisons
+(``hpu_ops/lazy/compare_gen.cpp``). Each goes through ``get_tensor_for_scalar``, which keeps
+one device tensor per (value, dtype): a value's first use is a host->device copy, later uses
+are free. Every other scalar stays in the graph's IR and is hashed with its value
+(``ival_hash`` in ``habana_lazy/ir.h``: ints, bools, strings, scalars). So torch's Adam, whose
+bias corrections reach ``div`` as wrapped numbers and ``addcdiv_`` as its ``value``, runs one
+recipe every step after the first two, and pays two scalar copies per step. In the key such
+an argument is :data:`SCALAR_INPUT`; the copy is charged by the bridge
+(:class:`~hpu_runtime.bridge.op_accounting.OpAccounting`), in lazy mode.
 
 View ops are part of the key (``steps[i]`` is ``aten.select.int(steps, 0, i)``) but cost no
 device time. Ops with a data-dependent output shape (``nonzero``, ``masked_select``) add
@@ -26,13 +47,16 @@ import hashlib
 
 import torch
 
-__all__ = ["op_signature", "output_signature", "graph_digest", "recipe_name"]
+__all__ = ["SCALAR_INPUT", "op_signature", "output_signature", "graph_digest", "recipe_name"]
 
 _Tensor = torch.Tensor
 _Generator = torch.Generator
 _ScriptObject = torch.ScriptObject
 _Storage = torch.UntypedStorage
 
+
+SCALAR_INPUT = "<scalar input>"
+"""Stands in a graph key for a Python number that is a graph input (NOTE [scalars as graph inputs])."""
 
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                     torch.memory_format})

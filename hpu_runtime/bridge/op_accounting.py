@@ -44,7 +44,7 @@ from ..device.lazy_graph import OpRecord
 from ..device.residency import Residency
 from ..device.spec import DeviceSpec
 from .fallback import FallbackPolicy
-from .graph_key import op_signature, output_signature
+from .graph_key import SCALAR_INPUT, op_signature, output_signature
 from .launcher import Launcher
 
 __all__ = ["AUTOGRAD_SAVES", "FP32_AUTOCAST_OPS", "OpAccounting", "OpFacts", "OpInfo", "op_facts"]
@@ -117,6 +117,40 @@ class OpFacts:
     """In :data:`FP32_AUTOCAST_OPS`."""
     saves: tuple
     """What autograd keeps for its backward: its :data:`AUTOGRAD_SAVES` entry."""
+    scalar_inputs: tuple
+    """``(position, name, unit_is_constant)`` of every argument where a Python number is a
+    graph input, not a constant (NOTE [scalars as graph inputs]); empty for most ops."""
+
+
+_SCALARS_AS_INPUTS: dict[str, tuple[tuple[str, bool], ...]] = {
+    **{name: (("alpha", True),) for name in ("add.Tensor", "add_.Tensor", "add.out")},
+    "add_.Scalar": (("other", False),),
+    **{name: (("value", True),) for name in ("addcdiv", "addcdiv_", "addcdiv.out", "addcmul", "addcmul_",
+                                             "addcmul.out")},
+    **{f"{name}.Scalar": (("other", False),) for name in ("div", "eq", "ne", "lt", "le", "gt", "ge")},
+}
+"""Scalar-typed arguments the lazy bridge turns into device tensors (NOTE [scalars as graph
+inputs]): ``name -> ((argument, unit_is_constant), ...)``; ``unit_is_constant``: a value of 1
+stays a constant (the bridge adds no tensor for it)."""
+
+_NUMBERS = (int, float, bool)
+
+
+def _scalar_inputs(func) -> tuple:
+    """The :attr:`OpFacts.scalar_inputs` of an op overload, from its schema."""
+    schema = func._schema
+    name = schema.name.split("::", 1)[-1] + (f".{schema.overload_name}" if schema.overload_name else "")
+    named = dict(_SCALARS_AS_INPUTS.get(name, ()))
+    out = []
+    for i, a in enumerate(schema.arguments):
+        t = a.type
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+        if i > 0 and isinstance(t, torch.TensorType):  # a Python number here is a wrapped number
+            out.append((i, a.name, False))
+        elif a.name in named:
+            out.append((i, a.name, named[a.name]))
+    return tuple(out)
 
 
 _FACTS: dict[int, OpFacts] = {}
@@ -133,11 +167,14 @@ def op_facts(func) -> OpFacts:
             func=func, name=str(func), ignored=func.namespace in _NOT_DEVICE_WORK, view=view,
             allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
             pointwise=torch.Tag.pointwise in func.tags, keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
-            saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)))
+            saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)), scalar_inputs=_scalar_inputs(func))
     return facts
 
 
 _FLOAT = float  # stands for any float argument in a cost key
+_SCALAR_BYTES = 4
+"""Bytes of a scalar the bridge copies to the device: 64-bit values are kept in 32 bits on the
+device (``get_tensor_for_scalar`` in HabanaAI/gaudi-pytorch-bridge ``habana_kernels/lazy_kernels.cpp``)."""
 _MEMO_LIMIT = 1 << 16
 
 
@@ -233,6 +270,8 @@ class OpAccounting:
         launcher: the pending graph the records join.
         fallback: which ops run on the CPU.
         lock: the facade's lock.
+        charge_h2d: ``charge_h2d(nbytes)`` charges one host->device copy (a scalar the lazy
+            bridge puts on the device, NOTE [scalars as graph inputs]).
 
     Attributes:
         fp32_as_bf16: inside an emulated bf16 autocast region (or the backward after it),
@@ -240,8 +279,10 @@ class OpAccounting:
     """
 
     def __init__(self, spec: DeviceSpec, residency: Residency, card: Card, launcher: Launcher,
-                 fallback: FallbackPolicy, lock: threading.RLock) -> None:
+                 fallback: FallbackPolicy, lock: threading.RLock, charge_h2d) -> None:
         self.spec = spec
+        self._charge_h2d = charge_h2d
+        self._scalars: set = set()  # (type, value) of the scalars already on the device (NOTE [scalars as graph inputs])
         self.residency = residency
         self.card = card
         self.launcher = launcher
@@ -291,6 +332,8 @@ class OpAccounting:
             return
         if sig is None:
             sig = op_signature(args, kwargs)
+        if facts.scalar_inputs and self.launcher.lazy:
+            sig = self._scalars_as_inputs(facts.scalar_inputs, sig, args, kwargs)
         low = self.fp32_as_bf16 and not facts.keeps_fp32
         mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
         info = self._memo.get(mk)
@@ -358,6 +401,45 @@ class OpAccounting:
             if launcher.capture is not None:
                 launcher.capture.append((func, args, kwargs, out, allocates))
             launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes), saves))
+
+    def _scalars_as_inputs(self, inputs: tuple, sig: tuple, args: tuple, kwargs: dict) -> tuple:
+        """``sig`` with each Python number that the lazy bridge makes a graph input replaced by
+        :data:`~hpu_runtime.bridge.graph_key.SCALAR_INPUT` (NOTE [scalars as graph inputs] in
+        :mod:`hpu_runtime.bridge.graph_key`); a value not yet on this device is copied there
+        first (one host->device copy of a scalar)."""
+        out = None
+        n = len(args)
+        for i, _name, unit in inputs:
+            if i < n:
+                v = args[i]
+                if type(v) in _NUMBERS and not (unit and v == 1):
+                    out = list(sig) if out is None else out
+                    out[i] = SCALAR_INPUT
+                    self._scalar_to_device(v)
+        if kwargs:
+            j = n
+            for k, v in kwargs.items():
+                if v is None:
+                    continue
+                if type(v) in _NUMBERS:
+                    for _i, name, unit in inputs:
+                        if name == k and not (unit and v == 1):
+                            out = list(sig) if out is None else out
+                            out[j] = (k, SCALAR_INPUT)
+                            self._scalar_to_device(v)
+                            break
+                j += 1
+        return sig if out is None else tuple(out)
+
+    def _scalar_to_device(self, value) -> None:
+        """The bridge's scalar cache: the first use of a value copies it host->device (one
+        scalar of :data:`_SCALAR_BYTES`); later uses find it on the device."""
+        key = (type(value), value)
+        if key not in self._scalars:
+            if len(self._scalars) >= _MEMO_LIMIT:
+                self._scalars.clear()
+            self._scalars.add(key)
+            self._charge_h2d(_SCALAR_BYTES)
 
     def _op_info(self, facts: OpFacts, mk: tuple, args: tuple, kwargs: dict, out: object, low: bool) -> OpInfo:
         """The :class:`OpInfo` of a graph-key entry not seen yet (priced once per cost key)."""

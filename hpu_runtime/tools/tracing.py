@@ -354,6 +354,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             run = _step_runner(stepped, inputs, loss_fn, opt, autocast)
             with _fake_tensors_look_real():
                 run()  # warm-up: optimizer state
+                run()  # and the scalars a later step reuses are on the device (NOTE [scalars as graph inputs])
                 dev.begin_step()
                 dev.hbm.reset_peak()
                 dev.log = []

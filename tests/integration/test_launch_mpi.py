@@ -66,9 +66,15 @@ def test_killed_rank_fails_the_job_and_is_identifiable() -> None:
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     pids = _rank_pids(proc.stderr)
+    # Hydra names the killed process by PID, unless rank 0 saw its peer die first and our
+    # launcher aborted the job naming the dead rank (a race under load): either identifies it
     dead = re.search(r"PID (\d+) RUNNING AT", output)
-    assert dead is not None, output[-3000:]
-    assert int(dead.group(1)) == pids[1]
+    named = re.search(r"after rank\(s\) \[(\d+)\] died", output)
+    assert dead is not None or named is not None, output[-3000:]
+    if dead is not None:
+        assert int(dead.group(1)) == pids[1]
+    else:
+        assert int(named.group(1)) == 1
     _assert_all_gone(list(pids.values()))
     _assert_no_new_shm(shm_before)
 

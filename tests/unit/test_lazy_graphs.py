@@ -29,16 +29,20 @@ def dev():
     hpu.reset_device("gaudi2")
 
 
-def _train_steps(n: int, batches, use_counter: bool = False) -> None:
+def _train_steps(n: int, batches, counter: str | None = None) -> None:
+    """``n`` SGD steps; ``counter``: how the loop counter ``i`` reaches the graph, if at all."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("hpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weights = torch.tensor([1.0 + k / n for k in range(n)], device="hpu") if counter == "index" else None
     hpu.mark_step()
     for i in range(n):
         x = batches[i].to("hpu")
         loss = model(x).square().mean()
-        if use_counter:
-            loss = loss * (i + 1)  # a loop counter reaching an op: a new graph constant each step
+        if counter == "index":  # the seed's V-Diffusion example: steps[i], an index constant
+            loss = loss * weights[i]
+        elif counter == "lerp":  # a Scalar the bridge keeps in the graph (lerp's weight)
+            loss = loss.lerp(loss.detach(), 1.0 / (i + 2))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         hpu.mark_step()
@@ -60,10 +64,46 @@ def test_first_iteration_compiles_later_ones_hit(dev):
     assert _cache()["TotalMiss"] == 2 and _cache()["TotalHit"] == 6
 
 
-def test_loop_counter_constant_recompiles_every_iteration(dev):
-    """A Python loop counter in an op is a graph constant: one recompile per iteration."""
-    _train_steps(4, _data([8] * 4), use_counter=True)
+@pytest.mark.parametrize("counter", ["index", "lerp"])
+def test_loop_counter_constant_recompiles_every_iteration(dev, counter):
+    """A loop counter that reaches the graph as a constant (an index, a kept Scalar): one
+    recompile per iteration."""
+    _train_steps(4, _data([8] * 4), counter=counter)
     assert _compiles() == 4 + 1  # 4 distinct backward graphs + 1 optimizer graph
+
+
+def test_a_number_the_bridge_makes_an_input_does_not_recompile(dev):
+    """``x * (i + 10)``: a Python number where ``mul`` takes a tensor is a graph input (NOTE
+    [scalars as graph inputs]): one recipe; each new value is one 4-byte host->device copy,
+    a value seen before is found on the device."""
+    x = torch.ones(4, device="hpu")
+    hpu.mark_step()
+    before = _compiles()
+    dev.log = []
+    for i in range(4):
+        assert (x * (i + 10)).sum().item() == 4 * (i + 10)
+    (x * 11).sum()
+    hpu.mark_step()
+    assert _compiles() - before == 1
+    assert [e[1] for e in dev.log if e[0] == "h2d"] == [4, 4, 4, 4]
+
+
+def test_torch_adam_runs_one_recipe_after_its_first_steps(dev):
+    """torch's Adam: its bias corrections are new floats every step, inputs of the graph; the
+    optimizer graph compiles twice (the first step creates the state), then only hits."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to("hpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 16).to("hpu")
+    counts = []
+    for _ in range(5):
+        model(x).square().mean().backward()
+        hpu.mark_step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hpu.mark_step()
+        counts.append(_compiles())
+    assert counts[2:] == [counts[1]] * 3 and counts[1] <= 4
 
 
 def test_ragged_last_batch_recompiles(dev):
@@ -84,7 +124,8 @@ def test_compile_time_charged_on_host_only_on_miss(dev):
     hpu.mark_step()
     second = dev.host_ns - h1
     spec = dev.spec
-    assert first - second == spec.compile_base_ns + 2 * spec.compile_per_op_ns
+    scalar_copy = spec.h2d_copy_ns + int(4 / spec.pcie_bytes_per_s * 1e9)  # the 2 of x * 2, first seen
+    assert first - second == spec.compile_base_ns + 2 * spec.compile_per_op_ns + scalar_copy
 
 
 def test_view_constants_are_part_of_the_key(dev):
