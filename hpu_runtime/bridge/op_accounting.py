@@ -332,8 +332,9 @@ class OpAccounting:
             return
         if sig is None:
             sig = op_signature(args, kwargs)
+        scalars = ()
         if facts.scalar_inputs and self.launcher.lazy:
-            sig = self._scalars_as_inputs(facts.scalar_inputs, sig, args, kwargs)
+            sig, scalars = self._scalars_as_inputs(facts.scalar_inputs, sig, args, kwargs)
         low = self.fp32_as_bf16 and not facts.keeps_fp32
         mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
         info = self._memo.get(mk)
@@ -391,6 +392,8 @@ class OpAccounting:
                                allocates, saved == _ALL or k in saved))
             if not reads and not writes:
                 return  # host work: nothing on the device read or written
+            for v in scalars:
+                self._scalar_to_device(v)
             if info.fallback:
                 self._cpu_fallback(func, args, kwargs, out, info.cost)
                 return
@@ -402,12 +405,12 @@ class OpAccounting:
                 launcher.capture.append((func, args, kwargs, out, allocates))
             launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes), saves))
 
-    def _scalars_as_inputs(self, inputs: tuple, sig: tuple, args: tuple, kwargs: dict) -> tuple:
-        """``sig`` with each Python number that the lazy bridge makes a graph input replaced by
-        :data:`~hpu_runtime.bridge.graph_key.SCALAR_INPUT` (NOTE [scalars as graph inputs] in
-        :mod:`hpu_runtime.bridge.graph_key`); a value not yet on this device is copied there
-        first (one host->device copy of a scalar)."""
-        out = None
+    def _scalars_as_inputs(self, inputs: tuple, sig: tuple, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+        """``(sig, values)``: ``sig`` with each Python number that the lazy bridge makes a graph
+        input replaced by :data:`~hpu_runtime.bridge.graph_key.SCALAR_INPUT` (NOTE [scalars as
+        graph inputs] in :mod:`hpu_runtime.bridge.graph_key`), and those numbers (the caller
+        puts them on the device if the op is device work: :meth:`_scalar_to_device`)."""
+        out, values = None, []
         n = len(args)
         for i, _name, unit in inputs:
             if i < n:
@@ -415,7 +418,7 @@ class OpAccounting:
                 if type(v) in _NUMBERS and not (unit and v == 1):
                     out = list(sig) if out is None else out
                     out[i] = SCALAR_INPUT
-                    self._scalar_to_device(v)
+                    values.append(v)
         if kwargs:
             j = n
             for k, v in kwargs.items():
@@ -426,10 +429,10 @@ class OpAccounting:
                         if name == k and not (unit and v == 1):
                             out = list(sig) if out is None else out
                             out[j] = (k, SCALAR_INPUT)
-                            self._scalar_to_device(v)
+                            values.append(v)
                             break
                 j += 1
-        return sig if out is None else tuple(out)
+        return (sig, ()) if out is None else (tuple(out), tuple(values))
 
     def _scalar_to_device(self, value) -> None:
         """The bridge's scalar cache: the first use of a value copies it host->device (one

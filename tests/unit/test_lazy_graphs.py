@@ -373,3 +373,16 @@ def test_pure_device_record_op_keys_by_cost():
                            low_precision=False, device_ns=ns))
         d.launch()
     assert d.compilations == 2
+
+
+def test_a_number_in_a_host_op_is_not_put_on_the_device(dev):
+    """A host tensor's op (a CPU step counter, ``step += 1``) is host work: its number is not
+    copied to the device; the same number in a device op is, once."""
+    with hpu.bridge_disabled():
+        step = torch.zeros(())
+    dev.log = []
+    step += 7
+    assert [e for e in dev.log if e[0] == "h2d"] == []
+    x = torch.ones(2, device="hpu")
+    (x + 7).sum()
+    assert [e[1] for e in dev.log if e[0] == "h2d"] == [4]
