@@ -36,14 +36,17 @@ runs the compiled artifact under it (see :mod:`hpu_runtime.bridge.compile_backen
 
 NOTE [the bridge's hot path]
 Every aten op of the process pays, on top of its own kernel: the dispatch mode's trip from
-C++ into Python and back (torch's, about 2 us here, out of our hands), and
+C++ into Python and back (torch's, about 3.5 us here, out of our hands: a dispatch mode that
+only passes each op on makes the digits MLP's step 2.1x plain PyTorch), and
 :meth:`HpuDispatchMode._dispatch` with :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`
 (graph-key entry, memoized cost, storages read and written, one op record). The dispatch
 body runs with torch-function handling off: it reads tensor attributes (``shape``,
 ``dtype``, ``untyped_storage()``...) several times per op, and a tensor subclass's (or a
 user's) ``__torch_function__`` would otherwise see each read (about 2 us each, for reads
 that otherwise cost 0.1 us). ``python -m
-hpu_runtime.tools.bench_overhead`` measures the whole (wall-clock, against plain PyTorch).
+hpu_runtime.tools.bench_overhead --breakdown`` measures the whole and its parts (wall-clock,
+against plain PyTorch); the bridge's own work is about 5 us per op, so a bridge within 2x of
+plain PyTorch needs the per-op accounting in the C++ kernel, not in a Python mode.
 
 The hccl transport runs its own tensor ops under :func:`bridge_disabled` so the bridge never
 charges the emulator's data movement as device work; collectives are recorded by the
