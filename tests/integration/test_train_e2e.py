@@ -23,6 +23,8 @@ def test_torchrun_digits_job(tmp_path):
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "warning" in ln.lower()]
+    assert warned == [], warned  # the main job prints no warning its user did not cause
     lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("epoch ")]
     assert len(lines) == 4, proc.stderr[-3000:]
     assert "simulated step" in lines[0] and "exposed comm" in lines[0] and "wall-clock" in lines[0]

@@ -77,3 +77,31 @@ def test_hpu_is_the_accelerator_even_when_asked_before_the_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["hpu", "hpu:0"]
+
+
+def test_ddp_times_hpu_modules_without_a_warning():
+    """DDP over hpu parameters has a timer for the device type (as Habana's hccl library
+    registers one): its runtime stats are recorded, and torch does not warn that "Time stats
+    are currently only collected for CPU and CUDA devices"."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import os, torch, torch.distributed as dist\n"
+            "import hpu_runtime\n"
+            f"os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{port}')\n"
+            "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+            "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4).to('hpu'))\n"
+            "for _ in range(3):\n"
+            "    m(torch.randn(2, 8).to('hpu')).sum().backward()\n"
+            "d = m._get_ddp_logging_data()\n"
+            "print(d['avg_forward_compute_time'], d['avg_backward_compute_time'])\n"
+            "dist.destroy_process_group()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Time stats are currently only collected" not in out.stderr
+    forward, backward = (int(v) for v in out.stdout.split())
+    assert forward > 0 and backward > 0

@@ -17,6 +17,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #include <torch/library.h>
 
 #include <atomic>
@@ -339,6 +340,25 @@ struct DirectKernels {
 };
 
 }  // namespace
+
+// DDP's timer for hpu modules (its runtime stats in _get_ddp_logging_data): host timestamps, as
+// Habana's hccl library registers one for kHPU. Without it torch's DDP warns on every rank
+// that "Time stats are currently only collected for CPU and CUDA devices". Wall-clock stats of
+// DDP's own logging, never simulated time.
+namespace c10d {
+namespace {
+class HpuTimer final : public Timer {
+ public:
+  explicit HpuTimer(c10::Device) {}
+  std::optional<int64_t> measureDifference(Event start, Event end) override {
+    const int64_t from = getTimeRef(start), to = getTimeRef(end);
+    if (from == kUnsetTime || to == kUnsetTime || to < from) return std::nullopt;
+    return to - from;
+  }
+};
+C10_REGISTER_TYPED_CLASS(TimerRegistry, c10::kHPU, HpuTimer);
+}  // namespace
+}  // namespace c10d
 
 C10_REGISTER_GUARD_IMPL(HPU, HpuGuardImpl);
 // hpu storages are host memory (UntypedStorage(n, device="hpu"), pinned buffers)
