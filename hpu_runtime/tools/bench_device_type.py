@@ -44,8 +44,9 @@ What was tried (torch 2.13 CPU wheel) before the C++ device type:
 Measured here (2-core machine shared with other sessions, ``--rounds 3 --ops 1000``; ratios
 side by side): plain add 17.5 µs, bridge 80 µs (4.6x), wrapper alone 120 µs (6.9x), wrapper
 under the bridge 249 µs (14x; mm 13x); a ``.device`` read 0.09 µs plain, 0.15 µs through a
-Python property, and 17 µs under today's bridge (its ``TorchFunctionMode`` sees every
-``Tensor.device`` access). A Python wrapper adds about twice the bridge's whole per-op cost,
+Python property, and 17 µs under the bridge of that time (its ``TorchFunctionMode`` saw every
+``Tensor.device`` access; the bridge has had no function mode since, NOTE [the bridge over hpu
+tensors] in :mod:`hpu_runtime.bridge.dispatch`). A Python wrapper adds about twice the bridge's whole per-op cost,
 far from the bridge's 2x-of-PyTorch target, so it is rejected.
 
 Chosen: a device type that keeps CPU storage, in C++ (``hpu_runtime/bridge/csrc``): the
