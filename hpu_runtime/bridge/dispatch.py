@@ -3,8 +3,8 @@
 NOTE [the bridge over hpu tensors]
 Tensors on the simulated card are tensors of torch's ``hpu`` device type over CPU storage
 (NOTE [a device type for the simulated Gaudi] in :mod:`hpu_runtime.bridge.device_type`):
-numerics are real. Two thread-local modes, pushed once by :func:`activate` on the thread
-that imports ``hpu_runtime`` (the training thread):
+numerics are real. One thread-local mode, pushed once by :func:`activate` on the thread that
+imports ``hpu_runtime`` (the training thread), and one wrapper:
 
 * :class:`HpuDispatchMode` (``TorchDispatchMode``) hands every aten op to
   :meth:`SimDevice.record`, which charges the ops that read or write hpu tensors and leaves
@@ -27,9 +27,9 @@ that imports ``hpu_runtime`` (the training thread):
 
 There is no torch-function mode: one that passes every call on costs about 1.3 us per
 Python-level torch call here (the digits MLP's step makes 122 of them: 0.155 ms, half the
-plain step), for the five host reads above that the dispatch mode already sees and for
-printing, which the ``__repr__`` wrapper handles at no cost per call
-(``python -m hpu_runtime.tools.bench_overhead --breakdown``).
+plain step), and the bridge needed one only for the five host reads above, which the dispatch
+mode already sees, and for printing, which the ``__repr__`` wrapper handles at no cost per
+call.
 
 The dispatch mode sets ``ignore_compile_internals``: ``torch.compile`` traces without it and
 runs the compiled artifact under it (see :mod:`hpu_runtime.bridge.compile_backend`).
