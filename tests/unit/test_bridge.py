@@ -62,21 +62,26 @@ def test_fake_hpu_tensors_keep_the_strides_the_kernels_make():
     assert traced == live == x.stride()
 
 
-def test_hpu_is_the_accelerator_even_when_asked_before_the_import():
-    """A script that asks for the accelerator before importing the emulator (as
-    ``dist.init_process_group("gloo")`` does) still runs backward of hpu tensors."""
+def _run_python(code: str):
+    """``python -c code`` in a fresh process; its completed process (asserted successful)."""
     import subprocess
     import sys
 
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_hpu_is_the_accelerator_even_when_asked_before_the_import():
+    """A script that asks for the accelerator before importing the emulator (as
+    ``dist.init_process_group("gloo")`` does) still runs backward of hpu tensors."""
     code = ("import torch\n"
             "assert torch.accelerator.current_accelerator() is None\n"
             "import hpu_runtime\n"
             "x = torch.randn(3, device='hpu', requires_grad=True)\n"
             "(x * 2).sum().backward()\n"
             "print(torch.accelerator.current_accelerator(), x.grad.device)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["hpu", "hpu:0"]
+    assert _run_python(code).stdout.split() == ["hpu", "hpu:0"]
 
 
 def test_ddp_times_hpu_modules_without_a_warning():
@@ -84,8 +89,6 @@ def test_ddp_times_hpu_modules_without_a_warning():
     registers one): its runtime stats are recorded, and torch does not warn that "Time stats
     are currently only collected for CPU and CUDA devices"."""
     import socket
-    import subprocess
-    import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -100,8 +103,7 @@ def test_ddp_times_hpu_modules_without_a_warning():
             "d = m._get_ddp_logging_data()\n"
             "print(d['avg_forward_compute_time'], d['avg_backward_compute_time'])\n"
             "dist.destroy_process_group()\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _run_python(code)
     assert "Time stats are currently only collected" not in out.stderr
     forward, backward = (int(v) for v in out.stdout.split())
     assert forward > 0 and backward > 0
