@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["adam", *(o for o in OPTIMIZERS if o != "none")],
         help="sgd (default, with --momentum), adam, adamw, or Gaudi's fused hpex ones (fused-sgd, fused-adamw,"
         " fused-lamb, fused-lars: one kernel per group); torch's Adam computes its bias corrections on the host"
-        " every step and the bridge copies each new value to the device (two scalar copies per step, no"
+        " every step and the bridge copies the new values to the device (one batched copy per step, no"
         " recompile), besides running op by op where FusedAdamW is one kernel",
     )
     p.add_argument("--lr", type=real(0.0, 100.0), default=0.05)

@@ -27,13 +27,17 @@ graph, so a value that changes every step does not change the recipe (HabanaAI/g
 ``addcdiv`` / ``addcmul``'s ``value`` when not 1 (``hpu_ops/lazy/add_composite_gen.cpp``);
 ``div.Scalar`` (``hpu_ops/lazy/binaryscalar2tensor.cpp``) and the ``.Scalar`` comparisons
 (``hpu_ops/lazy/compare_gen.cpp``). Each goes through ``get_tensor_for_scalar``, which keeps
-one device tensor per (value, dtype): a value's first use is a host->device copy, later uses
-are free. Every other scalar stays in the graph's IR and is hashed with its value
+one device tensor per (value, dtype): later uses of a value are free, and its first use joins
+a list that the graph's lowering copies host->device in one batch (``append_to_batch_h2d_list``,
+``synMemCopyAsyncMultiple``: ``PT_HPU_SCALAR_H2D_COPY_MULTIPLE``, default true in
+``scripts/env_flags.yaml``), so a launch with new scalars pays one copy of
+:data:`SCALAR_BYTES` each. Every other scalar stays in the graph's IR and is hashed with its value
 (``ival_hash`` in ``habana_lazy/ir.h``: ints, bools, strings, scalars). So torch's Adam, whose
 bias corrections reach ``div`` as wrapped numbers and ``addcdiv_`` as its ``value``, runs one
-recipe every step after the first two, and pays two scalar copies per step. In the key such
-an argument is :data:`SCALAR_INPUT`; the copy is charged by the bridge
-(:class:`~hpu_runtime.bridge.op_accounting.OpAccounting`), in lazy mode.
+recipe every step after the first two, and its optimizer graph's launch copies two new scalars
+per step. In the key such an argument is :data:`SCALAR_INPUT`, in lazy mode
+(:class:`~hpu_runtime.bridge.op_accounting.OpAccounting`); the launcher charges the batch
+(:class:`~hpu_runtime.bridge.launcher.Launcher`).
 
 View ops are part of the key (``steps[i]`` is ``aten.select.int(steps, 0, i)``) but cost no
 device time. Ops with a data-dependent output shape (``nonzero``, ``masked_select``) add
@@ -47,7 +51,7 @@ import hashlib
 
 import torch
 
-__all__ = ["SCALAR_INPUT", "op_signature", "output_signature", "graph_digest", "recipe_name"]
+__all__ = ["SCALAR_BYTES", "SCALAR_INPUT", "op_signature", "output_signature", "graph_digest", "recipe_name"]
 
 _Tensor = torch.Tensor
 _Generator = torch.Generator
@@ -57,6 +61,10 @@ _Storage = torch.UntypedStorage
 
 SCALAR_INPUT = "<scalar input>"
 """Stands in a graph key for a Python number that is a graph input (NOTE [scalars as graph inputs])."""
+SCALAR_BYTES = 4
+"""Bytes of one scalar the bridge copies to the device: 64-bit values are kept in 32 bits there
+(``get_tensor_for_scalar`` and ``preProcessIfLongorDouble`` in HabanaAI/gaudi-pytorch-bridge
+``habana_kernels/lazy_kernels.cpp``)."""
 
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                     torch.memory_format})

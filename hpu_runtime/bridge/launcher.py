@@ -24,7 +24,7 @@ from ..device.card import Card, CollectiveTiming, GraphCollective
 from ..device.cost_model import OpCost, compile_ns
 from ..device.lazy_graph import OpRecord, graph_op_times
 from ..device.spec import DeviceSpec
-from .graph_key import graph_digest, recipe_name
+from .graph_key import SCALAR_BYTES, graph_digest, recipe_name
 from .recipe_cache import Recipe, RecipeCache
 
 __all__ = ["CapturedGraph", "GraphInfo", "Launcher"]
@@ -76,6 +76,9 @@ class Launcher:
         graph_log: when a list, a :class:`GraphInfo` per launched graph is appended to it.
         region: the compiled region or capture being recorded, or None.
         capture: the op list of the HPU graph being captured, or None.
+        new_scalars: scalars the pending graph put on the device for the first time (NOTE
+            [scalars as graph inputs] in :mod:`hpu_runtime.bridge.graph_key`): its launch
+            copies them host->device in one batch.
     """
 
     def __init__(self, spec: DeviceSpec, card: Card, recipes: RecipeCache, *, lazy: bool,
@@ -95,6 +98,7 @@ class Launcher:
         self.replays = 0
         self.ops_recorded = 0
         self.compilations = 0
+        self.new_scalars = 0
         self._keys: list = []
         self._ops: list[OpRecord] = []
         self._dep_ns = 0  # the pending graph touches a collective's output ready then
@@ -160,6 +164,11 @@ class Launcher:
         card = self.card
         if launch_host_ns is None:
             launch_host_ns = self._launch_ns
+        if self.new_scalars:  # one copy of the graph's new scalars (NOTE [scalars as graph inputs])
+            nbytes, self.new_scalars = SCALAR_BYTES * self.new_scalars, 0
+            card.copy_h2d(nbytes)
+            if self.log is not None:
+                self.log.append(("h2d", nbytes))
         n = len(self.pending)
         if self.log is not None:  # logged even when empty: a replay may put ops before it (DDP's)
             self.log.append(("launch", reason))

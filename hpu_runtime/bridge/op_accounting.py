@@ -172,9 +172,6 @@ def op_facts(func) -> OpFacts:
 
 
 _FLOAT = float  # stands for any float argument in a cost key
-_SCALAR_BYTES = 4
-"""Bytes of a scalar the bridge copies to the device: 64-bit values are kept in 32 bits on the
-device (``get_tensor_for_scalar`` in HabanaAI/gaudi-pytorch-bridge ``habana_kernels/lazy_kernels.cpp``)."""
 _MEMO_LIMIT = 1 << 16
 
 
@@ -270,8 +267,6 @@ class OpAccounting:
         launcher: the pending graph the records join.
         fallback: which ops run on the CPU.
         lock: the facade's lock.
-        charge_h2d: ``charge_h2d(nbytes)`` charges one host->device copy (a scalar the lazy
-            bridge puts on the device, NOTE [scalars as graph inputs]).
 
     Attributes:
         fp32_as_bf16: inside an emulated bf16 autocast region (or the backward after it),
@@ -279,9 +274,8 @@ class OpAccounting:
     """
 
     def __init__(self, spec: DeviceSpec, residency: Residency, card: Card, launcher: Launcher,
-                 fallback: FallbackPolicy, lock: threading.RLock, charge_h2d) -> None:
+                 fallback: FallbackPolicy, lock: threading.RLock) -> None:
         self.spec = spec
-        self._charge_h2d = charge_h2d
         self._scalars: set = set()  # (type, value) of the scalars already on the device (NOTE [scalars as graph inputs])
         self.residency = residency
         self.card = card
@@ -435,14 +429,15 @@ class OpAccounting:
         return (sig, ()) if out is None else (tuple(out), tuple(values))
 
     def _scalar_to_device(self, value) -> None:
-        """The bridge's scalar cache: the first use of a value copies it host->device (one
-        scalar of :data:`_SCALAR_BYTES`); later uses find it on the device."""
+        """The bridge's scalar cache: a value's first use joins the pending graph's batch of
+        scalars, copied host->device at its launch (:attr:`Launcher.new_scalars`); later uses
+        find it on the device."""
         key = (type(value), value)
         if key not in self._scalars:
             if len(self._scalars) >= _MEMO_LIMIT:
                 self._scalars.clear()
             self._scalars.add(key)
-            self._charge_h2d(_SCALAR_BYTES)
+            self.launcher.new_scalars += 1
 
     def _op_info(self, facts: OpFacts, mk: tuple, args: tuple, kwargs: dict, out: object, low: bool) -> OpInfo:
         """The :class:`OpInfo` of a graph-key entry not seen yet (priced once per cost key)."""

@@ -110,7 +110,7 @@ class SimDevice:
         self.launcher = Launcher(spec, self.card, recipes if recipes is not None else RecipeCache(),
                                  lazy=lazy, max_compound_ops=max_compound_ops)
         self.ops = OpAccounting(spec, self.residency, self.card, self.launcher,
-                                fallback if fallback is not None else FallbackPolicy(), self.lock, self.charge_h2d)
+                                fallback if fallback is not None else FallbackPolicy(), self.lock)
         # The bridge's hot path, bound on the instance so a dispatched op costs no extra call.
         self.record = self.ops.record
         self.check_outputs = self.ops.check_outputs

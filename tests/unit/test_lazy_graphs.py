@@ -385,4 +385,24 @@ def test_a_number_in_a_host_op_is_not_put_on_the_device(dev):
     assert [e for e in dev.log if e[0] == "h2d"] == []
     x = torch.ones(2, device="hpu")
     (x + 7).sum()
+    hpu.mark_step()
     assert [e[1] for e in dev.log if e[0] == "h2d"] == [4]
+
+
+def test_a_graphs_new_scalars_are_copied_in_one_batch_at_its_launch(dev):
+    """Habana's bridge copies the new scalars of a graph together when it lowers the graph
+    (PT_HPU_SCALAR_H2D_COPY_MULTIPLE, on by default): one copy of 4 bytes each, charged at the
+    launch; a graph whose scalars are all on the device copies nothing."""
+    x = torch.ones(4, device="hpu")
+    hpu.mark_step()
+    dev.log = []
+    y = (x * 3 + 5) / 9  # three new scalars
+    assert [e for e in dev.log if e[0] == "h2d"] == []  # nothing before the launch
+    hpu.mark_step()
+    assert [e[1] for e in dev.log if e[0] == "h2d"] == [12]
+    before = dev.host_ns
+    dev.log = []
+    y = (y * 3 + 5) / 9
+    hpu.mark_step()
+    assert [e for e in dev.log if e[0] == "h2d"] == []
+    assert dev.host_ns - before == dev.spec.graph_launch_ns + 3 * dev.spec.host_op_ns
