@@ -91,7 +91,7 @@ _TENSOR_REPR = torch.Tensor.__repr__
 def _repr(self, *args, **kwargs):
     """``torch.Tensor.__repr__`` on a thread where the bridge is active: a host read of the
     tensor, then formatting with the bridge off (its ops are not device work)."""
-    if not getattr(_state, "modes", None) or not torch._C._is_torch_function_enabled():  # off, or bridge_disabled()
+    if not is_active() or not torch._C._is_torch_function_enabled():  # off, or inside bridge_disabled()
         return _TENSOR_REPR(self, *args, **kwargs)
     _read_back(self)
     with bridge_disabled():

@@ -154,6 +154,13 @@ class Launcher:
             self._host_start = self.card.host_ns
         self._colls.append(GraphCollective(len(self._ops), label, timing, serials, on_timed))
 
+    def copy_h2d(self, nbytes: int) -> None:
+        """One host->device copy of ``nbytes``: host time on the card, and an ``("h2d", nbytes)``
+        event in the log."""
+        self.card.copy_h2d(nbytes)
+        if self.log is not None:
+            self.log.append(("h2d", nbytes))
+
     # ---- launch ------------------------------------------------------------------------------
     def launch(self, reason: str, launch_host_ns: int | None = None) -> tuple[int, int] | None:
         """Launch the pending graph; its (start, end) on the compute stream, or None if empty.
@@ -166,9 +173,7 @@ class Launcher:
             launch_host_ns = self._launch_ns
         if self.new_scalars:  # one copy of the graph's new scalars (NOTE [scalars as graph inputs])
             nbytes, self.new_scalars = SCALAR_BYTES * self.new_scalars, 0
-            card.copy_h2d(nbytes)
-            if self.log is not None:
-                self.log.append(("h2d", nbytes))
+            self.copy_h2d(nbytes)
         n = len(self.pending)
         if self.log is not None:  # logged even when empty: a replay may put ops before it (DDP's)
             self.log.append(("launch", reason))

@@ -406,26 +406,19 @@ class OpAccounting:
         puts them on the device if the op is device work: :meth:`_scalar_to_device`)."""
         out, values = None, []
         n = len(args)
-        for i, _name, unit in inputs:
+        # a keyword argument's entry in sig: after the positional ones, among the non-None keywords
+        at_kw = {k: n + j for j, k in enumerate(k for k, v in kwargs.items() if v is not None)} if kwargs else {}
+        for i, name, unit in inputs:
             if i < n:
-                v = args[i]
-                if type(v) in _NUMBERS and not (unit and v == 1):
-                    out = list(sig) if out is None else out
-                    out[i] = SCALAR_INPUT
-                    values.append(v)
-        if kwargs:
-            j = n
-            for k, v in kwargs.items():
-                if v is None:
-                    continue
-                if type(v) in _NUMBERS:
-                    for _i, name, unit in inputs:
-                        if name == k and not (unit and v == 1):
-                            out = list(sig) if out is None else out
-                            out[j] = (k, SCALAR_INPUT)
-                            values.append(v)
-                            break
-                j += 1
+                v, at = args[i], i
+            elif name in at_kw:
+                v, at = kwargs[name], at_kw[name]
+            else:
+                continue
+            if type(v) in _NUMBERS and not (unit and v == 1):
+                out = list(sig) if out is None else out
+                out[at] = SCALAR_INPUT if at < n else (name, SCALAR_INPUT)
+                values.append(v)
         return (sig, ()) if out is None else (tuple(out), tuple(values))
 
     def _scalar_to_device(self, value) -> None:

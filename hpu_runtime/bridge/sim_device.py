@@ -150,9 +150,7 @@ class SimDevice:
     def charge_h2d(self, nbytes: int) -> None:
         """Host time of one host->device copy of ``nbytes`` over PCIe (simulated ns)."""
         with self.lock:
-            self.card.copy_h2d(nbytes)
-            if self.launcher.log is not None:
-                self.launcher.log.append(("h2d", nbytes))
+            self.launcher.copy_h2d(nbytes)
 
     # ---- ops and graphs ----------------------------------------------------------------------
     def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:  # shadowed
