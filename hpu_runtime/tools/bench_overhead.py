@@ -26,6 +26,9 @@ from ..cli_args import count
 
 __all__ = ["breakdown", "measure", "main"]
 
+_WARMUP_STEPS = 3
+"""Untimed steps before each timed run (:func:`_time_steps`)."""
+
 
 def _step_fn(hidden: int, *, bridge: bool, batch: int):
     import torch
@@ -62,7 +65,7 @@ def _step_fn(hidden: int, *, bridge: bool, batch: int):
 
 def _time_steps(step, steps: int) -> float:
     """Wall seconds per step of ``steps`` steps, after 3 untimed ones."""
-    for _ in range(3):
+    for _ in range(_WARMUP_STEPS):
         step()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -152,7 +155,7 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
         try:
             spent[0] = 0.0
             times["bridge"].append(_time(bridge_step, steps, bridge=True))
-            times["bridge: mark_step"].append(spent[0] / (steps + 3))  # _time_steps runs 3 untimed steps
+            times["bridge: mark_step"].append(spent[0] / (steps + _WARMUP_STEPS))  # the untimed ones launch too
         finally:
             hpu.mark_step = launch
     return {name: statistics.median(v) for name, v in times.items()}
