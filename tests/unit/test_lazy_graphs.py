@@ -50,6 +50,11 @@ def _train_steps(n: int, batches, counter: str | None = None) -> None:
         hpu.mark_step()
 
 
+def _copies(d) -> list[int]:
+    """Bytes of each host->device copy in the device's event log, in order."""
+    return [e[1] for e in d.log if e[0] == "h2d"]
+
+
 def _data(sizes):
     with hpu.bridge_disabled():
         return [torch.randn(s, 16) for s in sizes]
@@ -85,7 +90,7 @@ def test_a_number_the_bridge_makes_an_input_does_not_recompile(dev):
     (x * 11).sum()
     hpu.mark_step()
     assert _compiles() - before == 1
-    assert [e[1] for e in dev.log if e[0] == "h2d"] == [4, 4, 4, 4]
+    assert _copies(dev) == [4, 4, 4, 4]
 
 
 def test_torch_adam_runs_one_recipe_after_its_first_steps(dev):
@@ -382,11 +387,11 @@ def test_a_number_in_a_host_op_is_not_put_on_the_device(dev):
         step = torch.zeros(())
     dev.log = []
     step += 7
-    assert [e for e in dev.log if e[0] == "h2d"] == []
+    assert _copies(dev) == []
     x = torch.ones(2, device="hpu")
     (x + 7).sum()
     hpu.mark_step()
-    assert [e[1] for e in dev.log if e[0] == "h2d"] == [4]
+    assert _copies(dev) == [4]
 
 
 def test_a_graphs_new_scalars_are_copied_in_one_batch_at_its_launch(dev):
@@ -397,12 +402,12 @@ def test_a_graphs_new_scalars_are_copied_in_one_batch_at_its_launch(dev):
     hpu.mark_step()
     dev.log = []
     y = (x * 3 + 5) / 9  # three new scalars
-    assert [e for e in dev.log if e[0] == "h2d"] == []  # nothing before the launch
+    assert _copies(dev) == []  # nothing before the launch
     hpu.mark_step()
-    assert [e[1] for e in dev.log if e[0] == "h2d"] == [12]
+    assert _copies(dev) == [12]
     before = dev.host_ns
     dev.log = []
     y = (y * 3 + 5) / 9
     hpu.mark_step()
-    assert [e for e in dev.log if e[0] == "h2d"] == []
+    assert _copies(dev) == []
     assert dev.host_ns - before == dev.spec.graph_launch_ns + 3 * dev.spec.host_op_ns
