@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from .published_runs import checkpoint_ns, load_figures
+from .published_runs import MLPERF_BERT_CHECKPOINT_STEPS, checkpoint_ns, load_figures
 
 __all__ = ["SERIES", "CALIBRATION", "Series", "scaling_rows", "collective_rows", "print_table", "fit", "main"]
 
@@ -74,7 +74,8 @@ SERIES = (
     Series("HLS-1H MLPerf v1.1 ResNet-50 (TF)", "resnet50", "gaudi", "hls1h", "TensorFlow 2.5.1",
            ((16, 128), (32, 128), (64, 128), (128, 128)), mode="compile"),
     Series("HLS-Gaudi2 MLPerf v3.0 BERT-Large (PT)", "bert-large", "gaudi2", "hls2", "PyTorch 1.13.1",
-           ((8, 28), (64, 24)), seq_len=512, accumulation=2, mode="hpu_graphs", checkpoint_every=(335, 57)),
+           ((8, 28), (64, 24)), seq_len=512, accumulation=2, mode="hpu_graphs",
+           checkpoint_every=(MLPERF_BERT_CHECKPOINT_STEPS[8], MLPERF_BERT_CHECKPOINT_STEPS[64])),
     Series("HLS-1H MLPerf v1.1 BERT-Large (TF)", "bert-large", "gaudi", "hls1h", "TensorFlow 2.5.1",
            ((8, 28), (64, 24)), seq_len=512, accumulation=2, mode="compile"),
     Series("HLS-1 ResNet-50 SGD (TF, SynapseAI 1.0)", "resnet50", "gaudi", "hls1", "TensorFlow 2.5.0",

@@ -21,8 +21,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DATA", "ROWS", "Row", "RowResult", "checkpoint_ns", "load_figures", "plan_row", "published_figure",
-           "simulate_row", "trace_row"]
+__all__ = ["DATA", "MLPERF_BERT_CHECKPOINT_STEPS", "ROWS", "Row", "RowResult", "checkpoint_ns", "load_figures",
+           "plan_row", "published_figure", "simulate_row", "trace_row"]
 
 DATA = Path(__file__).with_name("published_figures.toml")
 
@@ -167,7 +167,7 @@ _MR_RN50_COMPILE = ("Intel Gaudi reference models page, 'ResNet50 LARS (torch.co
 # state-dict tensor (hpu_runtime.device.cost_model.state_dict_to_host_ns; the model's
 # parameters, fp32). Not charged: the saver's torch.save (another process) and the queue's
 # pickling into shared memory (the queue's feeder thread).
-_MLPERF_BERT_CHECKPOINT_STEPS = {8: 335, 64: 57}
+MLPERF_BERT_CHECKPOINT_STEPS = {8: 335, 64: 57}
 """SAVE_CHECKPOINTS_STEPS in launch_bert_pytorch.sh (MLPerf v3.0 Intel-HabanaLabs HLS-Gaudi2-PT)."""
 
 
@@ -178,7 +178,7 @@ def _mlperf_bert(device: str, cards: int, batch: int, micro: int) -> Row:
         return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="PyTorch 1.13.1",
                    model_config=_BERT_ATTENTION, ran_in="PyTorch lazy + HPU graph, FastDDP", mode="hpu_graphs",
                    micro_batch=micro, samples_per_sequence=2.0, optimizer="fused-lamb", comm_hook="bf16",
-                   autocast_ops=_BERT_PT_OPS, checkpoint_every=_MLPERF_BERT_CHECKPOINT_STEPS[cards],
+                   autocast_ops=_BERT_PT_OPS, checkpoint_every=MLPERF_BERT_CHECKPOINT_STEPS[cards],
                    source=_MLPERF_BERT_PT)
     return Row(model="bert-large", device=device, cards=cards, batch=batch, seq_len=512, software="TensorFlow 2.5.1",
                model_config=_BERT_ATTENTION, ran_in="TensorFlow graph", mode="compile", micro_batch=micro,
