@@ -56,6 +56,7 @@ from .sim.variability import rank_slowdown
 from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
+from .transport.reduce_ops import transport_threads
 from .transport.shm import HcclTimeoutError
 from .transport.tcp import ConnectionLost
 from .work import CollectiveRecord, HcclWork
@@ -118,6 +119,7 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         self._coll = None
         self._sends: list = []  # p2p.SendOp still being posted
         self._recvs: list = []  # p2p.RecvOp still being taken, in posting order
+        self._transport_threads = 1  # set from the host layout once the rendezvous found it
         self._group_name = group_id
         self.history: list[CollectiveRecord] = []
         self._history_limit = 100_000
@@ -135,6 +137,7 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
                            settings_of(self.config, self._device.spec, self.cluster))
         self.layout, self._coll = found.layout, found.coll
+        self._transport_threads = transport_threads(len(self.layout.local_ranks))
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
             if subgroup:
@@ -222,7 +225,11 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def _guarded(self, what: str, fn):
         """Run ``fn`` (the emulator's own tensor ops, unseen by the bridge); on any failure mark
         the group unusable and tell the peers at once (abort flag; TCP connections dropped)."""
+        threads = torch.get_num_threads()
+        cap = threads > self._transport_threads  # NOTE [the transport's threads] in transport.reduce_ops
         try:
+            if cap:
+                torch.set_num_threads(self._transport_threads)
             with bridge_disabled(), torch.no_grad():  # as gloo: collectives are not autograd ops
                 return fn()
         except BaseException as exc:
@@ -234,6 +241,9 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             if cause is not None:
                 raise type(exc)(cause) from exc
             raise
+        finally:
+            if cap:
+                torch.set_num_threads(threads)
 
     def _first_failure(self, exc: BaseException) -> str | None:
         """NOTE [the first failure names the cause]: the first rank of a group to fail posts

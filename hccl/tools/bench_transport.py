@@ -116,7 +116,7 @@ def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None
         return None, "MPI not available (no mpiexec or mpi4py): pip install -e '.[mpi]'"
     root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "HCCL_TRANSPORT"))}
-    env.update(HCCL_TRANSPORT="mpi", OMP_NUM_THREADS="1")
+    env.update(HCCL_TRANSPORT="mpi")  # OMP_NUM_THREADS as _bench set it
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rows.json")
@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "the multi-host path (shared memory inside a host, TCP between hosts); no MPI column")
     p.add_argument("--load", type=count(0, 256, "processes"), default=0,
                    help="start this many CPU-bound processes beside the ranks for the whole run (stopped at the end)")
+    p.add_argument("--torch-threads", type=count(0, 1024, "threads"), default=1,
+                   help="torch intra-op threads per rank (OMP_NUM_THREADS): 1 (default), as torchrun sets; "
+                        "0 leaves torch's default of one per core, as mpirun and a plain launch do")
     p.add_argument("--mpi-worker", nargs=2, metavar=("INIT_FILE", "OUT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.mpi_worker:
@@ -171,9 +174,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def _bench(args: argparse.Namespace) -> list[dict]:
-    # one intra-op thread per rank, as torchrun sets: ranks spinning on shared memory must
-    # not compete with OpenMP worker threads for the cores
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the ranks' intra-op threads (NOTE [the transport's threads] in hccl.transport.reduce_ops)
+    if args.torch_threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +204,9 @@ def _bench(args: argparse.Namespace) -> list[dict]:
     out = []
     where = f"in {args.hosts} emulated hosts" if args.hosts > 1 else "on this host"
     beside = f", {args.load} busy process(es) beside them" if args.load else ""
-    print(f"allreduce, {n} ranks {where}{beside}, {os.cpu_count()} cores, wall-clock (not simulated) figures")
+    threads = f"{args.torch_threads} torch thread(s)" if args.torch_threads else "torch's default threads"
+    print(f"allreduce, {n} ranks {where}{beside}, {os.cpu_count()} cores, {threads} per rank,"
+          " wall-clock (not simulated) figures")
     if mpi_times is None:
         print(f"hccl (MPI transport): {why}")
     table = []

@@ -56,3 +56,47 @@ def test_four_ranks_beside_a_busy_process_match_numpy():
         busy.wait()
     failures = [f for r in res for f in r]
     assert not failures, failures[:10]
+
+
+def _threads_inside_collectives(rank: int, world: int) -> dict:
+    import hccl.transport.shm_engine as eng
+
+    seen, fail = [], []
+    combine, combine_out = eng.combine, eng.combine_out
+
+    def spy(orig):
+        def run(*args):
+            seen.append(torch.get_num_threads())
+            if fail:
+                raise RuntimeError("injected failure in a reduction")
+            return orig(*args)
+        return run
+
+    eng.combine, eng.combine_out = spy(combine), spy(combine_out)
+    torch.set_num_threads(8)  # the user's own setting, more threads than the transport's share
+    t = torch.from_numpy(_data(rank, 0, 300_000))
+    dist.all_reduce(t)
+    ref = np.sum([_data(r, 0, 300_000).astype(np.float64) for r in range(world)], axis=0)
+    after_ok = torch.get_num_threads()
+    fail.append(True)
+    try:
+        dist.all_reduce(torch.ones(300_000))
+        raised = False
+    except RuntimeError:
+        raised = True
+    return {"inside": sorted(set(seen)), "after_ok": after_ok, "after_error": torch.get_num_threads(),
+            "raised": raised, "numerics": bool(np.allclose(t.numpy(), ref, rtol=1e-5, atol=1e-4))}
+
+
+@pytest.mark.timeout(120)
+def test_a_collective_runs_on_its_share_of_the_cores_and_restores_the_users_threads():
+    """NOTE [the transport's threads]: 2 ranks on this host share the cores of their CPU affinity;
+    the user's torch.set_num_threads(8) is back after the collective, and after one that raised."""
+    import os
+
+    share = min(8, max(1, len(os.sched_getaffinity(0)) // 2))
+    res = run_ranks(_threads_inside_collectives, 2, timeout=100)
+    for r in res:
+        assert r["numerics"]
+        assert r["inside"] == [share], r
+        assert (r["after_ok"], r["after_error"], r["raised"]) == (8, 8, True), r
