@@ -24,6 +24,17 @@ the MPI launcher (Hydra) kill the whole job, MPI's default; nothing here changes
 :meth:`MpiTransport.abort` only records the reason: mismatches are found by every rank
 itself, and aborting MPI from a library would take the user's ``except`` away.
 
+NOTE [MPI waits]
+A rank waiting on its MPI requests polls ``Testall`` (MPI's progress runs inside it): the
+first :data:`_PURE_POLLS` polls back to back, every later one after ``sched_yield``, so a
+peer queued on the same core runs at once instead of at the scheduler's next tick; after
+:data:`_SPIN_S` the waiter sleeps between polls (20 us doubling to 1 ms). Polling without
+yielding for the first 100 ms, as before, starved the peers whenever ranks outnumber cores:
+``python -m hccl.tools.bench_transport --ranks 4`` on 2 cores measured the MPI column at
+12.1 ms for 1 KB and 0.08 GB/s at 1 MB (gloo: 5.1 ms, 0.30 GB/s); with the yields, 0.50 ms
+and 1.54 GB/s. Idle 2-rank figures are unchanged (85 us, 5.3 GB/s): ``sched_yield`` with
+nothing else to run returns at once.
+
 Point-to-point send/recv is not offered over this transport (the process group raises
 ``NotImplementedError``); use the default shared-memory transport for it.
 """
@@ -43,7 +54,8 @@ __all__ = ["INSTALL_HINT", "MpiTransport", "MpiUnavailableError", "connect", "im
 
 INSTALL_HINT = "pip install -e '.[mpi]'"
 _TAG = 0x4843  # the one MPI tag of collective traffic
-_SPIN_S = 0.1  # poll Testall() without pausing for this long, then back off (max 1 ms)
+_SPIN_S = 0.1  # NOTE [MPI waits]: poll Testall() for this long, then back off with sleeps (max 1 ms)
+_PURE_POLLS = 16  # NOTE [MPI waits]: polls before each further one yields the core
 
 
 class MpiUnavailableError(RuntimeError):
@@ -111,7 +123,9 @@ class MpiTransport:
             if delay:
                 time.sleep(delay)
                 delay = min(delay * 2, 1e-3)
-            if spins % 256 == 0 or delay:
+            elif spins > _PURE_POLLS:
+                os.sched_yield()
+            if spins % 64 == 0 or delay:
                 now = time.monotonic() - start
                 if now > self.timeout_s:
                     self._pending = True
@@ -120,7 +134,6 @@ class MpiTransport:
                         " waiting for its MPI peers (HCCL_TRANSPORT=mpi)"
                     )
                 if not delay and now > _SPIN_S:
-                    os.sched_yield()
                     delay = 2e-5
 
     def abort(self, reason: str) -> None:
