@@ -32,11 +32,12 @@ _TAG = -0x48434C  # the outboxes' tag for collective traffic (user point-to-poin
 _BYTES = DTYPE_CODES[torch.uint8]  # the outboxes move raw bytes
 _INLINE_BYTES = 16 << 10
 """NOTE [inline small phases]: a phase whose messages all cross TCP and whose sends to each
-peer total at most this many bytes runs on the calling thread: every rank first sends (the
+peer total at most this many bytes runs as blocking calls: every rank first sends (the
 bytes fit in the kernel's socket buffers, at least 16 KiB on Linux, so ``sendall`` returns
 without the peer reading), then receives. No rank waits before all its sends are out, so no
-order of peers deadlocks, and the phase costs no thread start (about half of a 1 KB
-allreduce's wall time between two hosts with helper threads)."""
+order of peers deadlocks, and a 1 KB allreduce between two hosts takes 139 us, against
+about 200 us through :meth:`~.tcp.TcpMesh.pump`'s poll loop. Larger TCP-only phases go
+through the pump (NOTE [one thread per phase] in :mod:`.tcp`)."""
 _WIRE_TAG = b"COLL"
 
 
@@ -115,21 +116,26 @@ class HostsTransport:
             else:
                 local_recvs.setdefault(i, deque()).append(RecvOp(self.arena, i, into, _TAG, _BYTES, what))
         mesh = self.mesh
-        inline = (mesh is not None and not local_sends and not local_recvs
-                  and all(sum(x.numel() * x.element_size() for x in xs) <= _INLINE_BYTES
-                          for xs in remote_sends.values()))
+        wire_sends = {p: [tensor_bytes_view(x) for x in xs] for p, xs in remote_sends.items()}
+        wire_recvs = {p: [tensor_bytes_view(x) for x in xs] for p, xs in remote_recvs.items()}
         errors: list[BaseException] = []
         threads: list[threading.Thread] = []
         try:
-            if inline:  # NOTE [inline small phases]: every send, then every receive
-                for peer, items in remote_sends.items():
-                    _send_all(mesh, peer, items, tag)
-                for peer, items in remote_recvs.items():
-                    _recv_all(mesh, peer, items, tag)
+            if not local_sends and not local_recvs:
+                if all(sum(len(v) for v in vs) <= _INLINE_BYTES for vs in wire_sends.values()):
+                    # NOTE [inline small phases]: every send, then every receive
+                    for peer, views in wire_sends.items():
+                        for v in views:
+                            mesh.send(peer, _WIRE_TAG, tag, v)
+                    for peer, views in wire_recvs.items():
+                        for v in views:
+                            mesh.recv(peer, _WIRE_TAG, tag, v)
+                elif wire_sends or wire_recvs:  # NOTE [one thread per phase] in .tcp
+                    mesh.pump(_WIRE_TAG, tag, wire_sends, wire_recvs)
                 return
             wake = self._wake_self  # a failed helper wakes the pump if it sleeps on its doorbell
-            threads = [_start(errors, wake, _send_all, mesh, peer, items, tag) for peer, items in remote_sends.items()]
-            threads += [_start(errors, wake, _recv_all, mesh, peer, items, tag) for peer, items in remote_recvs.items()]
+            if wire_sends or wire_recvs:
+                threads = [_start(errors, wake, mesh.pump, _WIRE_TAG, tag, wire_sends, wire_recvs)]
             if local_sends or local_recvs:
                 def done() -> bool:
                     for queue in (local_sends, local_recvs):
@@ -176,16 +182,6 @@ class HostsTransport:
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
-
-
-def _send_all(mesh: TcpMesh, peer: int, items: list[torch.Tensor], tag: int) -> None:
-    for x in items:
-        mesh.send(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
-
-
-def _recv_all(mesh: TcpMesh, peer: int, items: list[torch.Tensor], tag: int) -> None:
-    for x in items:
-        mesh.recv(peer, _WIRE_TAG, tag, tensor_bytes_view(x))
 
 
 def _start(errors: list[BaseException], on_error, fn, *args) -> threading.Thread:

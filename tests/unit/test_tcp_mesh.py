@@ -52,3 +52,106 @@ def test_an_address_that_cannot_be_listened_on_is_named_with_its_variable(addres
     ValueError naming where the address came from, not a bare OSError or gaierror."""
     with pytest.raises(ValueError, match=f"cannot listen on '{address}' \\(HCCL_SOCKET_ADDR='{address}'\\)"):
         TcpMesh(0, [1], "tok", 1.0, address=address, origin=f"HCCL_SOCKET_ADDR={address!r}")
+
+
+def _pair(timeout_s: float = 10.0) -> tuple[TcpMesh, TcpMesh]:
+    a = TcpMesh(0, [1], "tok", timeout_s)
+    b = TcpMesh(1, [0], "tok", timeout_s)
+    t = threading.Thread(target=b.connect, args=({0: a.address},))
+    t.start()
+    a.connect({1: b.address})
+    t.join(10)
+    assert not t.is_alive()
+    return a, b
+
+
+def _on_thread(fn, *args) -> tuple[threading.Thread, list]:
+    box: list = []
+
+    def run() -> None:
+        try:
+            fn(*args)
+            box.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+@pytest.mark.timeout(60)
+def test_pump_moves_large_messages_both_ways_at_once_on_one_thread_each():
+    """NOTE [one thread per phase]: two 8 MB messages each way (more than the socket buffers
+    hold, so blocking sends one after the other would deadlock) and an empty one, in order."""
+    rng = np.random.default_rng(1)
+    xa = [rng.standard_normal(2 << 20).astype(np.float32), np.empty(0, np.float32),
+          rng.standard_normal(3 << 20).astype(np.float32)]
+    xb = [rng.standard_normal(2 << 20).astype(np.float32), np.empty(0, np.float32),
+          rng.standard_normal(3 << 20).astype(np.float32)]
+    ga, gb = [np.empty_like(x) for x in xb], [np.empty_like(x) for x in xa]
+    view = lambda xs: [memoryview(x).cast("B") for x in xs]  # noqa: E731
+    a, b = _pair()
+    try:
+        t, box = _on_thread(b.pump, b"COLL", 3, {0: view(xb)}, {0: view(gb)})
+        a.pump(b"COLL", 3, {1: view(xa)}, {1: view(ga)})
+        t.join(30)
+        assert box == [None]
+        for got, want in zip(ga + gb, xb + xa):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["order", "size"])
+def test_pump_names_a_message_out_of_order_or_of_another_size(case):
+    from hccl.transport.shm import PeerFailure
+
+    a, b = _pair()
+    try:
+        x = np.arange(64 << 10, dtype=np.float32)
+        seq, n = (4, x.size) if case == "order" else (3, x.size - 1)
+        t, box = _on_thread(a.pump, b"COLL", seq, {1: [memoryview(x).cast("B")]}, {})
+        got = np.empty(n, np.float32)
+        expected = "expected b'COLL'#3: collectives were called in a different order" if case == "order" \
+            else "rank 0 sent 262144 bytes to rank 1, which expected 262140: tensor sizes differ"
+        with pytest.raises(PeerFailure, match=expected):
+            b.pump(b"COLL", 3, {}, {0: [memoryview(got).cast("B")]})
+    finally:
+        a.close()
+        b.close()
+        t.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_pump_names_a_peer_that_closed_its_connection():
+    from hccl.transport.tcp import ConnectionLost
+
+    a, b = _pair()
+    try:
+        a.close()
+        got = np.empty(1 << 20, np.float32)
+        with pytest.raises(ConnectionLost, match="rank 0 closed its connection to rank 1"):
+            b.pump(b"COLL", 1, {}, {0: [memoryview(got).cast("B")]})
+    finally:
+        b.close()
+
+
+@pytest.mark.timeout(60)
+def test_pump_times_out_naming_the_silent_peer():
+    import time
+
+    from hccl.transport.shm import HcclTimeoutError
+
+    a, b = _pair(timeout_s=0.5)
+    try:
+        got = np.empty(1 << 20, np.float32)
+        start = time.monotonic()
+        with pytest.raises(HcclTimeoutError, match=r"rank 1 timed out after 0.5 s waiting for rank\(s\) 0"):
+            b.pump(b"COLL", 1, {}, {0: [memoryview(got).cast("B")]})
+        assert time.monotonic() - start < 5.0
+    finally:
+        a.close()
+        b.close()
