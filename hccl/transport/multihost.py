@@ -96,9 +96,11 @@ class HostsTransport:
 
     def exchange(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]],
                  tag: int, what: str) -> None:
-        """One phase's messages: TCP ones on helper threads (one sender and one receiver per
-        peer, in posting order), shared-memory ones pumped here; nothing blocks the pumping,
-        so no order of peers deadlocks."""
+        """One phase's messages, in posting order per peer: small TCP-only phases inline
+        (NOTE [inline small phases]), other TCP-only phases through
+        :meth:`~.tcp.TcpMesh.pump` on this thread; a phase with shared-memory messages pumps
+        them here while one helper thread runs the TCP pump (NOTE [one thread per phase] in
+        :mod:`.tcp`). Nothing blocks the pumping, so no order of peers deadlocks."""
         local_sends: dict[int, deque] = {}
         local_recvs: dict[int, deque] = {}
         remote_sends: dict[int, list[torch.Tensor]] = {}
@@ -148,7 +150,7 @@ class HostsTransport:
                     if errors:
                         raise errors[0]
                     if threads:
-                        # NOTE [GIL handover]: the TCP helper threads need the GIL for every chunk
+                        # NOTE [GIL handover]: the TCP helper thread needs the GIL for every chunk
                         # they move; a pump that only spins would hand it over once per switch
                         # interval (5 ms), which throttled 1 MB phases to a few chunks per 5 ms.
                         time.sleep(0)

@@ -200,7 +200,7 @@ def _dies_in_a_large_allreduce(rank: int, world: int) -> str:
 
         transport.exchange = dying
     try:
-        dist.all_reduce(torch.ones(2 << 20))  # 8 MB: TCP phases on helper threads
+        dist.all_reduce(torch.ones(2 << 20))  # 8 MB: TCP phases through TcpMesh.pump
     except RuntimeError as exc:
         return f"{type(exc).__name__}: {exc}"
     return "no error"
