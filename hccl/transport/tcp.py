@@ -334,6 +334,8 @@ class TcpMesh:
                 continue
             for fd, ev in events:
                 p = fds[fd]
+                if ev & select.POLLNVAL or self._closed:  # this rank closed the mesh (another thread failed)
+                    raise ConnectionLost(f"hccl: rank {self.rank}'s connection to rank {p} was closed by this rank")
                 if p in inbound and ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
                     if self._take(p, inbound[p], tag, seq):
                         del inbound[p]
@@ -392,8 +394,16 @@ class TcpMesh:
         return not st.items
 
     def close(self) -> None:
+        """Drop every connection and stop listening. Each connection is shut down before it is
+        closed: a thread of this process still polling or reading it (a pump on a helper
+        thread) wakes at once, and the peer sees the end of the stream at once. ``close``
+        alone does neither while another thread's ``poll`` holds the socket."""
         self._closed = True
         for s in list(self.conns.values()) + [self._listener]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:  # not connected (the listener), or already shut down
+                pass
             try:
                 s.close()
             except OSError:

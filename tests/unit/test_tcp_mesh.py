@@ -155,3 +155,26 @@ def test_pump_times_out_naming_the_silent_peer():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.timeout(60)
+def test_pump_stops_when_this_rank_closes_its_mesh_from_another_thread():
+    """A failure elsewhere closes the mesh (as the multi-host transport does) while a helper
+    thread pumps: the pump raises at once instead of polling closed sockets."""
+    import time
+
+    from hccl.transport.tcp import ConnectionLost
+
+    a, b = _pair()
+    try:
+        got = np.empty(1 << 20, np.float32)
+        t, box = _on_thread(b.pump, b"COLL", 1, {}, {0: [memoryview(got).cast("B")]})
+        time.sleep(0.2)
+        b.close()
+        start = time.monotonic()
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - start < 2.0
+        assert len(box) == 1 and isinstance(box[0], ConnectionLost), box
+        assert "closed by this rank" in str(box[0]), box
+    finally:
+        a.close()
