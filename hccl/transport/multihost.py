@@ -13,8 +13,6 @@ really moves over the sockets. Simulated time still comes from the time plane.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +37,9 @@ order of peers deadlocks, and a 1 KB allreduce between two hosts takes 139 us, a
 about 200 us through :meth:`~.tcp.TcpMesh.pump`'s poll loop. Larger TCP-only phases go
 through the pump (NOTE [one thread per phase] in :mod:`.tcp`)."""
 _WIRE_TAG = b"COLL"
+_TCP_NAP_S = 1e-4
+"""The longest sleep on the doorbell while a phase's TCP messages are still moving (no peer
+rings for bytes that arrive on a socket): NOTE [one thread per phase] in :mod:`.tcp`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +97,9 @@ class HostsTransport:
 
     def exchange(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]],
                  tag: int, what: str) -> None:
-        """One phase's messages, in posting order per peer: small TCP-only phases inline
-        (NOTE [inline small phases]), other TCP-only phases through
-        :meth:`~.tcp.TcpMesh.pump` on this thread; a phase with shared-memory messages pumps
-        them here while one helper thread runs the TCP pump (NOTE [one thread per phase] in
+        """One phase's messages, in posting order per peer, all on the calling thread: small
+        TCP-only phases inline (NOTE [inline small phases]); every other phase pumps its
+        shared-memory outboxes and its TCP sockets in turn (NOTE [one thread per phase] in
         :mod:`.tcp`). Nothing blocks the pumping, so no order of peers deadlocks."""
         local_sends: dict[int, deque] = {}
         local_recvs: dict[int, deque] = {}
@@ -120,8 +120,6 @@ class HostsTransport:
         mesh = self.mesh
         wire_sends = {p: [tensor_bytes_view(x) for x in xs] for p, xs in remote_sends.items()}
         wire_recvs = {p: [tensor_bytes_view(x) for x in xs] for p, xs in remote_recvs.items()}
-        errors: list[BaseException] = []
-        threads: list[threading.Thread] = []
         try:
             if not local_sends and not local_recvs:
                 if all(sum(len(v) for v in vs) <= _INLINE_BYTES for vs in wire_sends.values()):
@@ -135,45 +133,29 @@ class HostsTransport:
                 elif wire_sends or wire_recvs:  # NOTE [one thread per phase] in .tcp
                     mesh.pump(_WIRE_TAG, tag, wire_sends, wire_recvs)
                 return
-            wake = self._wake_self  # a failed helper wakes the pump if it sleeps on its doorbell
-            if wire_sends or wire_recvs:
-                threads = [_start(errors, wake, mesh.pump, _WIRE_TAG, tag, wire_sends, wire_recvs)]
-            if local_sends or local_recvs:
-                def done() -> bool:
-                    for queue in (local_sends, local_recvs):
-                        for i in list(queue):
-                            q = queue[i]
-                            while q and q[0].progress():
-                                q.popleft()
-                            if not q:
-                                del queue[i]
-                    if errors:
-                        raise errors[0]
-                    if threads:
-                        # NOTE [GIL handover]: the TCP helper thread needs the GIL for every chunk
-                        # they move; a pump that only spins would hand it over once per switch
-                        # interval (5 ms), which throttled 1 MB phases to a few chunks per 5 ms.
-                        time.sleep(0)
-                    return not local_sends and not local_recvs
+            # NOTE [one thread per phase] in .tcp: the TCP messages move between polls of the outboxes
+            tcp = mesh.phase(_WIRE_TAG, tag, wire_sends, wire_recvs) if wire_sends or wire_recvs else None
 
-                awaited = sorted(set(local_sends) | set(local_recvs))
-                self.arena.wait_until(done, what, awaited)
-            pending = threads
-            while pending and not errors:
-                pending[0].join(0.05)
-                pending = [t for t in pending if t.is_alive()]
-            if errors:
-                raise errors[0]
+            def done() -> bool:
+                for queue in (local_sends, local_recvs):
+                    for i in list(queue):
+                        q = queue[i]
+                        while q and q[0].progress():
+                            q.popleft()
+                        if not q:
+                            del queue[i]
+                if tcp is not None:
+                    tcp.step(0.0)
+                return not local_sends and not local_recvs
+
+            awaited = sorted(set(local_sends) | set(local_recvs))
+            self.arena.wait_until(done, what, awaited, max_sleep_s=None if tcp is None else _TCP_NAP_S)
+            while tcp is not None and not tcp.step(mesh.timeout_s):
+                pass
         except BaseException:
             if mesh is not None:
                 mesh.close()  # the peers learn of the failure at once; no thread outlives it
             raise
-        finally:
-            for t in threads:
-                t.join()
-
-    def _wake_self(self) -> None:
-        self.arena.ring((self.arena.rank,), always=True)
 
     def abort(self, reason: str) -> None:
         """Raise this rank's abort flag for its host and drop its TCP connections."""
@@ -184,18 +166,3 @@ class HostsTransport:
     def close(self) -> None:
         if self.mesh is not None:
             self.mesh.close()
-
-
-def _start(errors: list[BaseException], on_error, fn, *args) -> threading.Thread:
-    """``fn(*args)`` on a daemon thread; what it raises is appended to ``errors``, then
-    ``on_error()`` is called."""
-    def body() -> None:
-        try:
-            fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by exchange()
-            errors.append(exc)
-            on_error()
-
-    t = threading.Thread(target=body, daemon=True, name="hccl-tcp-phase")
-    t.start()
-    return t

@@ -320,12 +320,15 @@ class ShmArena:
 
         self._spin(arrived, lambda: late, what)
 
-    def wait_until(self, arrived, what: str, awaited: Sequence[int] | None = None) -> None:
+    def wait_until(self, arrived, what: str, awaited: Sequence[int] | None = None,
+                   max_sleep_s: float | None = None) -> None:
         """Block until ``arrived()`` (no arguments) is true; dead or aborted peers and the
         timeout raise as in :meth:`wait_all`, naming the ``awaited`` local indices (default:
-        every peer)."""
+        every peer). ``max_sleep_s``: the longest sleep on the doorbell, wall seconds, for a
+        caller whose ``arrived()`` also pumps work no peer rings for (TCP, NOTE [one thread
+        per phase] in :mod:`.tcp`)."""
         late = [self.peers.index(self.segments[i]) for i in awaited] if awaited is not None else list(range(len(self.peers)))
-        self._spin(arrived, lambda: late, what)
+        self._spin(arrived, lambda: late, what, max_sleep_s)
 
     def note_progress(self, peer: int) -> None:
         """Record that a point-to-point chunk moved to or from local index ``peer`` (whose
@@ -334,7 +337,7 @@ class ShmArena:
         self.moved += 1
         self.ring((peer,))
 
-    def _spin(self, arrived, pending, what: str) -> None:
+    def _spin(self, arrived, pending, what: str, max_sleep_s: float | None = None) -> None:
         """Poll ``arrived()`` until true: spin (:data:`~.futex.PURE_SPIN_S`), spin yielding the
         core (up to :data:`~.futex.SPIN_S`), then sleep on this rank's doorbell until a peer
         rings it (NOTE [futex doorbells]), then spin again.
@@ -372,7 +375,8 @@ class ShmArena:
             try:
                 if arrived():
                     return
-                futex_wait(self.me.bell_addr, bell, max(1e-4, min(next_check, deadline) - now))
+                nap = max(1e-4, min(next_check, deadline) - now)
+                futex_wait(self.me.bell_addr, bell, nap if max_sleep_s is None else min(nap, max_sleep_s))
             finally:
                 me[_SLEEP_W] = 0
             if arrived():

@@ -26,9 +26,16 @@ restarts whenever a byte moves. Measured with ``python -m hccl.tools.bench_trans
 --hosts 2`` on this 2-core machine (1 MB / 16 MB / 64 MB busbw): 0.85 / 1.49 / 1.42 GB/s
 with the threads, 2.67 / 3.66 / 3.75 GB/s with the pump; beside one CPU-bound process
 (``--load 1``) 0.33 / 0.38 / 0.43 against 0.89 / 1.09 / 1.20. A phase whose sends are small
-still goes inline (NOTE [inline small phases] in :mod:`.multihost`); a phase that also has
-shared-memory messages runs the pump on one helper thread while the calling thread pumps
-the outboxes.
+still goes inline (NOTE [inline small phases] in :mod:`.multihost`).
+
+A phase that also has shared-memory messages (ranks of the same host: every ring step that
+crosses a host boundary, and most phases of 2 hosts of 2 ranks) runs on the calling thread
+too: its wait on the outboxes calls :meth:`TcpPhase.step` with no wait between polls, and
+sleeps on its doorbell at most :data:`~.multihost._TCP_NAP_S` while TCP bytes are still due,
+since no peer rings for them. ``--ranks 4 --hosts 2`` (1 KB latency, then 1 / 16 / 64 MB
+busbw): 2,107 us / 0.31 / 0.71 / 0.74 GB/s with two threads per peer, 1,374 / 0.42 / 0.90 /
+0.93 with the pump on one helper thread, 1,084 / 0.69 / 1.22 / 1.50 on the calling thread
+(gloo: about 5,000 us / 0.29 / 1.0-1.15 / 1.1).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import torch
 
 from .shm import HcclTimeoutError, PeerFailure
 
-__all__ = ["TcpMesh", "ConnectionLost", "listen_address", "HELLO_BYTES"]
+__all__ = ["TcpMesh", "TcpPhase", "ConnectionLost", "listen_address", "HELLO_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -290,71 +297,20 @@ class TcpMesh:
         Raises:
             PeerFailure: a header that is not the expected message (collectives called in a
                 different order) or a size that differs, naming the peer.
-            ConnectionLost: a peer closed or broke its connection, naming it.
+            ConnectionLost: a peer closed or broke its connection, naming it; or this rank
+                closed the mesh (another thread failed).
             HcclTimeoutError: no byte moved for ``timeout_s`` wall seconds, naming the peers
                 still awaited.
         """
-        out: dict[int, deque] = {}
-        for p, items in sends.items():
-            bufs: deque = deque()
-            for v in items:
-                bufs.append(memoryview(_HDR.pack(_MSG_MAGIC, tag, seq, len(v))))
-                if len(v):
-                    bufs.append(v)
-            if bufs:
-                out[p] = bufs
-        inbound = {p: _Inbound(deque(items)) for p, items in recvs.items() if items}
-        fds = {self.conns[p].fileno(): p for p in {*out, *inbound}}
-        poller = select.poll()
-        registered: dict[int, int] = {}
+        phase = self.phase(tag, seq, sends, recvs)
+        while not phase.step(self.timeout_s):
+            pass
 
-        def watch(p: int) -> None:
-            fd = self.conns[p].fileno()
-            ev = (select.POLLOUT if p in out else 0) | (select.POLLIN if p in inbound else 0)
-            if ev != registered.get(fd):
-                if ev and fd in registered:
-                    poller.modify(fd, ev)
-                elif ev:
-                    poller.register(fd, ev)
-                else:
-                    poller.unregister(fd)
-                registered[fd] = ev
-
-        for p in fds.values():
-            watch(p)
-        deadline = time.monotonic() + self.timeout_s
-        while out or inbound:
-            events = poller.poll(max(0.0, deadline - time.monotonic()) * 1000.0)
-            if not events:
-                if time.monotonic() >= deadline:
-                    waiting = sorted(inbound) or sorted(out)
-                    names = ", ".join(str(p) for p in waiting)
-                    raise HcclTimeoutError(f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s"
-                                           f" waiting for rank(s) {names}")
-                continue
-            for fd, ev in events:
-                p = fds[fd]
-                if ev & select.POLLNVAL or self._closed:  # this rank closed the mesh (another thread failed)
-                    raise ConnectionLost(f"hccl: rank {self.rank}'s connection to rank {p} was closed by this rank")
-                if p in inbound and ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                    if self._take(p, inbound[p], tag, seq):
-                        del inbound[p]
-                elif p in out and ev & (select.POLLHUP | select.POLLERR) and not ev & select.POLLOUT:
-                    raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {self.rank}: connection closed")
-                if p in out and ev & select.POLLOUT:
-                    bufs = out[p]
-                    try:
-                        k = self.conns[p].send(bufs[0])
-                    except OSError as exc:
-                        raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {self.rank}: {exc}") from None
-                    if k == len(bufs[0]):
-                        bufs.popleft()
-                        if not bufs:
-                            del out[p]
-                    else:
-                        bufs[0] = bufs[0][k:]
-                watch(p)
-            deadline = time.monotonic() + self.timeout_s  # bytes moved: the wait starts again
+    def phase(self, tag: bytes, seq: int, sends: dict[int, list[memoryview]],
+              recvs: dict[int, list[memoryview]]) -> TcpPhase:
+        """The messages of :meth:`pump`, to be moved by calls of :meth:`TcpPhase.step` (a
+        caller that also has other work to pump, NOTE [one thread per phase])."""
+        return TcpPhase(self, tag, seq, sends, recvs)
 
     def _take(self, peer: int, st: _Inbound, tag: bytes, seq: int) -> bool:
         """Read what ``peer``'s socket holds into the message awaited; True when every
@@ -395,7 +351,7 @@ class TcpMesh:
 
     def close(self) -> None:
         """Drop every connection and stop listening. Each connection is shut down before it is
-        closed: a thread of this process still polling or reading it (a pump on a helper
+        closed: a thread of this process still polling or reading it (a collective on another
         thread) wakes at once, and the peer sees the end of the stream at once. ``close``
         alone does neither while another thread's ``poll`` holds the socket."""
         self._closed = True
@@ -409,6 +365,92 @@ class TcpMesh:
             except OSError:
                 pass
         self.conns.clear()
+
+
+class TcpPhase:
+    """One phase's TCP messages in flight (:meth:`TcpMesh.phase`): :meth:`step` moves what the
+    sockets are ready for. Same checks and errors as :meth:`TcpMesh.pump`."""
+
+    def __init__(self, mesh: TcpMesh, tag: bytes, seq: int, sends: dict[int, list[memoryview]],
+                 recvs: dict[int, list[memoryview]]) -> None:
+        self.mesh, self.tag, self.seq = mesh, tag, seq
+        self.out: dict[int, deque] = {}
+        for p, items in sends.items():
+            bufs: deque = deque()
+            for v in items:
+                bufs.append(memoryview(_HDR.pack(_MSG_MAGIC, tag, seq, len(v))))
+                if len(v):
+                    bufs.append(v)
+            if bufs:
+                self.out[p] = bufs
+        self.inbound = {p: _Inbound(deque(items)) for p, items in recvs.items() if items}
+        self.fds = {mesh.conns[p].fileno(): p for p in {*self.out, *self.inbound}}
+        self.poller = select.poll()
+        self.registered: dict[int, int] = {}
+        for p in self.fds.values():
+            self._watch(p)
+        self.deadline = time.monotonic() + mesh.timeout_s
+
+    @property
+    def done(self) -> bool:
+        return not self.out and not self.inbound
+
+    def _watch(self, p: int) -> None:
+        fd = self.mesh.conns[p].fileno()
+        ev = (select.POLLOUT if p in self.out else 0) | (select.POLLIN if p in self.inbound else 0)
+        if ev != self.registered.get(fd):
+            if ev and fd in self.registered:
+                self.poller.modify(fd, ev)
+            elif ev:
+                self.poller.register(fd, ev)
+            else:
+                self.poller.unregister(fd)
+            self.registered[fd] = ev
+
+    def step(self, timeout_s: float = 0.0) -> bool:
+        """Wait up to ``timeout_s`` wall seconds for a ready socket, move one ``send`` or
+        ``recv_into`` on each; True when every message is through.
+
+        Raises:
+            as :meth:`TcpMesh.pump`.
+        """
+        if self.done:
+            return True
+        mesh = self.mesh
+        wait = min(timeout_s, max(0.0, self.deadline - time.monotonic()))
+        events = self.poller.poll(wait * 1000.0)
+        if not events:
+            if time.monotonic() >= self.deadline:
+                waiting = sorted(self.inbound) or sorted(self.out)
+                names = ", ".join(str(p) for p in waiting)
+                raise HcclTimeoutError(f"hccl: rank {mesh.rank} timed out after {mesh.timeout_s:.1f} s"
+                                       f" waiting for rank(s) {names}")
+            return False
+        out, inbound = self.out, self.inbound
+        for fd, ev in events:
+            p = self.fds[fd]
+            if ev & select.POLLNVAL or mesh._closed:  # this rank closed the mesh (another thread failed)
+                raise ConnectionLost(f"hccl: rank {mesh.rank}'s connection to rank {p} was closed by this rank")
+            if p in inbound and ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                if mesh._take(p, inbound[p], self.tag, self.seq):
+                    del inbound[p]
+            elif p in out and ev & (select.POLLHUP | select.POLLERR) and not ev & select.POLLOUT:
+                raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {mesh.rank}: connection closed")
+            if p in out and ev & select.POLLOUT:
+                bufs = out[p]
+                try:
+                    k = mesh.conns[p].send(bufs[0])
+                except OSError as exc:
+                    raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {mesh.rank}: {exc}") from None
+                if k == len(bufs[0]):
+                    bufs.popleft()
+                    if not bufs:
+                        del out[p]
+                else:
+                    bufs[0] = bufs[0][k:]
+            self._watch(p)
+        self.deadline = time.monotonic() + mesh.timeout_s  # bytes moved: the wait starts again
+        return self.done
 
 
 def tensor_bytes_view(t: torch.Tensor) -> memoryview:

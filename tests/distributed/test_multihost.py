@@ -242,3 +242,45 @@ def test_an_address_that_cannot_be_listened_on_names_hccl_socket_addr_on_every_r
     for msg in res[1:]:
         assert msg.startswith("PeerFailure: hccl: a rank of this group cannot listen"), msg
         assert "rank 0: hccl: rank 0 cannot listen on '192.0.2.1' (HCCL_SOCKET_ADDR='192.0.2.1')" in msg, msg
+
+
+def _mixed_phases_on_one_thread(rank: int, world: int) -> dict:
+    import threading
+
+    transport = dist.group.WORLD._coll.transport
+    exchange, mixed = transport.exchange, []
+
+    def counting(sends, recvs, tag, what):
+        local = set(transport._local)
+        peers = [p for p, _ in sends] + [p for p, _ in recvs]
+        if any(p in local for p in peers) and any(p not in local for p in peers):
+            mixed.append(1)
+        return exchange(sends, recvs, tag, what)
+
+    transport.exchange = counting
+    starts, start = [], threading.Thread.start
+    threading.Thread.start = lambda self: (starts.append(self.name), start(self))[1]
+    try:
+        out = []
+        for case, numel in enumerate([300, 3 << 20]):  # 1.2 KB and 12 MB
+            x = torch.randn(numel, generator=torch.Generator().manual_seed(10 * case + rank), dtype=torch.float64)
+            dist.all_reduce(x)
+            out.append(x.numpy())
+    finally:
+        threading.Thread.start = start
+    return {"mixed": len(mixed), "threads": starts, "out": out}
+
+
+@pytest.mark.timeout(120)
+def test_phases_mixing_shared_memory_and_tcp_run_on_the_calling_thread():
+    """NOTE [one thread per phase]: HCCL_ALGO=ring over 2 hosts of 2 ranks sends to a rank of
+    one host while receiving from a rank of the other; those phases start no thread, and the
+    sums equal numpy's."""
+    res = run_ranks(_mixed_phases_on_one_thread, 4, timeout=100, env=TWO_HOSTS | {"HCCL_ALGO": "ring"})
+    for case, numel in enumerate([300, 3 << 20]):
+        ref = sum(torch.randn(numel, generator=torch.Generator().manual_seed(10 * case + r),
+                              dtype=torch.float64).numpy() for r in range(4))
+        for r in res:
+            np.testing.assert_allclose(r["out"][case], ref, rtol=1e-12, atol=1e-12)
+    assert all(r["mixed"] > 0 for r in res), [r["mixed"] for r in res]
+    assert all(r["threads"] == [] for r in res), [r["threads"] for r in res]
