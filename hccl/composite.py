@@ -14,8 +14,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hpu_runtime import bridge_disabled
-
 from .transport.reduce_ops import check_dtype
 
 __all__ = ["CompositeMixin"]
@@ -42,7 +40,7 @@ class CompositeMixin:
         if self._rank == root:
             outs = output_tensors[0]
         else:
-            with bridge_disabled():
+            with self._emulator_ops():
                 outs = [torch.empty_like(inp) for _ in range(self._world_size)]
         return self.allgather([outs], [inp])
 
@@ -56,13 +54,13 @@ class CompositeMixin:
         self._check("scatter", outputs=output_tensors, inputs=input_tensors, root=root)
         out = output_tensors[0]
         n, m = self._world_size, out.numel()
-        with bridge_disabled():
+        with self._emulator_ops():
             if self._rank == root:
                 buf = torch.cat([t.reshape(-1) for t in input_tensors[0]])
             else:
                 buf = torch.empty(n * m, dtype=out.dtype)
         work = self.broadcast([buf], _broadcast_opts(root))
-        with bridge_disabled(), torch.no_grad():
+        with self._emulator_ops(), torch.no_grad():
             out.copy_(buf[self._rank * m : (self._rank + 1) * m].view(out.shape))
         work.replace_outputs([out])
         return work
@@ -73,13 +71,13 @@ class CompositeMixin:
         allgathered, concatenated and coalesced."""
         check_dtype(t.values(), "allreduce tensor (sparse values)")
         n = self._world_size
-        with bridge_disabled(), torch.no_grad():
+        with self._emulator_ops(), torch.no_grad():
             mine = t.coalesce()
             idx, val = mine.indices(), mine.values()
             count = torch.tensor([idx.shape[1]], dtype=torch.int64)
             counts = [torch.empty_like(count) for _ in range(n)]
         self.allgather([counts], [count])
-        with bridge_disabled(), torch.no_grad():
+        with self._emulator_ops(), torch.no_grad():
             sizes = [int(c) for c in counts]
             m = max(sizes)
             idx_p = torch.zeros(idx.shape[0], m, dtype=idx.dtype)
@@ -90,7 +88,7 @@ class CompositeMixin:
             vals = [torch.empty_like(val_p) for _ in range(n)]
         self.allgather([idxs], [idx_p])
         work = self.allgather([vals], [val_p])
-        with bridge_disabled(), torch.no_grad():
+        with self._emulator_ops(), torch.no_grad():
             total = torch.sparse_coo_tensor(torch.cat([i[:, :k] for i, k in zip(idxs, sizes)], dim=1),
                                             torch.cat([v[:k] for v, k in zip(vals, sizes)]), t.shape)
             t.copy_(total.coalesce())
@@ -113,7 +111,7 @@ class CompositeMixin:
             works = [one(o, i, opts) for o, i in zip(outputs, inputs)]
             return works[-1]
         n = self._world_size
-        with bridge_disabled():
+        with self._emulator_ops():
             if kind == "allgather":
                 fused_in = torch.cat([i.reshape(-1) for i in inputs])
                 fused_out = torch.empty(n * fused_in.numel(), dtype=fused_in.dtype)
@@ -124,7 +122,7 @@ class CompositeMixin:
                 ) if sum(per) else torch.empty(0, dtype=outputs[0].dtype)
                 fused_out = torch.empty(sum(per), dtype=outputs[0].dtype)
         work = one(fused_out, fused_in, opts)
-        with bridge_disabled():
+        with self._emulator_ops():
             if kind == "allgather":
                 total = fused_in.numel()
                 rows = fused_out.view(n, total) if total else fused_out.view(n, 0)

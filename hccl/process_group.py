@@ -56,7 +56,7 @@ from .sim.variability import rank_slowdown
 from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
 from .sim.topology import Topology
-from .transport.reduce_ops import transport_threads
+from .transport.reduce_ops import capped_threads, transport_threads
 from .transport.shm import HcclTimeoutError
 from .transport.tcp import ConnectionLost
 from .work import CollectiveRecord, HcclWork
@@ -66,6 +66,25 @@ __all__ = ["ProcessGroupHCCL", "HcclError"]
 
 class HcclError(RuntimeError):
     """The process group cannot be used (an earlier collective failed)."""
+
+
+class _EmulatorOps:
+    """:meth:`ProcessGroupHCCL._emulator_ops`: :func:`~hpu_runtime.bridge_disabled` and
+    :class:`~hccl.transport.reduce_ops.capped_threads` in one object (one per collective)."""
+
+    __slots__ = ("_threads", "_bridge")
+
+    def __init__(self, threads: int) -> None:
+        self._threads = capped_threads(threads)
+        self._bridge = bridge_disabled()
+
+    def __enter__(self) -> None:
+        self._threads.__enter__()
+        self._bridge.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self._bridge.__exit__(*exc)
+        self._threads.__exit__(*exc)
 
 
 @skip_dynamo  # NOTE [dynamo and a Python ProcessGroup]
@@ -225,12 +244,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def _guarded(self, what: str, fn):
         """Run ``fn`` (the emulator's own tensor ops, unseen by the bridge); on any failure mark
         the group unusable and tell the peers at once (abort flag; TCP connections dropped)."""
-        threads = torch.get_num_threads()
-        cap = threads > self._transport_threads  # NOTE [the transport's threads] in transport.reduce_ops
         try:
-            if cap:
-                torch.set_num_threads(self._transport_threads)
-            with bridge_disabled(), torch.no_grad():  # as gloo: collectives are not autograd ops
+            with self._emulator_ops(), torch.no_grad():  # as gloo: collectives are not autograd ops
                 return fn()
         except BaseException as exc:
             cause = self._first_failure(exc)
@@ -241,9 +256,12 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
             if cause is not None:
                 raise type(exc)(cause) from exc
             raise
-        finally:
-            if cap:
-                torch.set_num_threads(threads)
+
+    def _emulator_ops(self) -> _EmulatorOps:
+        """Context manager for the emulator's own tensor ops: unseen by the bridge, on at most
+        the rank's share of the cores (NOTE [the transport's threads] in
+        :mod:`hccl.transport.reduce_ops`)."""
+        return _EmulatorOps(self._transport_threads)
 
     def _first_failure(self, exc: BaseException) -> str | None:
         """NOTE [the first failure names the cause]: the first rank of a group to fail posts

@@ -42,6 +42,7 @@ __all__ = [
     "combine_out",
     "finish",
     "transport_threads",
+    "capped_threads",
 ]
 
 #: dtypes the emulated HCCL moves, with their wire codes (stable, 1-based). Gaudi itself has
@@ -210,3 +211,23 @@ def transport_threads(local_ranks: int) -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
     return max(1, cores // local_ranks)
+
+
+class capped_threads:  # noqa: N801 - used like a function: `with capped_threads(n):`
+    """Context manager: torch's intra-op threads at most ``n`` inside, the caller's setting
+    restored on exit, also when the block raises (NOTE [the transport's threads])."""
+
+    __slots__ = ("n", "prev")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.prev = 0
+
+    def __enter__(self) -> None:
+        self.prev = torch.get_num_threads()
+        if self.prev > self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        if self.prev > self.n:
+            torch.set_num_threads(self.prev)
