@@ -13,13 +13,14 @@ core (``torchrun`` sets ``OMP_NUM_THREADS=1``, Ray sets it to the actor's CPUs),
 on 2 cores ran each 1 MB reduction on 4 OpenMP threads over 2 cores, whose workers spin
 waiting for each other while the peer rank waits on shared memory. Measured here (2 cores,
 2 ranks, torch's default threads, 1 MB allreduce, mean of 500): 12.6 ms, against 1.7 ms for
-gloo (whose reductions are its own single-threaded loops) and 0.23 ms with one thread.
+gloo (whose reductions are its own single-threaded loops) and 0.125 ms with the share.
 
-So a collective runs its tensor ops on at most :func:`transport_threads` threads: the
-cores this process may run on (its CPU affinity), shared among the group's ranks on this
-host, and never more than the rank's own setting (``torch.set_num_threads`` is restored
-when the collective returns or raises, and costs about 0.1 us a call here). The user's
-own ops keep the user's setting.
+So a collective runs its tensor ops (and the composites their copies: scatter, gather, the
+fused coalesced forms FSDP2 uses; ``ProcessGroupHCCL._emulator_ops``, :class:`capped_threads`)
+on at most :func:`transport_threads` threads: the cores this process may run on (its CPU
+affinity), shared among the group's ranks on this host, and never more than the rank's own
+setting (``torch.set_num_threads`` is restored when the collective returns or raises, and
+costs about 0.1 us a call here). The user's own ops keep the user's setting.
 """
 
 from __future__ import annotations
