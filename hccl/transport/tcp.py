@@ -67,6 +67,11 @@ _HDR = struct.Struct("<4s4sqq")
 _MSG_MAGIC = b"HCCL"
 
 
+def _header(tag: bytes, seq: int, nbytes: int) -> bytes:
+    """The header framing a message of ``nbytes`` payload bytes (NOTE [TCP wire format and trust])."""
+    return _HDR.pack(_MSG_MAGIC, tag, seq, nbytes)
+
+
 class ConnectionLost(PeerFailure):
     """A peer's connection closed or broke: it failed, or it dropped its connections because
     another rank failed (the torch face then names that first failure)."""
@@ -112,7 +117,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, what: str) -> None:
 
 @dataclass(slots=True)
 class _Inbound:
-    """Messages still awaited from one peer by :meth:`TcpMesh.pump`: the header being read,
+    """Messages still awaited from one peer by a :class:`TcpPhase`: the header being read,
     or the payload (``view``), and the bytes of it read so far."""
 
     items: deque
@@ -254,7 +259,7 @@ class TcpMesh:
         """Send one framed message (header + raw bytes) to ``peer``."""
         sock = self.conns[peer]
         try:
-            sock.sendall(_HDR.pack(_MSG_MAGIC, tag, seq, len(payload)))
+            sock.sendall(_header(tag, seq, len(payload)))
             if len(payload):
                 sock.sendall(payload)
         except (TimeoutError, socket.timeout):
@@ -268,18 +273,7 @@ class TcpMesh:
         hdr = bytearray(_HDR.size)
         try:
             _recv_exact(sock, memoryview(hdr), "a message header")
-            magic, rtag, rseq, nbytes = _HDR.unpack(hdr)
-            if magic != _MSG_MAGIC or rtag != tag or rseq != seq:
-                raise PeerFailure(
-                    f"hccl: rank {self.rank} got message {rtag!r}#{rseq} from rank {peer}, expected {tag!r}#{seq}:"
-                    " collectives were called in a different order on different hosts"
-                )
-            if nbytes != len(into):
-                raise PeerFailure(
-                    f"hccl: rank {peer} sent {nbytes} bytes to rank {self.rank}, which expected {len(into)}:"
-                    " tensor sizes differ across hosts"
-                )
-            if nbytes:
+            if self._check_header(peer, hdr, tag, seq, len(into)):
                 _recv_exact(sock, into, "a message payload")
         except (TimeoutError, socket.timeout):
             raise HcclTimeoutError(
@@ -312,42 +306,26 @@ class TcpMesh:
         caller that also has other work to pump, NOTE [one thread per phase])."""
         return TcpPhase(self, tag, seq, sends, recvs)
 
-    def _take(self, peer: int, st: _Inbound, tag: bytes, seq: int) -> bool:
-        """Read what ``peer``'s socket holds into the message awaited; True when every
-        awaited message from ``peer`` has arrived."""
-        sock = self.conns[peer]
-        view = st.view if st.view is not None else memoryview(st.hdr)
-        try:
-            k = sock.recv_into(view[st.got:])
-        except OSError as exc:
-            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {self.rank} ({exc})") from None
-        if k == 0:
-            what = "a message payload" if st.view is not None else "a message header"
-            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {self.rank}"
-                                 f" (connection closed during {what})")
-        st.got += k
-        if st.got < len(view):
-            return False
-        if st.view is None:  # a header: check it, then take its payload
-            magic, rtag, rseq, nbytes = _HDR.unpack(st.hdr)
-            if magic != _MSG_MAGIC or rtag != tag or rseq != seq:
-                raise PeerFailure(
-                    f"hccl: rank {self.rank} got message {rtag!r}#{rseq} from rank {peer}, expected {tag!r}#{seq}:"
-                    " collectives were called in a different order on different hosts"
-                )
-            into = st.items[0]
-            if nbytes != len(into):
-                raise PeerFailure(
-                    f"hccl: rank {peer} sent {nbytes} bytes to rank {self.rank}, which expected {len(into)}:"
-                    " tensor sizes differ across hosts"
-                )
-            st.got = 0
-            if nbytes:
-                st.view = into
-                return False
-        st.items.popleft()
-        st.view, st.got = None, 0
-        return not st.items
+    def _check_header(self, peer: int, hdr: bytearray, tag: bytes, seq: int, expected: int) -> int:
+        """The payload bytes of the message header ``hdr`` from ``peer``, checked against the
+        message awaited (``tag``, ``seq``, ``expected`` bytes).
+
+        Raises:
+            PeerFailure: another message (collectives called in a different order on different
+                hosts) or another size, naming the peer.
+        """
+        magic, rtag, rseq, nbytes = _HDR.unpack(hdr)
+        if magic != _MSG_MAGIC or rtag != tag or rseq != seq:
+            raise PeerFailure(
+                f"hccl: rank {self.rank} got message {rtag!r}#{rseq} from rank {peer}, expected {tag!r}#{seq}:"
+                " collectives were called in a different order on different hosts"
+            )
+        if nbytes != expected:
+            raise PeerFailure(
+                f"hccl: rank {peer} sent {nbytes} bytes to rank {self.rank}, which expected {expected}:"
+                " tensor sizes differ across hosts"
+            )
+        return nbytes
 
     def close(self) -> None:
         """Drop every connection and stop listening. Each connection is shut down before it is
@@ -378,7 +356,7 @@ class TcpPhase:
         for p, items in sends.items():
             bufs: deque = deque()
             for v in items:
-                bufs.append(memoryview(_HDR.pack(_MSG_MAGIC, tag, seq, len(v))))
+                bufs.append(memoryview(_header(tag, seq, len(v))))
                 if len(v):
                     bufs.append(v)
             if bufs:
@@ -432,7 +410,7 @@ class TcpPhase:
             if ev & select.POLLNVAL or mesh._closed:  # this rank closed the mesh (another thread failed)
                 raise ConnectionLost(f"hccl: rank {mesh.rank}'s connection to rank {p} was closed by this rank")
             if p in inbound and ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                if mesh._take(p, inbound[p], self.tag, self.seq):
+                if self._take(p, inbound[p]):
                     del inbound[p]
             elif p in out and ev & (select.POLLHUP | select.POLLERR) and not ev & select.POLLOUT:
                 raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {mesh.rank}: connection closed")
@@ -451,6 +429,32 @@ class TcpPhase:
             self._watch(p)
         self.deadline = time.monotonic() + mesh.timeout_s  # bytes moved: the wait starts again
         return self.done
+
+    def _take(self, peer: int, st: _Inbound) -> bool:
+        """Read what ``peer``'s socket holds into the message awaited; True when every
+        awaited message from ``peer`` has arrived."""
+        mesh = self.mesh
+        view = st.view if st.view is not None else memoryview(st.hdr)
+        try:
+            k = mesh.conns[peer].recv_into(view[st.got:])
+        except OSError as exc:
+            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {mesh.rank} ({exc})") from None
+        if k == 0:
+            what = "a message payload" if st.view is not None else "a message header"
+            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {mesh.rank}"
+                                 f" (connection closed during {what})")
+        st.got += k
+        if st.got < len(view):
+            return False
+        if st.view is None:  # a header: check it, then take its payload
+            into = st.items[0]
+            st.got = 0
+            if mesh._check_header(peer, st.hdr, self.tag, self.seq, len(into)):
+                st.view = into
+                return False
+        st.items.popleft()
+        st.view, st.got = None, 0
+        return not st.items
 
 
 def tensor_bytes_view(t: torch.Tensor) -> memoryview:

@@ -25,15 +25,9 @@ def test_listen_address_comes_from_the_config_not_the_environment(monkeypatch):
 @pytest.mark.timeout(30)
 def test_two_leaders_exchange_on_the_configured_address():
     """Two meshes on 127.0.0.2 connect with the job token and move bytes both ways."""
-    a = TcpMesh(0, [1], "tok", 10.0, address="127.0.0.2")
-    b = TcpMesh(1, [0], "tok", 10.0, address="127.0.0.2")
+    a, b = _pair(address="127.0.0.2")
     try:
         assert a.address.startswith("127.0.0.2:") and b.address.startswith("127.0.0.2:")
-        t = threading.Thread(target=b.connect, args=({0: a.address},))
-        t.start()
-        a.connect({1: b.address})
-        t.join(10)
-        assert not t.is_alive()
         x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
         got = np.empty_like(x)
         sender = threading.Thread(target=a.send, args=(1, b"TEST", 7, memoryview(x).cast("B")))
@@ -54,9 +48,10 @@ def test_an_address_that_cannot_be_listened_on_is_named_with_its_variable(addres
         TcpMesh(0, [1], "tok", 1.0, address=address, origin=f"HCCL_SOCKET_ADDR={address!r}")
 
 
-def _pair(timeout_s: float = 10.0) -> tuple[TcpMesh, TcpMesh]:
-    a = TcpMesh(0, [1], "tok", timeout_s)
-    b = TcpMesh(1, [0], "tok", timeout_s)
+def _pair(timeout_s: float = 10.0, address: str = "127.0.0.1") -> tuple[TcpMesh, TcpMesh]:
+    """Two connected meshes, ranks 0 and 1, listening on ``address``."""
+    a = TcpMesh(0, [1], "tok", timeout_s, address=address)
+    b = TcpMesh(1, [0], "tok", timeout_s, address=address)
     t = threading.Thread(target=b.connect, args=({0: a.address},))
     t.start()
     a.connect({1: b.address})
