@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -91,16 +92,17 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    dist.init_process_group("hccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        rows = _run(a, rank, world)
+    rank = int(os.environ.get("RANK", "0"))
+    try:  # a failure from the group's creation on is written for the parent to name
+        dist.init_process_group("hccl")
+        try:
+            rows = _run(a, rank, dist.get_world_size())
+        finally:
+            dist.destroy_process_group()
     except Exception as exc:
         with open(f"{a.out}.err{rank}", "w") as f:
             f.write(f"rank {rank}: {type(exc).__name__}: {exc}\n")
         raise
-    finally:
-        dist.destroy_process_group()
     if rank == 0:
         with open(a.out, "w") as f:
             for r in rows:

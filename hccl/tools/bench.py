@@ -29,6 +29,7 @@ import sys
 import tempfile
 from typing import Sequence
 
+from hccl.config import HcclConfig
 from hccl.sim import algorithms
 from hccl.sim.fabric import ideal
 from hpu_runtime.cli_args import count, real
@@ -124,8 +125,9 @@ def run_live(tests: Sequence[str], sizes: Sequence[int], *, ranks: int, topology
     Rows carry the planner's columns (from the simulated records) plus ``wall_ms``.
 
     Raises:
-        ValueError: more than :data:`MAX_LIVE_RANKS` ranks, a bad topology/algorithm, or
-            a failed or timed-out run (with the ranks' output).
+        ValueError: more than :data:`MAX_LIVE_RANKS` ranks, a bad topology/algorithm or
+            hccl environment variable (named), or a failed or timed-out run (with the ranks'
+            error, or their output).
     """
     if not 1 <= ranks <= MAX_LIVE_RANKS:
         raise ValueError(f"--live runs one process per rank on this host: --ranks must be 1..{MAX_LIVE_RANKS}, "
@@ -138,6 +140,7 @@ def run_live(tests: Sequence[str], sizes: Sequence[int], *, ranks: int, topology
     env.pop("HCCL_ALGO", None)
     if algorithm:
         env["HCCL_ALGO"] = algorithm
+    HcclConfig.from_env(env)  # the ranks' settings (PT_HCCL_SLICE_SIZE_MB...): a bad one is named here
     rows = []
     with tempfile.TemporaryDirectory(prefix="hccl_bench_") as tmp:
         for test in tests:

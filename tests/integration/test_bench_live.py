@@ -37,6 +37,27 @@ def test_bench_live_bad_algorithm(capsys):
     assert "unknown algorithm 'tree'" in capsys.readouterr().err
 
 
+def test_bench_live_bad_hccl_variable(capsys, monkeypatch):
+    """A bad hccl variable the ranks would read is named before any rank starts."""
+    from hccl.tools.bench import main
+
+    monkeypatch.setenv("PT_HCCL_SLICE_SIZE_MB", "1e-6")
+    assert main(["--live", "--ranks", "2", "--size", "1KB"]) == 2
+    assert "PT_HCCL_SLICE_SIZE_MB=1e-06 must be a number of MiB" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_bench_live_names_a_rank_that_fails_to_create_the_group(capsys, monkeypatch):
+    """A failure inside ``init_process_group`` (the MPI transport without mpiexec) is the
+    rank's own error in the message, not torchrun's exit summary."""
+    from hccl.tools.bench import main
+
+    monkeypatch.setenv("HCCL_TRANSPORT", "mpi")
+    assert main(["--live", "--ranks", "2", "--size", "1KB", "--timeout", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "ranks failed: rank " in err and "MpiUnavailableError: HCCL_TRANSPORT=mpi" in err, err
+
+
 @pytest.mark.timeout(180)
 def test_bench_transport_prints_every_backend_and_size():
     """``python -m hccl.tools.bench_transport`` on 2 ranks: one row per size, shared memory,
