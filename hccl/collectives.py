@@ -15,13 +15,36 @@ import torch.distributed as dist
 from . import checks
 from ._buffers import flat, writeback
 from .checks import Call
-from .transport.reduce_ops import check_dtype, reduce_op_code
+from .transport.reduce_ops import check_dtype, reduce_op_code, reduce_op_name
 from .work import HcclWork
 
-__all__ = ["CollectivesMixin"]
+__all__ = ["CollectivesMixin", "real_views"]
 
 
 _SUM = reduce_op_code(dist.ReduceOp.SUM)
+_AVG = reduce_op_code(dist.ReduceOp.AVG)
+
+
+def real_views(name: str, op: int | None, tensors: list) -> list:
+    """``tensors`` with each complex tensor as its real view (``torch.view_as_real``: the same
+    storage, a trailing dimension of 2), as ProcessGroupNCCL and torch's own front-end move
+    them; ``op`` None: a collective that only moves data. A SUM or AVG of complex numbers is the
+    SUM or AVG of their real and imaginary parts. torch's front-end makes the views itself for
+    most collectives, but hands the backend complex tensors for reduce, reduce_scatter,
+    reduce_scatter_tensor and gather, and so do calls on the group itself (functional
+    collectives, DDP's join hook): gloo takes them, so hccl does.
+
+    Raises:
+        TypeError: a complex tensor reduced with another op (MIN, MAX, PRODUCT: not elementwise
+            on the parts), before anything is sent.
+    """
+    if not any(t.is_complex() for t in tensors):
+        return tensors
+    if op is not None and op not in (_SUM, _AVG):
+        raise TypeError(f"hccl: {name} of complex tensors takes SUM or AVG (reduced as real and imaginary"
+                        f" parts), not {reduce_op_name(op)}")
+    with torch._C._DisableTorchDispatch():  # a view for the transport, not device work
+        return [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
 
 
 def _op(opts) -> int:
@@ -70,6 +93,7 @@ class CollectivesMixin:
         op = _op(opts)
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo and op == _SUM:
             return self._allreduce_sparse(tensors[0])
+        outputs, tensors = tensors, real_views("allreduce", op, tensors)
         self._check("allreduce_coalesced" if len(tensors) != 1 else "allreduce", tensors=tensors, op=op)
         dcode = check_dtype(tensors[0])
         with torch._C._DisableTorchDispatch():
@@ -86,11 +110,12 @@ class CollectivesMixin:
                 off += t.numel()
             return ready_all
 
-        return self._run("allreduce", buf.numel() * buf.element_size(), tensors, body, dtype_bytes=buf.element_size())
+        return self._run("allreduce", buf.numel() * buf.element_size(), outputs, body, dtype_bytes=buf.element_size())
 
     def reduce(self, tensors, opts=None):
         """Reduce ``tensors[0]`` of every rank into root's ``tensors[0]``."""
         op, root = _op(opts), _root(opts)
+        outputs, tensors = tensors, real_views("reduce", op, tensors)
         self._check("reduce", tensors=tensors, op=op, root=root)
         t = tensors[0]
         buf = flat(t)
@@ -102,16 +127,18 @@ class CollectivesMixin:
                 writeback(t, buf)
             return ready_all
 
-        return self._run("reduce", _nbytes([t]), tensors, body, root=root, dtype_bytes=t.element_size())
+        return self._run("reduce", _nbytes([t]), outputs, body, root=root, dtype_bytes=t.element_size())
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[i]`` = op over ranks of their ``input_tensors[i][this rank]``."""
         op = _op(opts)
-        self._check("reduce_scatter", outputs=output_tensors, inputs=input_tensors, op=op)
+        real_outs = real_views("reduce_scatter", op, output_tensors)
+        real_ins = [real_views("reduce_scatter", op, ins) for ins in input_tensors]
+        self._check("reduce_scatter", outputs=real_outs, inputs=real_ins, op=op)
 
         def body(ready, what):
             ready_all = None
-            for i, (out, ins) in enumerate(zip(output_tensors, input_tensors)):
+            for i, (out, ins) in enumerate(zip(real_outs, real_ins)):
                 buf = flat(out)
                 meta = self._meta("reduce_scatter", check_dtype(out), out.numel(), op, 0, ready, i)
                 ready_all = self._coll.reduce_scatter(buf, [flat(t) for t in ins], op, meta, what)
@@ -123,6 +150,8 @@ class CollectivesMixin:
     def _reduce_scatter_base(self, output, input, opts=None):
         """``reduce_scatter_tensor``: ``input`` holds world_size chunks of ``output``'s size."""
         op = _op(opts)
+        outputs = [output]
+        output, input = real_views("reduce_scatter_tensor", op, [output, input])
         self._check("reduce_scatter_tensor", outputs=[output], inputs=[input], op=op)
         m = output.numel()
         in_flat, buf = flat(input), flat(output)
@@ -134,7 +163,7 @@ class CollectivesMixin:
             writeback(output, buf)
             return ready_all
 
-        return self._run("reduce_scatter", _nbytes([input]), [output], body)
+        return self._run("reduce_scatter", _nbytes([input]), outputs, body)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -148,6 +177,7 @@ class CollectivesMixin:
     def broadcast(self, tensors, opts=None):
         """Every rank's ``tensors[i]`` becomes root's (``opts.rootRank``)."""
         root = _root(opts)
+        outputs, tensors = tensors, real_views("broadcast", None, tensors)
         self._check("broadcast", tensors=tensors, root=root)
 
         def body(ready, what):
@@ -160,10 +190,13 @@ class CollectivesMixin:
                     writeback(t, buf)
             return ready_all
 
-        return self._run("broadcast", _nbytes(tensors), tensors, body, root=root, dtype_bytes=tensors[0].element_size())
+        return self._run("broadcast", _nbytes(tensors), outputs, body, root=root, dtype_bytes=tensors[0].element_size())
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[i][r]`` receives rank r's ``input_tensors[i]``."""
+        outputs = [o for outs in output_tensors for o in outs]
+        output_tensors = [real_views("allgather", None, outs) for outs in output_tensors]
+        input_tensors = real_views("allgather", None, input_tensors)
         self._check("allgather", outputs=output_tensors, inputs=input_tensors)
 
         def body(ready, what):
@@ -176,10 +209,12 @@ class CollectivesMixin:
                     writeback(o, f)
             return ready_all
 
-        return self._run("allgather", _nbytes(input_tensors), [o for outs in output_tensors for o in outs], body)
+        return self._run("allgather", _nbytes(input_tensors), outputs, body)
 
     def _allgather_base(self, output, input, opts=None):
         """``all_gather_into_tensor``: ``output`` (world_size x input) gets every rank's input."""
+        outputs = [output]
+        output, input = real_views("all_gather_into_tensor", None, [output, input])
         self._check("all_gather_into_tensor", outputs=[output], inputs=[input])
         out_flat = flat(output)
         m = input.numel()
@@ -191,7 +226,7 @@ class CollectivesMixin:
             writeback(output, out_flat)
             return ready_all
 
-        return self._run("allgather", _nbytes([input]), [output], body)
+        return self._run("allgather", _nbytes([input]), outputs, body)
 
     all_gather_single = _allgather_base
 
@@ -214,15 +249,20 @@ class CollectivesMixin:
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[q]`` receives rank q's ``input_tensors[this rank]``."""
-        self._check("alltoall", outputs=[list(output_tensors)], inputs=[list(input_tensors)])
+        outputs = list(output_tensors)
+        output_tensors = real_views("alltoall", None, outputs)
+        input_tensors = real_views("alltoall", None, list(input_tensors))
+        self._check("alltoall", outputs=[output_tensors], inputs=[input_tensors])
         outs = [flat(t) for t in output_tensors]
         ins = [flat(t) for t in input_tensors]
-        return self._alltoall(outs, ins, list(output_tensors), _nbytes(input_tensors), outs[0].element_size(),
+        return self._alltoall(outs, ins, outputs, _nbytes(input_tensors), outs[0].element_size(),
                               lambda: [writeback(t, f) for t, f in zip(output_tensors, outs)])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """``all_to_all_single``: split ``input`` along dim 0 by ``input_split_sizes`` (or evenly)."""
         n = self._world_size
+        outputs = [output]
+        output, input = real_views("all_to_all_single", None, [output, input])
         self._check("all_to_all_single", outputs=[output], inputs=[input])
         in_rows = input.shape[0] if input.dim() else 0
         out_rows = output.shape[0] if output.dim() else 0
@@ -239,7 +279,7 @@ class CollectivesMixin:
             outs.append(out_flat[o2 : o2 + out_splits[q] * row_out])
             o1 += in_splits[q] * row_in
             o2 += out_splits[q] * row_out
-        return self._alltoall(outs, ins, [output], _nbytes([input]), input.element_size(),
+        return self._alltoall(outs, ins, outputs, _nbytes([input]), input.element_size(),
                               lambda: writeback(output, out_flat))
 
     all_to_all_single = alltoall_base

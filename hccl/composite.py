@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .collectives import real_views
 from .transport.reduce_ops import check_dtype
 
 __all__ = ["CompositeMixin"]
@@ -35,6 +36,9 @@ class CompositeMixin:
         gather of its own, and the allgather's time bounds it from above.
         """
         root = opts.rootRank if opts is not None else 0
+        originals = output_tensors[0] if output_tensors else []
+        output_tensors = [real_views("gather", None, outs) for outs in output_tensors]
+        input_tensors = real_views("gather", None, input_tensors)
         self._check("gather", outputs=output_tensors, inputs=input_tensors, root=root)
         inp = input_tensors[0]
         if self._rank == root:
@@ -42,7 +46,10 @@ class CompositeMixin:
         else:
             with self._emulator_ops():
                 outs = [torch.empty_like(inp) for _ in range(self._world_size)]
-        return self.allgather([outs], [inp])
+        work = self.allgather([outs], [inp])
+        if self._rank == root:
+            work.replace_outputs(list(originals))
+        return work
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """``dist.scatter``: rank r's ``output_tensors[0]`` receives root's ``input_tensors[0][r]``.
@@ -51,6 +58,9 @@ class CompositeMixin:
         HCCL has no scatter of its own.
         """
         root = opts.rootRank if opts is not None else 0
+        original = output_tensors[0] if output_tensors else None
+        output_tensors = real_views("scatter", None, output_tensors)
+        input_tensors = [real_views("scatter", None, ins) for ins in input_tensors]
         self._check("scatter", outputs=output_tensors, inputs=input_tensors, root=root)
         out = output_tensors[0]
         n, m = self._world_size, out.numel()
@@ -62,7 +72,7 @@ class CompositeMixin:
         work = self.broadcast([buf], _broadcast_opts(root))
         with self._emulator_ops(), torch.no_grad():
             out.copy_(buf[self._rank * m : (self._rank + 1) * m].view(out.shape))
-        work.replace_outputs([out])
+        work.replace_outputs([original])
         return work
 
     def _allreduce_sparse(self, t: torch.Tensor):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._buffers import flat, writeback
+from .collectives import real_views
 from .transport import p2p
 from .transport.reduce_ops import check_dtype
 from .work import CollectiveRecord, HcclWork
@@ -41,6 +42,7 @@ class PointToPointMixin:
         ``peer`` None (a receive from any source) skips the peer checks; local peer is then None.
         """
         self._check_usable()
+        tensors = real_views(kind, None, tensors)
         self._check(kind, tensors=tensors)
         if self._coll is None or self._coll.arena is None:
             raise NotImplementedError(

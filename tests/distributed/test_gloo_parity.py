@@ -255,3 +255,74 @@ def test_sparse_allreduce_equals_gloo_and_refused_tensors_leave_the_group_usable
         assert all(v != "accepted" for v in refused.values()), refused
         assert "share memory" in refused["expanded allreduce"] and "layout sparse_csr" in refused["csr broadcast"]
         assert "quint8" in refused["quantized allreduce"]
+
+
+def _complex(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    def mk(seed, shape=(3, 2)):
+        return torch.randn(shape, dtype=torch.complex64, generator=torch.Generator().manual_seed(seed))
+
+    out = {}
+    x = mk(rank)
+    dist.reduce(x, dst=0)
+    if rank == 0:
+        out["reduce"] = x
+    t = torch.empty(3, 2, dtype=torch.complex64)
+    dist.reduce_scatter(t, [mk(10 * rank + i) for i in range(world)])
+    out["reduce_scatter"] = t
+    t = torch.empty(3, 2, dtype=torch.complex64)
+    dist.reduce_scatter_tensor(t, mk(100 + rank, (3 * world, 2)), op=dist.ReduceOp.AVG)
+    out["reduce_scatter_tensor AVG"] = t
+    # a functional collective (DTensor, FSDP2) calls the group itself, with no real view made
+    t = torch.ops._c10d_functional.all_gather_into_tensor(mk(rank), world, dist.group.WORLD.group_name)
+    out["functional all_gather"] = torch.ops._c10d_functional.wait_tensor(t)
+    return {k: torch.view_as_real(v).tolist() for k, v in out.items()}
+
+
+@pytest.mark.timeout(120)
+def test_complex_collectives_equal_gloo():
+    """Complex tensors torch's front-end hands the backend as they are (reduce, reduce_scatter,
+    reduce_scatter_tensor, a functional all_gather): gloo reduces them, so hccl does, as
+    their real and imaginary parts; the results are gloo's."""
+    import torch
+
+    ours = run_ranks(_complex, 2)
+    ref = run_ranks(_complex, 2, backend="gloo")
+    for rank, (mine, theirs) in enumerate(zip(ours, ref)):
+        assert mine.keys() == theirs.keys() and len(mine) == 4 - rank
+        for key in mine:
+            torch.testing.assert_close(torch.tensor(mine[key]), torch.tensor(theirs[key]), rtol=1e-6, atol=1e-6,
+                                       msg=lambda m, key=key, rank=rank: f"rank {rank} {key}: {m}")
+
+
+def _complex_gather_and_refusals(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64) * (rank + 1)
+    outs = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
+    dist.gather(x, outs, dst=0)
+    refused = []
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+        try:
+            dist.reduce(x.clone(), dst=0, op=op)
+        except TypeError as e:
+            refused.append(str(e))
+    y = torch.ones(2)
+    dist.all_reduce(y)  # the group is still usable
+    return [o.tolist() for o in outs] if outs else None, refused, y.tolist()
+
+
+@pytest.mark.timeout(120)
+def test_complex_gather_and_the_reductions_complex_numbers_do_not_have():
+    """gather moves complex tensors (gloo refuses them: 'Invalid scalar type'); MAX and PRODUCT
+    of complex tensors are refused on every rank, naming the op, before anything moves, and the
+    group stays usable."""
+    res = run_ranks(_complex_gather_and_refusals, 2)
+    assert res[0][0] == [[1 + 2j, 3 - 4j], [2 + 4j, 6 - 8j]] and res[1][0] is None
+    for _, refused, y in res:
+        assert [m.rsplit("not ", 1)[1] for m in refused] == ["MAX", "PRODUCT"], refused
+        assert all("of complex tensors takes SUM or AVG" in m for m in refused)
+        assert y == [2.0, 2.0]
