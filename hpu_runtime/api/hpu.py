@@ -38,6 +38,8 @@ __all__ = [
     "device_count",
     "current_device",
     "set_device",
+    "device",
+    "device_of",
     "synchronize",
     "mark_step",
     "get_device_name",
@@ -118,6 +120,48 @@ def current_device() -> int:
 
 def set_device(device: int | str | torch.device) -> None:
     """Accepted for compatibility; every rank owns exactly one simulated card."""
+
+
+def _index(device: object) -> int:
+    """The card index ``device`` names: -1 for None or a negative int, else its index (0 for a
+    bare ``"hpu"``)."""
+    if device is None:
+        return -1
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    d = torch.device(device)
+    if d.type != "hpu":
+        raise ValueError(f"torch.hpu.device expects an hpu device or index, got {device!r}")
+    return 0 if d.index is None else d.index
+
+
+class device:  # noqa: N801 - Gaudi's name (torch.hpu.device, as torch.cuda.device)
+    """Context manager that selects the card, as ``torch.hpu.device(idx)`` does on Gaudi (torch
+    itself uses it: ``torch.load(..., map_location="hpu")`` copies each storage under it).
+    Every rank owns one simulated card, ``hpu:0``: entering changes nothing.
+
+    Raises:
+        ValueError: an index other than 0 (or None / -1, "no change"), or a device of another type.
+    """
+
+    def __init__(self, device: object) -> None:
+        idx = _index(device)
+        if idx not in (-1, 0):
+            raise ValueError(f"hpu device {idx}: each process has one simulated card, hpu:0")
+        self.idx = idx
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+class device_of(device):  # noqa: N801 - Gaudi's name
+    """``torch.hpu.device`` of ``obj``'s card (no change for a tensor off the card)."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "hpu" else -1)
 
 
 def get_device_name(device: object = None) -> str:

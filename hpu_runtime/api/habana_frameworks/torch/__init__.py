@@ -20,6 +20,9 @@ name                                                  status here
 ``torch.hpu`` and ``habana_frameworks.torch.hpu``      the same names (one module's ``__all__``)
 ``torch.hpu.is_available/device_count/current_device  same: one simulated card per process
 /set_device/get_device_name/synchronize``
+``torch.hpu.device(idx)``, ``device_of(t)``            context managers; index 0 only (one card per process)
+``torch.load(..., map_location="hpu")``               hpu tensors over the loaded storages, one host->device
+                                                      copy each (NOTE [loading onto the card])
 ``torch.hpu.enable/disable_dynamic_shape``,           recorded; shapes are always dynamic here (every new
 ``get_dynamic_shape_status``                          shape is a new graph key, as on Gaudi)
 ``torch.hpu.is_bf16_supported``, autocast dtypes      same
