@@ -54,6 +54,7 @@ from .bridge import autocast as _autocast
 from .bridge import compile_backend as _compile_backend
 from .bridge import device_type as _device_type
 from .bridge import serialization as _serialization
+from .bridge import sync_batchnorm as _sync_batchnorm
 from .bridge.dispatch import activate, bridge_disabled, deactivate, is_active
 from .bridge.hpu_graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
 from .bridge.runtime import get_device, reset_device
@@ -116,6 +117,7 @@ def _register() -> None:
     _hpu_ops.register()  # torch.ops.hpu.*: Gaudi's custom ops, as loading the bridge library defines them
     _profiler.install()  # torch.profiler with ProfilerActivity.HPU records the simulated device
     _serialization.install()  # torch.load(..., map_location="hpu") gives hpu tensors
+    _sync_batchnorm.install()  # SyncBatchNorm's five CUDA-only ops, for hpu tensors
     _support_matrix.install()  # FSDP / TP / DTensor warn where Intel's support matrix says "No"
     import_hooks.install()  # `import habana_frameworks` finds hpu_runtime/api/habana_frameworks
     import_hooks.warn_if_shadowed()
