@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -40,6 +42,19 @@ __all__ = [
     "set_device",
     "device",
     "device_of",
+    "init",
+    "get_device_properties",
+    "get_arch_list",
+    "get_gencode_flags",
+    "memory_usage",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_cached",
+    "max_memory_cached",
+    "setDeterministic",
+    "getDeterministic",
+    "set_sync_debug_mode",
+    "get_sync_debug_mode",
     "synchronize",
     "mark_step",
     "get_device_name",
@@ -162,6 +177,84 @@ class device_of(device):  # noqa: N801 - Gaudi's name
 
     def __init__(self, obj: torch.Tensor) -> None:
         super().__init__(obj.get_device() if obj.device.type == "hpu" else -1)
+
+
+def init() -> None:
+    """Initialise the card now (``torch.hpu.init()``); the simulated one is ready at import."""
+
+
+def get_device_properties(device: object = None) -> str:
+    """The card's properties as one string, as Gaudi's returns a string (its fields here: the
+    name, HBM bytes, TPC and MME counts of the simulated device's spec).
+
+    Raises:
+        ValueError: an index other than 0 (one card per process).
+    """
+    torch.hpu.device(device)  # validates the index
+    spec = get_device().spec
+    return f"(name='{spec.name.upper()}', dramSize={spec.hbm_bytes}, num_tpc={spec.num_tpc}, num_mme={spec.num_mme})"
+
+
+def get_arch_list() -> list[str]:
+    """``[get_device_name()]``, as Gaudi's."""
+    return [get_device_name()]
+
+
+def get_gencode_flags() -> str:
+    """Empty, as Gaudi's (there are no gencode flags)."""
+    return ""
+
+
+def memory_usage(device: object = None) -> int:
+    """HBM bytes in use (Gaudi's reads ``InUse`` of the memory statistics, as hl-smi shows it)."""
+    return memory_stats(device)["InUse"]
+
+
+def memory_reserved(device: object = None) -> int:
+    """HBM bytes the allocator manages: the card's whole ``Limit``, as Gaudi's allocator reserves it."""
+    return memory_stats(device)["Limit"]
+
+
+def max_memory_reserved(device: object = None) -> int:
+    """Same as :func:`memory_reserved` (Gaudi's reserves the whole ``Limit`` from the start)."""
+    return memory_stats(device)["Limit"]
+
+
+def memory_cached(device: object = None) -> int:
+    """Deprecated name of :func:`memory_reserved` (FutureWarning, as Gaudi's)."""
+    warnings.warn("torch.hpu.memory_cached has been renamed to torch.hpu.memory_reserved", FutureWarning, stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: object = None) -> int:
+    """Deprecated name of :func:`max_memory_reserved` (FutureWarning, as Gaudi's)."""
+    warnings.warn("torch.hpu.max_memory_cached has been renamed to torch.hpu.max_memory_reserved", FutureWarning,
+                  stacklevel=2)
+    return max_memory_reserved(device)
+
+
+def setDeterministic(val: bool) -> None:  # noqa: N802 - Gaudi's name
+    """Deprecated on Gaudi in favour of ``torch.use_deterministic_algorithms``, which it calls here."""
+    warnings.warn("torch.hpu.setDeterministic is deprecated; use torch.use_deterministic_algorithms", FutureWarning,
+                  stacklevel=2)
+    torch.use_deterministic_algorithms(bool(val))
+
+
+def getDeterministic() -> bool:  # noqa: N802 - Gaudi's name
+    """Deprecated on Gaudi in favour of ``torch.are_deterministic_algorithms_enabled``, which it returns here."""
+    warnings.warn("torch.hpu.getDeterministic is deprecated; use torch.are_deterministic_algorithms_enabled",
+                  FutureWarning, stacklevel=2)
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    """Sets ``PT_ENABLE_HABANA_STREAMASYNC``, as Gaudi's does (the simulated card has one compute queue)."""
+    os.environ["PT_ENABLE_HABANA_STREAMASYNC"] = str(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """``int(PT_ENABLE_HABANA_STREAMASYNC)``, as Gaudi's (KeyError when never set, as there)."""
+    return int(os.environ["PT_ENABLE_HABANA_STREAMASYNC"])
 
 
 def get_device_name(device: object = None) -> str:

@@ -243,3 +243,39 @@ def test_checkpoint_to_host_is_charged_as_the_planner_plans(dev):
     assert charged == 4 * COPY_NS + PCIE_4MIB_NS + 128 + 1024 + 1
     assert state_dict_to_host_ns(dev.spec, sizes) == charged
     assert all(t.device.type == "cpu" for t in on_host.values())
+
+
+def test_gaudi_device_queries_and_deprecated_names(dev, monkeypatch):
+    """The rest of Gaudi's ``torch.hpu`` queries: properties from the spec, reserved = the HBM
+    limit (as Gaudi's allocator reports), the deprecated cached / deterministic names warn and
+    answer as their replacements, the sync debug mode is Gaudi's environment variable."""
+    import habana_frameworks.torch.hpu as hthpu
+    import habana_frameworks.torch.hpu.memory as hmem
+
+    props = hthpu.get_device_properties()
+    assert props == f"(name='GAUDI2', dramSize={dev.spec.hbm_bytes}, num_tpc={dev.spec.num_tpc}, num_mme={dev.spec.num_mme})"
+    assert hthpu.get_arch_list() == ["GAUDI2"] and hthpu.get_gencode_flags() == ""
+    limit = hpu.memory_stats()["Limit"]
+    before = hthpu.memory_usage()
+    a = torch.empty(1024, device="hpu")  # 4 KiB
+    assert hthpu.memory_usage() - before == 4096
+    assert hmem.memory_reserved() == hmem.max_memory_reserved() == limit
+    with pytest.warns(FutureWarning, match="renamed to torch.hpu.memory_reserved"):
+        assert hmem.memory_cached() == limit
+    with pytest.warns(FutureWarning, match="renamed to torch.hpu.max_memory_reserved"):
+        assert hmem.max_memory_cached() == limit
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        with pytest.warns(FutureWarning):
+            hthpu.setDeterministic(True)
+        assert torch.are_deterministic_algorithms_enabled()
+        with pytest.warns(FutureWarning):
+            assert hthpu.getDeterministic() is True
+    finally:
+        torch.use_deterministic_algorithms(was)
+    monkeypatch.delenv("PT_ENABLE_HABANA_STREAMASYNC", raising=False)
+    hthpu.set_sync_debug_mode(1)
+    assert hthpu.get_sync_debug_mode() == 1 and __import__("os").environ["PT_ENABLE_HABANA_STREAMASYNC"] == "1"
+    with pytest.raises(ValueError, match="one simulated card"):
+        hthpu.get_device_properties(1)
+    del a
