@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import os
 import threading
 import warnings
 from collections.abc import Iterator
@@ -53,8 +52,6 @@ __all__ = [
     "max_memory_cached",
     "setDeterministic",
     "getDeterministic",
-    "set_sync_debug_mode",
-    "get_sync_debug_mode",
     "synchronize",
     "mark_step",
     "get_device_name",
@@ -245,16 +242,6 @@ def getDeterministic() -> bool:  # noqa: N802 - Gaudi's name
     warnings.warn("torch.hpu.getDeterministic is deprecated; use torch.are_deterministic_algorithms_enabled",
                   FutureWarning, stacklevel=2)
     return torch.are_deterministic_algorithms_enabled()
-
-
-def set_sync_debug_mode(debug_mode) -> None:
-    """Sets ``PT_ENABLE_HABANA_STREAMASYNC``, as Gaudi's does (the simulated card has one compute queue)."""
-    os.environ["PT_ENABLE_HABANA_STREAMASYNC"] = str(debug_mode)
-
-
-def get_sync_debug_mode() -> int:
-    """``int(PT_ENABLE_HABANA_STREAMASYNC)``, as Gaudi's (KeyError when never set, as there)."""
-    return int(os.environ["PT_ENABLE_HABANA_STREAMASYNC"])
 
 
 def get_device_name(device: object = None) -> str:

@@ -33,7 +33,7 @@ name                                                  status here
 as Gaudi's), ``memory_cached`` (deprecated))
 ``torch.hpu.init``, ``get_device_properties``,        same; the properties string holds the spec's name, HBM
 ``get_arch_list``, ``memory_usage``,                  bytes, TPC and MME counts; ``setDeterministic`` calls
-``setDeterministic``, ``set_sync_debug_mode``         ``torch.use_deterministic_algorithms`` (as Gaudi advises)
+``setDeterministic``                                  ``torch.use_deterministic_algorithms`` (as Gaudi advises)
 ``torch.hpu.random`` (``manual_seed[_all]``,          same API; the HPU generator is the host generator
 ``seed[_all]``, ``initial_seed``, ``get/set_rng_      (tensors live on the host)
 state[_all]``)
