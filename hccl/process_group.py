@@ -299,6 +299,22 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def getBackendName(self) -> str:
         return "hccl"
 
+    supports_splitting = False
+    """``dist.split_group`` is not offered (torch asks before an eager connect)."""
+
+    def _get_backend(self, device):
+        """The backend that serves ``device``: this group itself, for "cpu" and "hpu" (torch asks,
+        e.g. ``init_process_group(..., device_id=torch.device("hpu", 0))``, as Gaudi's hccl backend
+        registers for ``hpu``; a Python ProcessGroup has no per-device backends of torch's own).
+
+        Raises:
+            RuntimeError: another device type, in torch's words.
+        """
+        kind = torch.device(device).type
+        if kind not in ("cpu", "hpu"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
     @property
     def group_name(self) -> str:
         """The name torch registered this group under (set by the backend creator)."""
