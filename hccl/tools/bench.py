@@ -259,7 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING)
     if a.iters < 1:
         p.error("--iters must be >= 1")
-    sizes = _sizes(*a.size_range) if a.size_range else [a.size or 32 << 20]
+    try:
+        sizes = _sizes(*a.size_range) if a.size_range else [a.size or 32 << 20]
+    except ValueError as exc:
+        p.error(f"--size_range: {exc}")
     tests = TESTS if a.test == "all" else (a.test,)
     if a.planner_cost:
         for t in tests:

@@ -51,3 +51,12 @@ def test_cli_bad_topology(capsys):
     """An unknown topology is reported, not a traceback."""
     assert main(["--topology", "nope", "--ranks", "2", "--size", "1KB"]) == 2
     assert "unknown topology" in capsys.readouterr().err
+
+
+def test_cli_bad_size_range(capsys):
+    """An empty or non-positive --size_range is a usage error naming it, not a traceback."""
+    for lo, hi in (("0", "1KB"), ("2KB", "1KB")):
+        with pytest.raises(SystemExit) as e:
+            main(["--size_range", lo, hi, "--ranks", "2"])
+        assert e.value.code == 2
+        assert "--size_range: size range must satisfy 0 < min <= max" in capsys.readouterr().err
