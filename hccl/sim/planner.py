@@ -551,6 +551,27 @@ def _env_key() -> tuple:
     return os.environ.get("HCCL_ALGO"), os.environ.get("PT_HCCL_SLICE_SIZE_MB")
 
 
+_UNFOLDED_WARN_RANKS = 4096
+"""World sizes from which planning every rank one by one is slow enough (seconds to minutes on a
+small machine: its cost grows with ranks x boxes) to say why."""
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_unfolded(topo: Topology, n: int) -> None:
+    """Once per (topology, world size): a large group the rank-symmetry fold cannot take (NOTE
+    [rank symmetry]) is planned rank by rank; say so, and which world sizes fold."""
+    L, bpl = topo.cards_per_box, topo.boxes_per_leaf
+    if n < _UNFOLDED_WARN_RANKS or n % L or topo.faults:
+        return
+    unit = L * bpl
+    if n % unit == 0:  # whole leaves, but the ready times differ from period to period
+        return
+    up = -(-n // unit) * unit
+    logger.warning("%d ranks of %s do not fill whole leaves (%d boxes of %d cards each), so the planner "
+                   "simulates every rank: seconds to minutes at this size; %d or %d ranks (whole leaves) "
+                   "plan in about a second", n, topo.name, bpl, L, up - unit, up)
+
+
 @functools.lru_cache(maxsize=4096)
 def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algorithm, root, dtype_bytes,
                      splits, slice_bytes, _env) -> SimResult:
@@ -561,6 +582,8 @@ def _simulate_cached(collective, nbytes, topology, world_size, rel_ready, algori
     ready = np.asarray(rel_ready, dtype=np.int64)
     lp = LinkParams(topo)
     fold = _fold_period(topo, world_size, ready) if _FOLD else world_size
+    if fold == world_size and _FOLD:
+        _warn_unfolded(topo, world_size)
     while True:
         eng = _Engine(lp, world_size, ready, dtype_bytes, fold=fold)
         try:
