@@ -5,7 +5,8 @@ On Gaudi, ``torch.load(f, map_location="hpu")`` (or ``torch.device("hpu")``, ``"
 dict mapping a saved location to one of those) gives tensors on the card: torch's deserializer
 for ``hpu`` locations copies each storage there (``torch.serialization._deserialize``, under
 ``torch.hpu.device``), and ``torch._utils._rebuild_tensor`` builds each tensor on its storage's
-device. optimum-habana's ``GaudiTrainer`` resumes from a checkpoint that way. Here an hpu
+device. Gaudi code loads weights that way (earlier optimum-habana ``GaudiTrainer`` releases
+resumed a checkpoint so; the Gaudi vLLM plugin's tests load their weights so). Here an hpu
 tensor's storage is host memory (NOTE [a device type for the simulated Gaudi] in
 :mod:`hpu_runtime.bridge.device_type`), so torch's own path would rebuild CPU tensors. Instead:
 
