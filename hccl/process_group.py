@@ -299,8 +299,13 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
     def getBackendName(self) -> str:
         return "hccl"
 
-    supports_splitting = False
-    """``dist.split_group`` is not offered (torch asks before an eager connect)."""
+    # What torch asks a backend before using its optional features (the properties of c10d's
+    # Backend; this group is its own backend, see _get_backend): none of them is offered.
+    supports_splitting = False  # dist.split_group (asked before an eager connect)
+    supports_coalescing = False  # _start_coalescing / _end_coalescing
+    supports_shrinking = False  # dist.shrink_group
+    supports_tensor_alloc = False  # a backend memory allocator (symmetric memory)
+    supports_time_estimate = False  # dist._time_estimator (NCCL's)
 
     def _get_backend(self, device):
         """The backend that serves ``device``: this group itself, for "cpu" and "hpu" (torch asks,

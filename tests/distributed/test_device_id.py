@@ -30,16 +30,25 @@ def _init_with_device_id(rank, world, port):
         other = None
     except RuntimeError as e:
         other = str(e)
-    return x.tolist(), y.tolist(), pg._get_backend(torch.device("hpu", 0)) is pg, other
+    try:  # torch reads the backend's supports_time_estimate first: declared off, not missing
+        with dist.distributed_c10d._time_estimator(group=pg, device=torch.device("hpu", 0)):
+            pass
+        estimator = None
+    except Exception as e:  # noqa: BLE001 - the type is the point
+        estimator = type(e).__name__
+    return x.tolist(), y.tolist(), pg._get_backend(torch.device("hpu", 0)) is pg, other, estimator
 
 
 @pytest.mark.timeout(120)
 def test_init_process_group_with_an_hpu_device_id():
     """It failed with 'No backend type associated with device type hpu'; now the group
-    initialises, reduces (values as by hand) and answers torch's backend query for cpu and hpu."""
+    initialises, reduces (values as by hand), answers torch's backend query for cpu and hpu, and
+    declares the optional backend features off (torch's time estimator says it is not supported)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for x, y, itself, other in run_ranks(_init_with_device_id, 2, port, backend=None):
+    for x, y, itself, other, estimator in run_ranks(_init_with_device_id, 2, port, backend=None):
         assert x == [3.0, 3.0, 3.0] and y == [2.0, 2.0] and itself
         assert other == "No backend type associated with device type cuda"
+        assert estimator == "NotImplementedError"  # torch's "not supported", not an AttributeError
+
