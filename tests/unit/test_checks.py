@@ -34,6 +34,12 @@ def test_every_signature_has_rules_or_is_barrier():
      "one dtype"),
     ("gather", dict(outputs=[[torch.ones(1)] * 4], inputs=[torch.ones(1)], root=0), ValueError, "not the root"),
     ("scatter", dict(outputs=[torch.ones(1)], inputs=[[torch.ones(2)] * 4], root=1), ValueError, "does not match"),
+    # the same element count in another shape: gloo refuses it, Gaudi's copy back fails on it
+    ("scatter", dict(outputs=[torch.ones(3, 4)], inputs=[[torch.ones(4, 3)] * 4], root=1), ValueError,
+     r"scatter input tensor \(\(4, 3\), torch.float32\) does not match the output \(\(3, 4\)"),
+    ("allgather", dict(outputs=[[torch.ones(6)] * 4], inputs=[torch.ones(2, 3)]), ValueError, "does not match"),
+    ("reduce_scatter", dict(outputs=[torch.ones(2, 2)], inputs=[[torch.ones(4)] * 4], op=1), ValueError,
+     "does not match"),
     ("send", dict(tensors=[torch.ones(1, dtype=torch.complex64)]), TypeError, "unsupported dtype"),
 ])
 def test_bad_arguments(name, kw, exc, match):
