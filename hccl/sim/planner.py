@@ -126,17 +126,23 @@ class _NoSymmetry(Exception):
     """A phase is not invariant under the engine's rank translation: simulate every rank."""
 
 
+def _fold_unit(topo: Topology, n: int) -> int:
+    """The rank translation the fold tries on ``n`` ranks (n: none): a leaf's worth of cards, or
+    a box's when all boxes share one leaf. It is a symmetry when it also divides ``n``."""
+    L, bpl = topo.cards_per_box, topo.boxes_per_leaf
+    if n % L or topo.faults:  # a faulty link is on one card: no two periods look the same
+        return n
+    return L if n // L <= bpl else L * bpl
+
+
 def _fold_period(topo: Topology, n: int, ready: np.ndarray) -> int:
     """Smallest rank translation T under which topology and ready times look the same (n: none).
 
     Translating every rank by ``T`` (mod n) keeps the local index, same-box and same-leaf
     relations when ``T`` is a whole number of leaves' worth of cards (or of boxes when all
-    boxes share one leaf) and divides ``n``. See NOTE [rank symmetry].
+    boxes share one leaf) and divides ``n`` (:func:`_fold_unit`). See NOTE [rank symmetry].
     """
-    L, bpl = topo.cards_per_box, topo.boxes_per_leaf
-    if n % L or topo.faults:  # a faulty link is on one card: no two periods look the same
-        return n
-    T = L if n // L <= bpl else L * bpl
+    T = _fold_unit(topo, n)
     if T >= n or n % T:
         return n
     if not bool((ready.reshape(n // T, T) == ready[:T]).all()):
@@ -560,16 +566,13 @@ small machine: its cost grows with ranks x boxes) to say why."""
 def _warn_unfolded(topo: Topology, n: int) -> None:
     """Once per (topology, world size): a large group the rank-symmetry fold cannot take (NOTE
     [rank symmetry]) is planned rank by rank; say so, and which world sizes fold."""
-    L, bpl = topo.cards_per_box, topo.boxes_per_leaf
-    if n < _UNFOLDED_WARN_RANKS or n % L or topo.faults:
-        return
-    unit = L * bpl
-    if n % unit == 0:  # whole leaves, but the ready times differ from period to period
+    unit = _fold_unit(topo, n)
+    if n < _UNFOLDED_WARN_RANKS or unit >= n or n % unit == 0:  # no fold tried, or whole units
         return
     up = -(-n // unit) * unit
     logger.warning("%d ranks of %s do not fill whole leaves (%d boxes of %d cards each), so the planner "
                    "simulates every rank: seconds to minutes at this size; %d or %d ranks (whole leaves) "
-                   "plan in about a second", n, topo.name, bpl, L, up - unit, up)
+                   "plan in about a second", n, topo.name, topo.boxes_per_leaf, topo.cards_per_box, up - unit, up)
 
 
 @functools.lru_cache(maxsize=4096)
