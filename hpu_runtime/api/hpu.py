@@ -149,7 +149,7 @@ def _index(device: object) -> int:
 
 class device:  # noqa: N801 - Gaudi's name (torch.hpu.device, as torch.cuda.device)
     """Context manager that selects the card, as ``torch.hpu.device(idx)`` does on Gaudi (torch
-    itself uses it: ``torch.load(..., map_location="hpu")`` copies each storage under it).
+    itself uses it: ``UntypedStorage.to("hpu")`` copies a storage under it).
     Every rank owns one simulated card, ``hpu:0``: entering changes nothing.
 
     Raises:
@@ -214,7 +214,7 @@ def memory_reserved(device: object = None) -> int:
 
 def max_memory_reserved(device: object = None) -> int:
     """Same as :func:`memory_reserved` (Gaudi's reserves the whole ``Limit`` from the start)."""
-    return memory_stats(device)["Limit"]
+    return memory_reserved(device)
 
 
 def memory_cached(device: object = None) -> int:
