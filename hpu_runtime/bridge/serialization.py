@@ -51,9 +51,7 @@ def _restore(storage, location: str):
     if not isinstance(location, str) or not _HPU_LOCATION.match(location):
         return None
     torch.serialization.validate_hpu_device(location)
-    if storage.device.type != "cpu":
-        storage = storage.cpu()
-    _to_card.add(storage)
+    _to_card.add(storage)  # torch.load hands every deserializer the storage as read: host memory
     return storage
 
 
