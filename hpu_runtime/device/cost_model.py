@@ -7,7 +7,9 @@ Each aten op falls in one class (:data:`OP_CLASSES`), and its time alone is a ro
 class               engine     work
 ==================  =========  ==================================================================
 ``matmul``          MME        mm, addmm, bmm, baddbmm... (``torch.utils.flop_counter``'s FLOPs)
-``convolution``     MME        convolution and its backward (flop counter's FLOPs)
+``convolution``     MME        convolution and its backward (flop counter's FLOPs; the weight
+                               gradient of a grouped convolution per group, NOTE [grouped
+                               convolution backward FLOPs])
 ``attention``       MME        scaled-dot-product attention, fused (flash) forward and backward
                                (the flop counter's SDPA formulas; Gaudi runs it as FusedSDPA)
 ``normalization``   TPC        batch/layer norm forward and backward, softmax and log-softmax:
@@ -34,6 +36,18 @@ group (its rows, batch x height x width, are always many); for its backward, hal
 FLOPs at the input channels (the input gradient) and half at output channels x input
 channels x kernel taps (the weight gradient). Intel publishes no MME geometry; the tile
 side is fitted per generation (NOTE [calibration] in :mod:`hpu_runtime.device.spec`).
+
+NOTE [grouped convolution backward FLOPs]
+torch 2.13's ``torch.utils.flop_counter`` counts the weight gradient of
+``convolution_backward`` as one convolution of the transposed input with the transposed
+output gradient (``conv_backward_flop`` in ``torch/utils/flop_counter.py``), which ignores
+``groups``: every input channel is multiplied with every output channel's gradient, though a
+grouped convolution's weight only joins the ``C_in / groups`` channels of its own group. For a
+depthwise convolution (``groups = C_in``, EfficientNet, MobileNet, ConvNeXt) that is ``C_in``
+times the real work (672x for EfficientNet-B0's widest depthwise layer; 32x for ResNeXt's
+grouped 3x3 convolutions). :func:`op_cost` divides that term by ``groups``: the weight gradient
+of a grouped convolution is ``groups`` independent dense ones, each ``1 / groups`` of
+the count. The input-gradient term already counts per group (it uses the weight's shape).
 
 NOTE [normalization passes]
 A training-mode normalization needs statistics of its input before it can normalize it
@@ -103,6 +117,20 @@ _WRITE_ONLY = frozenset({_aten.zeros_like, _aten.ones_like, _aten.full_like, _at
 gives the shape, or is the destination)."""
 _NO_TRAFFIC = frozenset({_aten.empty_like, _aten.empty, _aten.empty_strided})
 """Allocations: no HBM traffic at all."""
+
+
+def _conv_backward_flops(formula, args: tuple, kwargs: dict, out: object) -> int:
+    """FLOPs of ``convolution_backward(*args)``: the flop counter's input-gradient term plus its
+    weight-gradient term divided by ``groups`` (NOTE [grouped convolution backward FLOPs])."""
+    names = ("groups", "output_mask")
+    if len(args) < 11 or any(k in kwargs for k in names):  # not in the dispatcher's positional form
+        return int(formula(*args, **kwargs, out_val=out))
+    groups, mask = args[9], list(args[10])
+    if not isinstance(groups, int) or groups <= 1:
+        return int(formula(*args, **kwargs, out_val=out))
+    grad_input = int(formula(*args[:10], [mask[0], False, False], out_val=out)) if mask[0] else 0
+    grad_weight = int(formula(*args[:10], [False, mask[1], False], out_val=out)) // groups if mask[1] else 0
+    return grad_input + grad_weight
 
 
 def _sdpa_forward_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
@@ -284,7 +312,8 @@ def op_cost(spec: DeviceSpec, func: torch._ops.OpOverload, args: tuple, kwargs: 
     gemms: tuple = ()
     if formula is not None:
         engine = "MME"
-        flops = int(formula(*args, **kwargs, out_val=out))
+        flops = (_conv_backward_flops(formula, args, kwargs, out) if packet is _aten.convolution_backward
+                 else int(formula(*args, **kwargs, out_val=out)))
         kind = ("convolution" if packet in _CONVOLUTION else
                 "attention" if packet in _ATTENTION_FLOPS or "attention" in packet.__name__ else "matmul")
         if kind != "attention":

@@ -88,3 +88,25 @@ def test_every_op_of_a_graph_takes_the_fixed_op_overhead_on_its_engine():
     # MME 0-11,000; TPC 0-5,000; the consumer starts at 5,000 and ends at max(9,000, 11,000);
     # the last starts at 11,000 and ends at 20,000
     assert shares == [11_000, 0, 0, 9_000] and sum(shares) == 20_000
+
+
+def test_grouped_convolution_backward_counts_each_group_once():
+    """The weight gradient of a grouped convolution is ``groups`` dense ones of ``1 / groups``
+    the channels (NOTE [grouped convolution backward FLOPs]): its FLOPs equal ``groups`` times
+    those of one group's dense convolution, counted by torch's flop counter (whose own count of
+    the grouped op multiplies every input channel with every output channel)."""
+    def bwd_flops(n, cin, cout, groups, hw=14, k=3, mask=(True, True, False)):
+        x = torch.ones(n, cin, hw, hw, dtype=torch.bfloat16)
+        w = torch.ones(cout, cin // groups, k, k, dtype=torch.bfloat16)
+        out = aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+        args = (torch.ones_like(out), x, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], groups, list(mask))
+        return _cost(aten.convolution_backward.default, *args).flops
+
+    for cin, cout, groups in ((64, 64, 64), (128, 128, 32), (96, 192, 3)):  # depthwise, ResNeXt, other
+        one_group = bwd_flops(4, cin // groups, cout // groups, 1)
+        assert bwd_flops(4, cin, cout, groups) == groups * one_group
+        for mask in ((True, False, False), (False, True, False)):
+            assert bwd_flops(4, cin, cout, groups, mask=mask) == groups * bwd_flops(4, cin // groups, cout // groups, 1,
+                                                                                     mask=mask)
+    # a dense convolution keeps the flop counter's own count: 2 x (2 N H W Cout Cin k^2)
+    assert bwd_flops(4, 32, 64, 1) == 2 * 2 * 4 * 14 * 14 * 64 * 32 * 9
