@@ -11,6 +11,13 @@ digits-images, BERT: text-mlm, GPT-2: text-lm) and the loss is the one
 :func:`models.zoo.task_loss` gives the tracer too. Classifiers report the held-out
 ``test_accuracy``; text models the held-out ``test_loss`` (GPT-2 also ``test_perplexity``).
 
+A model of your own trains too: ``--model package.module:factory`` (``factory(batch_size) ->
+(model, inputs, loss_fn)``, the contract of :func:`models.zoo.resolve_factory`) or one of
+torchvision's image classifiers, ``--model torchvision.models:efficientnet_b0``. Each rank
+trains on the factory's own batch, the same every step, for ``--max-steps`` steps per epoch
+(default :data:`FACTORY_EPOCH_STEPS`), with no held-out evaluation: the step the studies
+plan for that spec, run live (``launchers.study bucket --live``).
+
 Each rank reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun, or a launcher in
 ``launchers/``), trains with ``DistributedDataParallel`` and a ``DistributedSampler`` in one
 of Gaudi's execution modes (``--mode``, default from ``PT_HPU_LAZY_MODE``: :data:`MODES`), and
@@ -24,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import logging
 import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -48,19 +57,25 @@ from hpu_runtime.device.spec import DEVICE_SPECS
 
 from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
-from .zoo import check_sizes, split_batch, task_loss
+from .zoo import TrainingStep, check_sizes, resolve_factory, split_batch, task_loss
 
-__all__ = ["MODES", "build_parser", "main", "DEAD_RANK_EXIT"]
+__all__ = ["MODES", "build_parser", "main", "DEAD_RANK_EXIT", "FACTORY_EPOCH_STEPS"]
 
 DEAD_RANK_EXIT = 43
 """Exit status of a process killed by ``--dead-rank``."""
+
+FACTORY_EPOCH_STEPS = 10
+"""Steps per epoch of a model factory's run (``--model package.module:factory``) when
+``--max-steps`` is 0: it has no dataset whose end would end the epoch."""
 
 log = logging.getLogger("models.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="mlp", choices=model_names(), help="registered model name")
+    p.add_argument("--model", default="mlp",
+                   help=f"registered model ({', '.join(model_names())}), package.module:factory or"
+                        " torchvision.models:NAME (trained on the factory's own batch)")
     p.add_argument("--flavour", default=None, help="model flavour (e.g. debug; mlp also has large)")
     p.add_argument("--hidden", type=count(1, 1 << 20), default=None, help="override the hidden width (mlp, bert-large, gpt2)")
     p.add_argument("--dataset", default=None, choices=dataset_names(),
@@ -161,12 +176,42 @@ def _evaluate(model: torch.nn.Module, data, kind, args) -> dict[str, float]:
     return {"test_loss": mean}
 
 
+def _factory_of(args) -> Callable[[int], TrainingStep]:
+    """The model factory ``--model`` names (it is not a registered model), after the flags that
+    cannot apply to one are refused."""
+    spec = args.model
+    name, colon, _ = spec.partition(":")
+    if name in model_names() and colon:
+        raise ValueError(f"--model {spec!r}: give a registered model's flavour with --flavour"
+                         f" (--model {name} --flavour {spec.partition(':')[2]})")
+    for flag, value in (("--flavour", args.flavour), ("--hidden", args.hidden), ("--dataset", args.dataset)):
+        if value is not None:
+            raise ValueError(f"{flag} applies to registered models, not to the model factory {spec!r}"
+                             " (it trains on its own batch)")
+    sizes = {k: v for k, v in (("seq_len", args.seq_len), ("image_size", args.image_size)) if v is not None}
+    return resolve_factory(spec, **sizes)
+
+
+def _dataset_steps(loader: DataLoader, task: str) -> Iterator[tuple[tuple, Callable]]:
+    """``(inputs, loss_fn)`` of each batch of ``loader``, read with the bridge off (host-side
+    data loading is not device work)."""
+    batches = iter(loader)
+    while True:
+        with hpu.bridge_disabled():
+            batch = next(batches, None)
+        if batch is None:
+            return
+        inputs, targets = split_batch(task, batch)
+        yield inputs, functools.partial(task_loss, task, targets=targets)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Train; return the summary dict (rank 0 also writes it to ``--summary``).
 
     Raises:
-        ValueError: bad flag values (unknown device spec, non-positive sizes, a compile-mode
-            bucket cap below torch's first bucket).
+        ValueError: bad flag values (unknown device spec or model, non-positive sizes, a
+            compile-mode bucket cap below torch's first bucket, a flag that does not apply to a
+            model factory, a factory that does not return ``(model, inputs, loss_fn)``).
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
@@ -177,13 +222,17 @@ def main(argv: list[str] | None = None) -> dict:
         raise ValueError("--bucket-cap-mb must be > 0")
     if args.eval_samples < 0:
         raise ValueError("--eval-samples must be >= 0")
-    kind = model_kind(args.model, args.flavour, hidden=args.hidden)
-    args.seq_len, args.image_size = check_sizes(args.model, kind, seq_len=args.seq_len, image_size=args.image_size)
-    if args.dataset is None:
-        args.dataset = kind.dataset
-    elif args.dataset != kind.dataset:
-        raise ValueError(f"model {args.model!r} ({kind.kind}, {kind.task}) trains on dataset {kind.dataset!r},"
-                         f" not {args.dataset!r}")
+    factory = _factory_of(args) if args.model not in model_names() else None
+    kind = None
+    if factory is None:
+        kind = model_kind(args.model, args.flavour, hidden=args.hidden)
+        args.seq_len, args.image_size = check_sizes(args.model, kind, seq_len=args.seq_len,
+                                                    image_size=args.image_size)
+        if args.dataset is None:
+            args.dataset = kind.dataset
+        elif args.dataset != kind.dataset:
+            raise ValueError(f"model {args.model!r} ({kind.kind}, {kind.task}) trains on dataset {kind.dataset!r},"
+                             f" not {args.dataset!r}")
     if args.topology:
         os.environ["HCCL_TOPOLOGY"] = args.topology
     condition = cluster.from_args(args)  # flags given here override a launcher's HCCL_SIM_* variables
@@ -201,8 +250,14 @@ def main(argv: list[str] | None = None) -> dict:
     rank, world = _init_distributed(args.backend, args.pg_timeout)
 
     torch.manual_seed(args.seed)
+    step = None
+    if factory is not None:  # built as the tracer builds it: on the card, its inputs then taken as host batches
+        with torch.device("hpu"):
+            step = factory(args.batch_size)
+        step = step._replace(inputs=tuple(t.cpu() for t in step.inputs))
+    built = step.model if step is not None else build_model(args.model, args.flavour, hidden=args.hidden)
     # hpu_graphs: the model in ModuleCacher before DDP wraps it (the tracer does the same)
-    model = prepare_model(build_model(args.model, args.flavour, hidden=args.hidden).to("hpu"), args.mode)
+    model = prepare_model(built.to("hpu"), args.mode)
     ddp = DDP(
         model,
         bucket_cap_mb=args.bucket_cap_mb,
@@ -218,38 +273,39 @@ def main(argv: list[str] | None = None) -> dict:
     else:  # the tracer's optimizers (sgd: momentum SGD), so a study plans what runs here
         opt = make_optimizer(args.optimizer, [(n, q) for n, q in model.named_parameters() if q.requires_grad],
                              args.lr, args.momentum)
-    train_set, test_set = load_dataset(args.dataset, seed=args.seed, image_size=args.image_size,
-                                       seq_len=args.seq_len, vocab_size=kind.vocab_size)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    sampler = None
+    if step is None:
+        train_set, test_set = load_dataset(args.dataset, seed=args.seed, image_size=args.image_size,
+                                           seq_len=args.seq_len, vocab_size=kind.vocab_size)
+        sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     device.begin_step()
 
     epochs = []
     total_steps = 0
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+            steps_iter = _dataset_steps(loader, kind.task)
+        else:  # a model factory: its one batch, every step
+            steps_iter = itertools.repeat((step.inputs, step.loss_fn), args.max_steps or FACTORY_EPOCH_STEPS)
         wall0 = time.perf_counter()
         losses: list[torch.Tensor] = []
         steps = 0
         sim = {"step_ns": 0, "compute_ns": 0, "comm_ns": 0, "exposed_comm_ns": 0, "host_ns": 0}
         step_ns: list[int] = []
         step_times: list[dict] = []
-        batches = iter(loader)
-        while True:
-            with hpu.bridge_disabled():  # host-side data loading is not device work
-                batch = next(batches, None)
-            if batch is None or (args.max_steps and steps >= args.max_steps):
+        for inputs, loss_fn in steps_iter:
+            if args.max_steps and steps >= args.max_steps:
                 break
             if dead == (rank, total_steps):  # --dead-rank: this process dies (NOTE [a dead rank], hccl.sim.whatif)
                 log.error("rank %d: --dead-rank %d@%d: exiting at step %d", rank, rank, total_steps, total_steps)
                 logging.shutdown()
                 os._exit(DEAD_RANK_EXIT)
             total_steps += 1
-            inputs, targets = split_batch(kind.task, batch)
             # the same step the tracer times (hpu_runtime.tools.tracing): inputs copied to the
             # device, forward + loss, backward, mark_step, optimizer, mark_step
-            losses.append(training_step(stepped, inputs, functools.partial(task_loss, kind.task, targets=targets), opt,
-                                         autocast=args.autocast))
+            losses.append(training_step(stepped, inputs, loss_fn, opt, autocast=args.autocast))
             t = device.end_step()
             if condition.active and total_steps == cluster.ALIGN_STEP:
                 dist.barrier()  # ranks and hosts aligned once, as the planner does (hccl.sim.straggler_plan)
@@ -259,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
             step_times.append(asdict(t))
             steps += 1
         train_loss = torch.stack(losses).mean().item() if losses else float("nan")
-        metrics = _evaluate(ddp.module, test_set, kind, args)
+        metrics = _evaluate(ddp.module, test_set, kind, args) if step is None else {}  # a factory has no held-out set
         wall_s = time.perf_counter() - wall0
         row = {
             "epoch": epoch,

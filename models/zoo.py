@@ -21,6 +21,7 @@ The same batch layout and loss serve ``models.train`` with real data
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -29,7 +30,8 @@ import torch.nn.functional as F
 
 from .registry import get_model_entry, build_config, model_names
 
-__all__ = ["TrainingStep", "step_factory", "resolve_factory", "split_batch", "task_loss", "check_sizes"]
+__all__ = ["TrainingStep", "step_factory", "resolve_factory", "torchvision_step", "split_batch", "task_loss",
+           "check_sizes"]
 
 
 class TrainingStep(NamedTuple):
@@ -176,14 +178,21 @@ def resolve_factory(spec: str, **model_kwargs: Any) -> Callable[[int], TrainingS
     - a registered name, optionally with a flavour: ``"gpt2"``, ``"resnet50:debug"``;
       ``model_kwargs`` go to :func:`step_factory` (``seq_len``, ``image_size``, config fields);
     - ``"package.module:factory"``: an importable callable taking the batch size (and
-      ``model_kwargs``, if any) and returning ``(model, inputs, loss_fn)``.
+      ``model_kwargs``, if any) and returning ``(model, inputs, loss_fn)``;
+    - ``"torchvision.models:NAME"``: one of torchvision's image classification builders
+      (``torchvision.models.list_models(module=torchvision.models)``), built untrained
+      (``weights=None``: nothing is downloaded) and trained on random images
+      (:func:`torchvision_step`).
 
     A name before the colon that is registered wins over a module of the same name.
     Nothing is built until the returned factory is called.
 
     Raises:
         ValueError: unknown name (the message lists the registered ones), unknown flavour,
-            a module that cannot be imported, a missing attribute, or a non-callable.
+            a module that cannot be imported, a missing attribute, a non-callable, a callable
+            whose first parameter is ``weights`` or ``pretrained`` (a model builder, which
+            would take the batch size for its weights), or, when the factory is called, a
+            result that is not ``(model, inputs, loss_fn)``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
@@ -207,6 +216,10 @@ def resolve_factory(spec: str, **model_kwargs: Any) -> Callable[[int], TrainingS
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"model spec {spec!r} must look like 'package.module:factory'")
+    if module_name == "torchvision" or module_name.startswith("torchvision."):
+        from ._torchvision import import_torchvision
+
+        import_torchvision()  # the CPU wheel's workaround (NOTE [torchvision on the CPU torch wheel])
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -224,10 +237,102 @@ def resolve_factory(spec: str, **model_kwargs: Any) -> Callable[[int], TrainingS
             raise ValueError(f"module {module_name!r} has no attribute {attr!r} (model spec {spec!r})") from None
     if not callable(obj):
         raise ValueError(f"{spec!r} is a {type(obj).__name__}, not a callable factory(batch_size)")
-    if not model_kwargs:
-        return obj
+    if _torchvision_classifier(obj):
+        def torchvision_factory(batch_size: int) -> TrainingStep:
+            return torchvision_step(obj, batch_size, **model_kwargs)
+
+        torchvision_factory.__name__ = f"torchvision_step[{obj.__name__}]"
+        return torchvision_factory
+    first = _first_parameter(obj)
+    if first in ("weights", "pretrained"):
+        raise ValueError(
+            f"{spec!r} is a model builder (its first parameter is {first!r}), not a factory(batch_size):"
+            f" called with the batch size it would take that for its {first}. Give a function"
+            " factory(batch_size) -> (model, inputs, loss_fn) that builds the model and a batch,"
+            " or one of torchvision's image classifiers as 'torchvision.models:NAME'")
 
     def user_factory(batch_size: int) -> TrainingStep:
-        return obj(batch_size, **model_kwargs)
+        return _checked_step(spec, obj(batch_size, **model_kwargs))
 
+    user_factory.__name__ = f"user_factory[{spec}]"
     return user_factory
+
+
+def _first_parameter(fn: Callable) -> str | None:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        return None
+    return params[0].name if params else None
+
+
+def _checked_step(spec: str, out: Any) -> TrainingStep:
+    """``out`` as a :class:`TrainingStep`, or a ValueError saying what a factory must return."""
+    if (isinstance(out, (tuple, list)) and len(out) == 3 and isinstance(out[0], torch.nn.Module)
+            and isinstance(out[1], (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out[1])
+            and callable(out[2])):
+        return TrainingStep(out[0], tuple(out[1]), out[2])
+    got = type(out).__name__ if not isinstance(out, (tuple, list)) else \
+        f"a {type(out).__name__} of ({', '.join(type(x).__name__ for x in out)})"
+    raise ValueError(f"model factory {spec!r} returned {got}; it must return (model, inputs, loss_fn): an"
+                     " nn.Module, a tuple of input tensors for model(*inputs), and loss_fn(output) -> scalar loss")
+
+
+def _torchvision_image_size(builder: Callable) -> int:
+    """Default pixels per side of :func:`torchvision_step`'s images: the crop of the model's
+    default ImageNet weights (their ``transforms``' ``crop_size``: 224 for most, 299 for
+    Inception v3, 240-600 for EfficientNet), the resolution its published accuracy is measured
+    at; 224 if the weights do not say."""
+    import torchvision.models as tvm
+
+    try:
+        crop = tvm.get_model_weights(builder.__name__).DEFAULT.transforms.keywords["crop_size"]
+        return int(crop[0] if isinstance(crop, (tuple, list)) else crop)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 224
+
+
+def _torchvision_classifier(fn: Callable) -> bool:
+    """Whether ``fn`` is one of torchvision's image classification builders (its registry,
+    ``torchvision.models.list_models(module=torchvision.models)``; not detection, segmentation,
+    video, optical flow or quantized models, whose inputs and losses differ)."""
+    if not (getattr(fn, "__module__", "") or "").startswith("torchvision.models."):
+        return False
+    import torchvision.models as tvm
+
+    name = getattr(fn, "__name__", None)
+    return name in tvm.list_models(module=tvm) and tvm.get_model_builder(name) is fn
+
+
+def torchvision_step(builder: Callable, batch_size: int, *, image_size: int | None = None,
+                     num_classes: int = 1000, **builder_kwargs: Any) -> TrainingStep:
+    """One training step of a torchvision image classifier: the model untrained
+    (``weights=None``, so nothing is downloaded), ``batch_size`` random ``3 x image_size x
+    image_size`` images and labels, and the cross entropy of the logits (of the main logits for
+    GoogLeNet and Inception v3, whose training output also holds auxiliary ones). The default
+    ``image_size`` is the crop of the model's default weights (:func:`_torchvision_image_size`).
+
+    Vision transformers (``vit_*``) are built for ``image_size`` (their ``image_size`` argument,
+    torchvision's ``VisionTransformer``). Works under ``FakeTensorMode``.
+
+    Raises:
+        ValueError: ``batch_size < 1``, ``image_size < 32``, or ``seq_len`` given.
+    """
+    if "seq_len" in builder_kwargs:
+        raise ValueError(f"{builder.__name__} is an image model: seq_len does not apply")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    size = _torchvision_image_size(builder) if image_size is None else image_size
+    if size < 32:
+        raise ValueError(f"image_size must be >= 32 for {builder.__name__}, got {size}")
+    if builder.__name__.startswith("vit_"):
+        builder_kwargs = {"image_size": size, **builder_kwargs}
+    model = builder(weights=None, num_classes=num_classes, **builder_kwargs)
+    x = torch.randn(batch_size, 3, size, size)
+    y = torch.randint(num_classes, (batch_size,))
+
+    def loss_fn(output: Any) -> torch.Tensor:
+        logits = getattr(output, "logits", output)  # GoogLeNetOutputs / InceptionOutputs in training
+        return F.cross_entropy(logits, y.to(logits.device))
+
+    return TrainingStep(model, (x,), loss_fn)

@@ -353,27 +353,29 @@ def _why(best: dict, default: dict | None, sweep: list[dict]) -> str:
 def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", timeout_s: float = 900) -> int:
     """Run ``row``'s point as a real DDP job on this machine; its steady-state simulated step.
 
+    A model factory (``package.module:factory``, ``torchvision.models:NAME``) runs as
+    ``models.train --model SPEC``, on the factory's own batch, with this process's working
+    directory on the job's ``PYTHONPATH`` (where its module was found).
+
     Raises:
-        ValueError: a user factory (live runs need a registered model) or a world size
-            above this machine's cores.
+        ValueError: a world size above this machine's cores, or ``--fabric ideal``.
         RuntimeError: the job failed (its stderr tail in the message).
     """
     name, _, flavour = cfg.model.partition(":")
     from models.registry import model_names
 
-    if name not in model_names():
-        raise ValueError(f"--live needs a registered model, not {cfg.model!r}")
+    registered = name in model_names()
     from hccl.sim.straggler_plan import WARMUP
 
     varies = row.get("steps_planned", 1) > 1  # the planner sampled steps: the same ones, live
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
         steps = WARMUP + row["steps_planned"] if varies else 6
-        train = ["-m", "models.train", "--model", name, "--batch-size", str(cfg.batch_size),
-                 "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps", str(steps),
-                 "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology", row["topology"],
-                 "--mode", row["mode"], "--summary", summary]
-        if flavour:
+        train = ["-m", "models.train", "--model", name if registered else cfg.model, "--batch-size",
+                 str(cfg.batch_size), "--bucket-cap-mb", str(row["bucket_cap_mb"]), "--epochs", "1", "--max-steps",
+                 str(steps), "--eval-samples", "4", "--device-spec", row["device_spec"], "--topology",
+                 row["topology"], "--mode", row["mode"], "--summary", summary]
+        if flavour and registered:
             train += ["--flavour", flavour]
         if cfg.seq_len:
             train += ["--seq-len", str(cfg.seq_len)]
@@ -393,6 +395,8 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *train]
         env = dict(os.environ, PT_HPU_ENABLE_LAZY_COLLECTIVES=str(row["lazy_collectives"]).lower(),
                    **cfg.condition.env())
+        if not registered:  # the factory's module imports in the job as it did here
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         if cfg.fabric == "ideal":
             raise ValueError("--live runs the topology's own fabric: leave out --fabric ideal")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,

@@ -80,6 +80,36 @@ def test_bucket_study_live_points_equal_planned(tmp_path, capsys):
     assert all(r["live_step_ns"] == r["step_ns"] for r in live)
 
 
+_USER_MODEL = """
+import torch
+import torch.nn.functional as F
+
+
+def factory(batch_size):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1, groups=4), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    x, y = torch.randn(batch_size, 3, 16, 16), torch.randint(10, (batch_size,))
+    return model, (x,), lambda out: F.cross_entropy(out, y)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_bucket_study_live_runs_a_model_of_the_users_own(tmp_path, capsys, monkeypatch):
+    """'for MY model, confirmed by real processes': a factory in the user's own module (found in
+    the working directory) runs live as models.train --model my_model:factory, and each cap's
+    live step equals the planned one."""
+    (tmp_path / "my_model.py").write_text(_USER_MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m launchers.study` finds it there
+    rc, out = _run(tmp_path, "--live", "--live-max-ranks", "2", "--sweep-only", model="my_model:factory",
+                   batch="4", caps="0.001,25", ws="2")
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "study.json").read_text())["rows"]
+    assert [r["bucket_cap_mb"] for r in rows] == [0.001, 25.0] and rows[0]["num_buckets"] > rows[1]["num_buckets"]
+    assert all(r["live_step_ns"] == r["step_ns"] for r in rows)
+
+
 @pytest.mark.timeout(200)
 def test_bucket_study_compile_mode_traces_per_cap_and_runs_live_in_that_mode(tmp_path, capsys, monkeypatch):
     """--mode compile plans each cap from a step compiled for that cap (DDPOptimizer breaks the

@@ -11,3 +11,12 @@ def factory(batch_size: int, width: int = 4):
     x = torch.randn(batch_size, 8)
     y = torch.randint(width, (batch_size,))
     return model, (x,), lambda out: F.cross_entropy(out, y)
+
+
+def builder(weights=None, progress=True):
+    """A model builder in torchvision's style (weights first): not a factory(batch_size)."""
+    raise AssertionError("a model builder must be refused before it is called")
+
+
+def returns_a_module(batch_size: int):
+    return torch.nn.Linear(8, 4)

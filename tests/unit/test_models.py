@@ -159,12 +159,47 @@ def test_resolve_factory_registered_and_user():
         ("tests.unit.model_factory_helper:missing", "no attribute"),
         ("tests.unit.model_factory_helper:NOT_CALLABLE", "not a callable"),
         ("", "non-empty"),
+        ("tests.unit.model_factory_helper:builder", "model builder \\(its first parameter is 'weights'\\)"),
+        ("torchvision.models.detection:fasterrcnn_resnet50_fpn", "model builder"),  # not a classifier
     ],
 )
 def test_resolve_factory_bad_specs(spec, match):
     """Bad specs raise ValueError with an actionable message."""
     with pytest.raises(ValueError, match=match):
         resolve_factory(spec)
+
+
+def test_a_factory_that_returns_something_else_is_named():
+    with pytest.raises(ValueError, match=r"returned Linear; it must return \(model, inputs, loss_fn\)"):
+        resolve_factory("tests.unit.model_factory_helper:returns_a_module")(2)
+
+
+def test_torchvision_classifiers_resolve_untrained_at_their_weights_crop(monkeypatch):
+    """'torchvision.models:NAME' builds the classifier with weights=None (nothing downloaded),
+    random images at the crop its default weights are evaluated at (or --image-size) and the
+    cross entropy of its logits (the main ones where training also returns auxiliary logits)."""
+    import torch.hub
+
+    def no_download(*_a, **_k):
+        raise AssertionError("nothing may be downloaded")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_download)
+    torch.manual_seed(0)
+    model, (x,), loss_fn = resolve_factory("torchvision.models:mobilenet_v3_small")(2)
+    assert x.shape == (2, 3, 224, 224) and model.classifier[-1].out_features == 1000
+    assert torch.isfinite(loss_fn(model(x)))
+    _, (x,), _ = resolve_factory("torchvision.models:inception_v3")(1)
+    assert x.shape == (1, 3, 299, 299)  # Inception_V3_Weights.DEFAULT's crop
+    model, (x,), loss_fn = resolve_factory("torchvision.models:googlenet", image_size=96)(2)
+    out = model(x)
+    assert x.shape[-1] == 96 and hasattr(out, "aux_logits1")  # GoogLeNetOutputs in training mode
+    assert torch.equal(loss_fn(out), loss_fn(out.logits))  # the main logits, not the auxiliary ones
+    model, (x,), loss_fn = resolve_factory("torchvision.models:vit_b_16", image_size=64)(1)
+    assert model.image_size == 64 and torch.isfinite(loss_fn(model(x)))  # a ViT is built for the size
+    with pytest.raises(ValueError, match="seq_len does not apply"):
+        resolve_factory("torchvision.models:resnet18", seq_len=8)(1)
+    with pytest.raises(ValueError, match="image_size must be >= 32"):
+        resolve_factory("torchvision.models:resnet18", image_size=16)(1)
 
 
 def test_text_corpus_and_tokenizer():
@@ -220,8 +255,12 @@ def test_train_cli_rejects_bad_values():
     """Unknown models and bad sizes are refused with the accepted values."""
     from models.train import main
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="unknown model 'no-such-model'; registered: bert-large"):
         main(["--model", "no-such-model"])
+    with pytest.raises(ValueError, match="--flavour"):
+        main(["--model", "mlp:debug"])
+    with pytest.raises(ValueError, match="--dataset applies to registered models"):
+        main(["--model", "tests.unit.model_factory_helper:factory", "--dataset", "digits"])
     with pytest.raises(ValueError, match="max_positions"):
         main(["--model", "gpt2", "--flavour", "debug", "--seq-len", "4096"])
     with pytest.raises(ValueError, match="seq_len does not apply"):
