@@ -215,6 +215,33 @@ def _fake_tensors_look_real():
 
 
 @contextlib.contextmanager
+def _init_on_fake_tensors():
+    """Let a model's weights be initialised on fake tensors while its factory runs.
+
+    torch 2.13's ``nn.init.trunc_normal_`` samples by rejection: it redraws until no value lies
+    outside ``[a, b]`` and asks ``mask.any()`` of the data each round (``_no_grad_trunc_normal_``
+    in ``torch/nn/init.py``). A fake tensor has no data to answer that host read
+    (``DataDependentOutputException``), so no model that initialises with it could be traced:
+    torchvision's ViT, Swin, ConvNeXt, MaxViT, GoogLeNet, and most timm models. torch already
+    makes it a no-op on meta tensors ("no storage, so sampling is a no-op"); inside the block it
+    is one on fake tensors too, and unchanged on every other tensor.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    init = torch.nn.init
+    original = init._no_grad_trunc_normal_
+
+    def trunc_normal(tensor, *args, **kwargs):
+        return tensor if isinstance(tensor, FakeTensor) else original(tensor, *args, **kwargs)
+
+    init._no_grad_trunc_normal_ = trunc_normal
+    try:
+        yield
+    finally:
+        init._no_grad_trunc_normal_ = original
+
+
+@contextlib.contextmanager
 def _traced_device(dev: SimDevice):
     """Route the bridge to ``dev`` inside the block (a process-wide swap, see :func:`using_device`;
     the process's own device is untouched and restored after)."""
@@ -305,12 +332,14 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
 
     Raises:
         ValueError: unknown mode or optimizer, non-positive batch, a factory that does not
-            return ``(nn.Module, tuple of tensors, callable)``, a DDP cap outside compile
+            return ``(nn.Module, tuple of tensors, callable)`` or that reads tensor data while
+            it builds (fake tensors have none; ``nn.init.trunc_normal_`` is let through:
+            :func:`_init_on_fake_tensors`), a DDP cap outside compile
             mode or one smaller than its first bucket (DDPOptimizer refuses it), a model
             torch.compile leaves uncompiled under DDP (one of torch's own modules, e.g. a bare
             ``nn.Sequential``), or a compile-mode model of which dynamo compiled nothing.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
@@ -322,8 +351,16 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
     wall0 = time.perf_counter()
     dev = replay_device(spec, mode, fallback=config().fallback)
     with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
-        with torch.device("hpu"):  # the model on the card, as a live script moves it (fake tensors cannot be .to()'d)
-            made = factory(batch_size)
+        try:
+            with torch.device("hpu"), _init_on_fake_tensors():  # the model on the card, as a live script moves it
+                made = factory(batch_size)  # (fake tensors cannot be .to()'d)
+        except DataDependentOutputException as e:
+            name = getattr(factory, "__name__", repr(factory))
+            raise ValueError(
+                f"model factory {name} reads tensor data while it builds the model or its batch ({e.func}): a"
+                " traced step is built on fake tensors, which hold no data (a model whose architecture is computed"
+                " with torch ops, as torchvision's RegNet computes its widths, cannot be traced); compute such"
+                " numbers with Python or math in the factory") from e
         if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
                 or not callable(made[2])):
             raise ValueError("a step factory must return (model: nn.Module, inputs: tuple of tensors, "

@@ -47,6 +47,33 @@ def test_user_factory_spec_traces():
     assert [g[0] for g in s.graphs] == ["mark_step", "mark_step"]  # backward graph, optimizer graph
 
 
+def _trunc_normal_factory(batch_size: int):
+    """Initialised as torchvision's ViT, Swin and ConvNeXt initialise (nn.init.trunc_normal_,
+    which torch 2.13 samples by rejection, reading the data each round)."""
+    model = torch.nn.Linear(64, 10)
+    torch.nn.init.trunc_normal_(model.weight, std=0.02)
+    return model, (torch.randn(batch_size, 64),), lambda out: out.square().mean()
+
+
+def _data_dependent_factory(batch_size: int):
+    width = int(torch.arange(4).sum())  # an architecture computed with torch ops (torchvision's RegNet)
+    return torch.nn.Linear(8, width), (torch.randn(batch_size, 8),), lambda out: out.sum()
+
+
+def test_trunc_normal_init_traces_and_is_untouched_outside_the_trace():
+    """A model initialised with trunc_normal_ traces (it has no data to sample on fake tensors, as
+    on meta ones), and real tensors still get torch's sampling, inside [a, b]."""
+    trace = trace_step(_trunc_normal_factory, 8, spec=GAUDI2)
+    assert [p.numel for p in trace.params] == [640, 10]
+    w = torch.nn.init.trunc_normal_(torch.empty(10_000), std=1.0, a=-0.5, b=0.5)
+    assert float(w.abs().max()) <= 0.5 and float(w.std()) > 0.2
+
+
+def test_a_factory_that_reads_tensor_data_is_named():
+    with pytest.raises(ValueError, match="_data_dependent_factory reads tensor data while it builds"):
+        trace_step(_data_dependent_factory, 2, spec=GAUDI2)
+
+
 def test_grad_ready_times_follow_backward_order():
     """Gradients of later layers are ready first; every time lies within the backward graph."""
     trace = trace_step(resolve_factory("mlp:debug"), 8, spec=GAUDI2)
