@@ -267,11 +267,13 @@ def _first_parameter(fn: Callable) -> str | None:
 
 
 def _checked_step(spec: str, out: Any) -> TrainingStep:
-    """``out`` as a :class:`TrainingStep`, or a ValueError saying what a factory must return."""
-    if (isinstance(out, (tuple, list)) and len(out) == 3 and isinstance(out[0], torch.nn.Module)
-            and isinstance(out[1], (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out[1])
-            and callable(out[2])):
-        return TrainingStep(out[0], tuple(out[1]), out[2])
+    """``out`` as a :class:`TrainingStep` (one input tensor may stand alone, not in a tuple), or
+    a ValueError saying what a factory must return."""
+    if isinstance(out, (tuple, list)) and len(out) == 3:
+        inputs = (out[1],) if isinstance(out[1], torch.Tensor) else out[1]
+        if (isinstance(out[0], torch.nn.Module) and isinstance(inputs, (tuple, list))
+                and all(isinstance(t, torch.Tensor) for t in inputs) and callable(out[2])):
+            return TrainingStep(out[0], tuple(inputs), out[2])
     got = type(out).__name__ if not isinstance(out, (tuple, list)) else \
         f"a {type(out).__name__} of ({', '.join(type(x).__name__ for x in out)})"
     raise ValueError(f"model factory {spec!r} returned {got}; it must return (model, inputs, loss_fn): an"

@@ -20,3 +20,9 @@ def builder(weights=None, progress=True):
 
 def returns_a_module(batch_size: int):
     return torch.nn.Linear(8, 4)
+
+
+def bare_input(batch_size: int):
+    """One input tensor, not in a tuple (the tracer has always taken it so)."""
+    model = torch.nn.Linear(8, 4)
+    return model, torch.randn(batch_size, 8), lambda out: out.sum()

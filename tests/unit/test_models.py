@@ -172,6 +172,8 @@ def test_resolve_factory_bad_specs(spec, match):
 def test_a_factory_that_returns_something_else_is_named():
     with pytest.raises(ValueError, match=r"returned Linear; it must return \(model, inputs, loss_fn\)"):
         resolve_factory("tests.unit.model_factory_helper:returns_a_module")(2)
+    model, inputs, _ = resolve_factory("tests.unit.model_factory_helper:bare_input")(3)  # one tensor, untupled
+    assert len(inputs) == 1 and inputs[0].shape == (3, 8)
 
 
 def test_torchvision_classifiers_resolve_untrained_at_their_weights_crop(monkeypatch):
