@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -241,6 +242,44 @@ def _init_on_fake_tensors():
         init._no_grad_trunc_normal_ = original
 
 
+def _to_fake(factory, model: torch.nn.Module, inputs: tuple, fake_mode) -> tuple:
+    """NOTE [a factory that reads tensor data]
+    A factory that reads tensor data while it builds cannot run on fake tensors: a model whose
+    architecture is computed with torch ops (torchvision's RegNet computes its widths with
+    ``torch.pow`` and ``.tolist()``; vision transformers' reference code takes its stochastic
+    depth rates from ``torch.linspace(...)``, item by item). :func:`trace_step` then calls it
+    once more with real tensors on the card (host memory for its weights, which is said in a
+    warning) and swaps every parameter, buffer and input of the result for a fake tensor of the
+    same shape, dtype and device (tied parameters stay tied). The tensors the loss function
+    keeps (its targets) stay real and are made fake where the step uses them
+    (``allow_non_fake_inputs``). The step traced is the same; only the build costs memory.
+
+    Returns the fake inputs; ``model`` is changed in place.
+    """
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor, param: bool = False) -> torch.Tensor:
+        if id(t) not in fakes:
+            f = fake_mode.from_tensor(t)
+            fakes[id(t)] = torch.nn.Parameter(f, requires_grad=t.requires_grad) if param else f
+        return fakes[id(t)]
+
+    nbytes = sum(t.nbytes for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values())
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = fake(p, param=True)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = fake(b)
+    fake_mode.allow_non_fake_inputs = True  # the loss function's own tensors
+    name = getattr(factory, "__name__", repr(factory))
+    warnings.warn(f"model factory {name} reads tensor data while it builds, so it was built with real tensors"
+                  f" ({nbytes / 2**20:,.1f} MiB of parameters and buffers in host memory) and then traced on"
+                  " fake ones (NOTE [a factory that reads tensor data] in hpu_runtime.tools.tracing)", stacklevel=3)
+    return tuple(fake(t) for t in inputs)
+
+
 @contextlib.contextmanager
 def _traced_device(dev: SimDevice):
     """Route the bridge to ``dev`` inside the block (a process-wide swap, see :func:`using_device`;
@@ -330,16 +369,18 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         The :class:`StepTrace`; compile costs are left out (a steady-state step hits the
         recipe cache).
 
+    A factory that reads tensor data while it builds is built once more with real tensors
+    (NOTE [a factory that reads tensor data]); ``nn.init.trunc_normal_`` is not such a read
+    (:func:`_init_on_fake_tensors`).
+
     Raises:
         ValueError: unknown mode or optimizer, non-positive batch, a factory that does not
-            return ``(nn.Module, tuple of tensors, callable)`` or that reads tensor data while
-            it builds (fake tensors have none; ``nn.init.trunc_normal_`` is let through:
-            :func:`_init_on_fake_tensors`), a DDP cap outside compile
+            return ``(nn.Module, tuple of tensors, callable)``, a DDP cap outside compile
             mode or one smaller than its first bucket (DDPOptimizer refuses it), a model
             torch.compile leaves uncompiled under DDP (one of torch's own modules, e.g. a bare
             ``nn.Sequential``), or a compile-mode model of which dynamo compiled nothing.
     """
-    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode, unset_fake_temporarily
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
@@ -350,17 +391,15 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         raise ValueError(f"ddp_bucket_cap_mb breaks compiled graphs; it needs mode 'compile', not {mode!r}")
     wall0 = time.perf_counter()
     dev = replay_device(spec, mode, fallback=config().fallback)
-    with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False):
+    with _traced_device(dev), FakeTensorMode(allow_non_fake_inputs=False) as fake_mode:
         try:
             with torch.device("hpu"), _init_on_fake_tensors():  # the model on the card, as a live script moves it
                 made = factory(batch_size)  # (fake tensors cannot be .to()'d)
-        except DataDependentOutputException as e:
-            name = getattr(factory, "__name__", repr(factory))
-            raise ValueError(
-                f"model factory {name} reads tensor data while it builds the model or its batch ({e.func}): a"
-                " traced step is built on fake tensors, which hold no data (a model whose architecture is computed"
-                " with torch ops, as torchvision's RegNet computes its widths, cannot be traced); compute such"
-                " numbers with Python or math in the factory") from e
+            real = False
+        except DataDependentOutputException:
+            real = True  # NOTE [a factory that reads tensor data]
+            with unset_fake_temporarily(), torch.device("hpu"):
+                made = factory(batch_size)
         if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
                 or not callable(made[2])):
             raise ValueError("a step factory must return (model: nn.Module, inputs: tuple of tensors, "
@@ -369,6 +408,8 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
         if not all(isinstance(t, torch.Tensor) for t in inputs):
             raise ValueError("a step factory's inputs must all be tensors")
+        if real:
+            inputs = _to_fake(factory, model, inputs, fake_mode)
         inputs = tuple(t.cpu() for t in inputs)  # host batches: the step copies them to the card
         named = ddp_parameters(model)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]

@@ -55,9 +55,14 @@ def _trunc_normal_factory(batch_size: int):
     return model, (torch.randn(batch_size, 64),), lambda out: out.square().mean()
 
 
-def _data_dependent_factory(batch_size: int):
-    width = int(torch.arange(4).sum())  # an architecture computed with torch ops (torchvision's RegNet)
-    return torch.nn.Linear(8, width), (torch.randn(batch_size, 8),), lambda out: out.sum()
+def _data_dependent_factory(batch_size: int, read: bool = True):
+    """An architecture computed with torch ops (as torchvision's RegNet computes its widths), a
+    tied weight and a buffer; ``read=False``: the same model from Python numbers."""
+    width = int(torch.arange(4).sum()) if read else 6
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.BatchNorm1d(width), torch.nn.Linear(width, width))
+    model[2].weight = model[0].weight if width == 8 else model[2].weight
+    y = torch.randint(width, (batch_size,))
+    return model, (torch.randn(batch_size, 8),), lambda out: F.cross_entropy(out, y)
 
 
 def test_trunc_normal_init_traces_and_is_untouched_outside_the_trace():
@@ -69,9 +74,28 @@ def test_trunc_normal_init_traces_and_is_untouched_outside_the_trace():
     assert float(w.abs().max()) <= 0.5 and float(w.std()) > 0.2
 
 
-def test_a_factory_that_reads_tensor_data_is_named():
-    with pytest.raises(ValueError, match="_data_dependent_factory reads tensor data while it builds"):
-        trace_step(_data_dependent_factory, 2, spec=GAUDI2)
+def test_a_factory_that_reads_tensor_data_is_built_for_real_then_traced_the_same():
+    """NOTE [a factory that reads tensor data]: built with real tensors (a warning says so), then
+    traced on fake ones: the same step as the same model built from Python numbers."""
+    with pytest.warns(UserWarning, match="_data_dependent_factory reads tensor data while it builds"):
+        got = trace_step(_data_dependent_factory, 4, spec=GAUDI2)
+    want = trace_step(functools.partial(_data_dependent_factory, read=False), 4, spec=GAUDI2)
+    assert [(p.name, p.numel) for p in got.params] == [(p.name, p.numel) for p in want.params] == [
+        ("0.weight", 48), ("0.bias", 6), ("1.weight", 6), ("1.bias", 6), ("2.weight", 36), ("2.bias", 6)]
+    assert summarize(got).times == summarize(want).times and got.peak_hbm_bytes == want.peak_hbm_bytes
+
+
+def _tied_data_dependent_factory(batch_size: int):
+    width = int(torch.arange(4).sum()) + 2  # 8
+    model = torch.nn.Sequential(torch.nn.Linear(8, width, bias=False), torch.nn.Linear(width, 8, bias=False))
+    model[1].weight = model[0].weight  # tied: one parameter in two modules
+    return model, (torch.randn(batch_size, 8),), lambda out: out.square().mean()
+
+
+def test_tied_weights_stay_tied_when_built_for_real():
+    with pytest.warns(UserWarning, match="built with real tensors"):
+        trace = trace_step(_tied_data_dependent_factory, 2, spec=GAUDI2)
+    assert [(p.name, p.numel) for p in trace.params] == [("0.weight", 64)]
 
 
 def test_grad_ready_times_follow_backward_order():
