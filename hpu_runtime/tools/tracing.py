@@ -223,7 +223,7 @@ def _init_on_fake_tensors():
     outside ``[a, b]`` and asks ``mask.any()`` of the data each round (``_no_grad_trunc_normal_``
     in ``torch/nn/init.py``). A fake tensor has no data to answer that host read
     (``DataDependentOutputException``), so no model that initialises with it could be traced:
-    torchvision's ViT, Swin, ConvNeXt, MaxViT, GoogLeNet, and most timm models. torch already
+    torchvision's ViT, Swin, ConvNeXt, MaxViT, GoogLeNet and Inception v3. torch already
     makes it a no-op on meta tensors ("no storage, so sampling is a no-op"); inside the block it
     is one on fake tensors too, and unchanged on every other tensor.
     """
