@@ -191,8 +191,9 @@ def resolve_factory(spec: str, **model_kwargs: Any) -> Callable[[int], TrainingS
         ValueError: unknown name (the message lists the registered ones), unknown flavour,
             a module that cannot be imported, a missing attribute, a non-callable, a callable
             whose first parameter is ``weights`` or ``pretrained`` (a model builder, which
-            would take the batch size for its weights), or, when the factory is called, a
-            result that is not ``(model, inputs, loss_fn)``.
+            would take the batch size for its weights), ``model_kwargs`` the factory does not
+            take, or, when the factory is called, a result that is not ``(model, inputs,
+            loss_fn)``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
@@ -251,11 +252,30 @@ def resolve_factory(spec: str, **model_kwargs: Any) -> Callable[[int], TrainingS
             " factory(batch_size) -> (model, inputs, loss_fn) that builds the model and a batch,"
             " or one of torchvision's image classifiers as 'torchvision.models:NAME'")
 
+    _check_takes(spec, obj, model_kwargs)
+
     def user_factory(batch_size: int) -> TrainingStep:
         return _checked_step(spec, obj(batch_size, **model_kwargs))
 
     user_factory.__name__ = f"user_factory[{spec}]"
     return user_factory
+
+
+def _check_takes(spec: str, fn: Callable, kwargs: dict) -> None:
+    """Raise ValueError if ``fn(batch_size, **kwargs)`` would not bind (``--seq-len`` given to a
+    factory without a ``seq_len`` parameter), naming what it does take."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check against: the call will tell
+        return
+    try:
+        sig.bind(1, **kwargs)
+    except TypeError as e:
+        takes = ", ".join(sig.parameters) or "nothing"
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ValueError(f"model factory {spec!r} cannot be called as factory(batch_size, {given}): {e}; its"
+                         f" parameters are ({takes}). --seq-len and --image-size reach a factory as seq_len="
+                         " and image_size=") from None
 
 
 def _first_parameter(fn: Callable) -> str | None:

@@ -174,6 +174,9 @@ def test_a_factory_that_returns_something_else_is_named():
         resolve_factory("tests.unit.model_factory_helper:returns_a_module")(2)
     model, inputs, _ = resolve_factory("tests.unit.model_factory_helper:bare_input")(3)  # one tensor, untupled
     assert len(inputs) == 1 and inputs[0].shape == (3, 8)
+    # a size flag the factory has no parameter for is named before any work (not a TypeError at the call)
+    with pytest.raises(ValueError, match=r"cannot be called as factory\(batch_size, seq_len=8\).*\(batch_size, width\)"):
+        resolve_factory("tests.unit.model_factory_helper:factory", seq_len=8)
 
 
 def test_torchvision_classifiers_resolve_untrained_at_their_weights_crop(monkeypatch):
