@@ -180,10 +180,10 @@ def _factory_of(args) -> Callable[[int], TrainingStep]:
     """The model factory ``--model`` names (it is not a registered model), after the flags that
     cannot apply to one are refused."""
     spec = args.model
-    name, colon, _ = spec.partition(":")
+    name, colon, flavour = spec.partition(":")
     if name in model_names() and colon:
         raise ValueError(f"--model {spec!r}: give a registered model's flavour with --flavour"
-                         f" (--model {name} --flavour {spec.partition(':')[2]})")
+                         f" (--model {name} --flavour {flavour})")
     for flag, value in (("--flavour", args.flavour), ("--hidden", args.hidden), ("--dataset", args.dataset)):
         if value is not None:
             raise ValueError(f"{flag} applies to registered models, not to the model factory {spec!r}"

@@ -287,17 +287,11 @@ def _first_parameter(fn: Callable) -> str | None:
 
 
 def _checked_step(spec: str, out: Any) -> TrainingStep:
-    """``out`` as a :class:`TrainingStep` (one input tensor may stand alone, not in a tuple), or
-    a ValueError saying what a factory must return."""
-    if isinstance(out, (tuple, list)) and len(out) == 3:
-        inputs = (out[1],) if isinstance(out[1], torch.Tensor) else out[1]
-        if (isinstance(out[0], torch.nn.Module) and isinstance(inputs, (tuple, list))
-                and all(isinstance(t, torch.Tensor) for t in inputs) and callable(out[2])):
-            return TrainingStep(out[0], tuple(inputs), out[2])
-    got = type(out).__name__ if not isinstance(out, (tuple, list)) else \
-        f"a {type(out).__name__} of ({', '.join(type(x).__name__ for x in out)})"
-    raise ValueError(f"model factory {spec!r} returned {got}; it must return (model, inputs, loss_fn): an"
-                     " nn.Module, a tuple of input tensors for model(*inputs), and loss_fn(output) -> scalar loss")
+    """``out`` as a :class:`TrainingStep` (the tracer's own check of a factory's result,
+    :func:`hpu_runtime.tools.tracing.step_parts`)."""
+    from hpu_runtime.tools.tracing import step_parts
+
+    return TrainingStep(*step_parts(out, repr(spec)))
 
 
 def _torchvision_image_size(builder: Callable) -> int:

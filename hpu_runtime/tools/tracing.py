@@ -43,7 +43,7 @@ from ..device.spec import DeviceSpec
 from .replay import map_records, replay_device
 
 __all__ = ["MODES", "OPTIMIZERS", "ParamInfo", "StepTrace", "ddp_graph_split", "ddp_parameters", "make_optimizer",
-           "portable", "prepare_model", "trace_step", "training_step"]
+           "portable", "prepare_model", "step_parts", "trace_step", "training_step"]
 
 MODES = ("lazy", "hpu_graphs", "eager", "compile")
 """Execution modes: ``PT_HPU_LAZY_MODE=1``; lazy mode with the model's forward and backward
@@ -215,6 +215,24 @@ def _fake_tensors_look_real():
         utils.is_fake_tensor = original
 
 
+def step_parts(made: object, name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], Callable]:
+    """``(model, inputs, loss_fn)`` of what step factory ``name`` returned: a tuple of an
+    ``nn.Module``, its input tensors (a tuple or list, or one tensor alone) and a callable.
+
+    Raises:
+        ValueError: anything else, naming what the factory returned.
+    """
+    if isinstance(made, tuple) and len(made) == 3:
+        inputs = made[1] if isinstance(made[1], (tuple, list)) else (made[1],)
+        if (isinstance(made[0], torch.nn.Module) and all(isinstance(t, torch.Tensor) for t in inputs)
+                and callable(made[2])):
+            return made[0], tuple(inputs), made[2]
+    got = type(made).__name__ if not isinstance(made, (tuple, list)) else \
+        f"a {type(made).__name__} of ({', '.join(type(x).__name__ for x in made)})"
+    raise ValueError(f"model factory {name} returned {got}; it must return (model, inputs, loss_fn): an"
+                     " nn.Module, a tuple of input tensors for model(*inputs), and loss_fn(output) -> scalar loss")
+
+
 @contextlib.contextmanager
 def _init_on_fake_tensors():
     """Let a model's weights be initialised on fake tensors while its factory runs.
@@ -375,7 +393,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
 
     Raises:
         ValueError: unknown mode or optimizer, non-positive batch, a factory that does not
-            return ``(nn.Module, tuple of tensors, callable)``, a DDP cap outside compile
+            return ``(nn.Module, tuple of tensors, callable)`` (:func:`step_parts`), a DDP cap outside compile
             mode or one smaller than its first bucket (DDPOptimizer refuses it), a model
             torch.compile leaves uncompiled under DDP (one of torch's own modules, e.g. a bare
             ``nn.Sequential``), or a compile-mode model of which dynamo compiled nothing.
@@ -400,14 +418,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             real = True  # NOTE [a factory that reads tensor data]
             with unset_fake_temporarily(), torch.device("hpu"):
                 made = factory(batch_size)
-        if (not isinstance(made, tuple) or len(made) != 3 or not isinstance(made[0], torch.nn.Module)
-                or not callable(made[2])):
-            raise ValueError("a step factory must return (model: nn.Module, inputs: tuple of tensors, "
-                             f"loss_fn: callable), got {type(made).__name__}")
-        model, inputs, loss_fn = made
-        inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
-        if not all(isinstance(t, torch.Tensor) for t in inputs):
-            raise ValueError("a step factory's inputs must all be tensors")
+        model, inputs, loss_fn = step_parts(made, getattr(factory, "__name__", repr(factory)))
         if real:
             inputs = _to_fake(factory, model, inputs, fake_mode)
         inputs = tuple(t.cpu() for t in inputs)  # host batches: the step copies them to the card
