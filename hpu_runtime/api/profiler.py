@@ -40,6 +40,16 @@ event, so it sits 1 µs into the ``ProfilerStep#k`` annotation of the step whose
 interval (between the simulated host times of two ``prof.step()`` calls) holds the kernel;
 the kernel stays on the simulated axis.
 
+NOTE [the user's frames, not the emulator's]
+What the profiler hands the user holds what a Gaudi run's would (NOTE [the emulator's own work
+is not the user's profile] in :mod:`hpu_runtime.bridge.dispatch`): :func:`user_events` removes
+from the exported trace every Python frame (``with_stack=True``) of the emulator's packages
+(``hpu_runtime``, ``hccl``; the ``habana_frameworks`` API a script calls stays) and the frames
+of libraries it calls (torch, the standard library), up to the next frame of the user's code:
+a model's ``forward`` that an HPU-graph wrapper calls while it captures stays, under the
+nearest frame kept. ``PythonDispatchMode`` events (torch's, on entering the bridge's dispatch
+mode) go from the trace and from ``key_averages()``; the user's op keeps its time.
+
 NOTE [collective names for Holistic Trace Analysis]
 HTA recognises communication kernels by name only (``^nccl.*Kernel``) and treats every
 other device kernel as computation. Collective-stream events are therefore named
@@ -52,7 +62,12 @@ from __future__ import annotations
 
 import bisect
 import enum
+import importlib.util
 import json
+import os
+import re
+import sys
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -65,7 +80,7 @@ from ..bridge.runtime import get_device
 from ..device.timeline import TraceEvent
 from ..files import atomic_write
 
-__all__ = ["LANES", "ProfilerActivity", "install", "device_events"]
+__all__ = ["LANES", "ProfilerActivity", "install", "device_events", "user_events"]
 
 LANES = {"host": 0, "compute": 1, "collective": 2}
 """Thread id of each device lane in the exported trace."""
@@ -165,6 +180,140 @@ def device_events(spans: list[TraceEvent], t0_ns: int, base_us: float, rank: int
     return out
 
 
+_FRAME = re.compile(r"^(.*)\((\d+)\): ")
+_MODULE_CALLS = (": _call_impl", ": _wrapped_call_impl")
+_BRIDGE_INDUCED = {"torch/_library/simple_registry.py"}
+"""torch's Python it runs only because a dispatch mode is on (its per-op lookup of a mode's
+dispatch rules): the bridge's, on a Gaudi there is none."""
+_DISPATCH_EVENT = "PythonDispatchMode"
+
+
+def _package_dir(name: str) -> str | None:
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return os.path.realpath(locations[0]) + os.sep if locations else None
+
+
+class _Frames:
+    """Which side a Python frame of a trace is on: ``"ours"`` (the emulator), ``"user"`` (the
+    script and its own modules, the ``habana_frameworks`` API it calls, ``nn.Module`` calls) or
+    ``"lib"`` (torch's other code, the standard library, installed packages, built-ins: the
+    side of their caller, so numpy under the planner goes and torchvision's ``forward`` under
+    a module call stays).
+    Kineto names a frame ``FILE(LINE): FUNC``, ``FILE`` absolute or relative to its entry of
+    ``sys.path``."""
+
+    def __init__(self) -> None:
+        here = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))  # hpu_runtime/
+        self.ours = tuple(d for d in (here + os.sep, _package_dir("hccl")) if d)
+        self.shim = os.path.join(here, "api", "habana_frameworks") + os.sep
+        self.torch = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+        paths = sysconfig.get_paths()
+        self.stdlib = os.path.realpath(paths["stdlib"]) + os.sep
+        self.libs = tuple(dict.fromkeys(
+            [self.stdlib] + [os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib")]
+            + [os.path.realpath(d) + os.sep for d in sys.path if os.path.basename(d) in ("site-packages", "dist-packages")]))
+        self.memo: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        m = _FRAME.match(name)
+        if m is None:
+            return "lib"  # <built-in method ...>
+        f = m.group(1)
+        kind = self.memo.get(f)
+        if kind is None:
+            kind = self.memo[f] = self._kind(f)
+        if kind == "module":  # a module's call is the user's model; its other methods are torch's
+            return "user" if name.endswith(_MODULE_CALLS) else "lib"
+        return kind
+
+    def _kind(self, f: str) -> str:
+        rel = f.replace(os.sep, "/")
+        if os.path.isabs(f):
+            path = os.path.realpath(f)
+            if path.startswith(self.shim):
+                return "user"
+            if path.startswith(self.ours):
+                return "ours"
+            if path.startswith(self.torch):
+                rel = "torch/" + path[len(self.torch):].replace(os.sep, "/")
+            else:
+                return "lib" if path.startswith(self.libs) else "user"
+        if rel.startswith("hpu_runtime/api/habana_frameworks/") or rel.startswith("habana_frameworks/"):
+            return "user"
+        if rel.startswith(("hpu_runtime/", "hccl/")):
+            return "ours"
+        if rel in _BRIDGE_INDUCED:
+            return "ours"
+        if rel.startswith("torch/"):
+            return "module" if rel == "torch/nn/modules/module.py" else "lib"
+        if rel.startswith("<") or any(os.path.exists(os.path.join(d, f)) for d in self.libs):
+            return "lib"  # the standard library, an installed package (numpy, PIL, torchvision...)
+        return "user"
+
+
+def _emulator_frames(frames) -> tuple[set[int], dict[int, int | None]]:
+    """The Python frames to drop (NOTE [the user's frames, not the emulator's]) among ``frames``,
+    ``(Python id, Python parent id, name)`` triples, and for each frame kept whose caller is
+    dropped, the nearest caller kept (None: none)."""
+    kind_of = _Frames()
+    frames = sorted(frames)  # a caller's id is below its callees'
+    side: dict[int, str | None] = {}  # the nearest ours/user frame at or above each frame
+    up: dict[int, int | None] = {}  # each frame's nearest kept caller
+    dropped: set[int] = set()
+    moved: dict[int, int | None] = {}
+    for pid, parent, name in frames:
+        kind = kind_of(name)
+        side[pid] = kind if kind != "lib" else side.get(parent)
+        nearest = up.get(parent) if parent in dropped else parent
+        if side[pid] == "ours":
+            dropped.add(pid)
+        elif parent in dropped:
+            moved[pid] = nearest
+        up[pid] = nearest
+    return dropped, moved
+
+
+def user_events(events: list[dict]) -> list[dict]:
+    """``events`` (a Kineto trace's ``traceEvents``) without the emulator's own Python frames
+    and ``PythonDispatchMode`` events (NOTE [the user's frames, not the emulator's]). A frame
+    kept whose caller went is re-parented (``Python parent id``) to its nearest caller kept."""
+    py = {e["args"]["Python id"]: e for e in events
+          if e.get("cat") == "python_function" and isinstance(e.get("args"), dict) and "Python id" in e["args"]}
+    dropped, moved = _emulator_frames((i, e["args"].get("Python parent id"), e["name"]) for i, e in py.items())
+    for i, parent in moved.items():
+        py[i]["args"]["Python parent id"] = parent
+    return [e for e in events
+            if not (e.get("cat") == "python_function" and e.get("args", {}).get("Python id") in dropped)
+            and not (e.get("cat") == "cpu_op" and e.get("name") == _DISPATCH_EVENT)]
+
+def _drop_emulator_events(function_events) -> None:
+    """Remove the emulator's Python frames and ``PythonDispatchMode`` events from
+    ``function_events`` (an ``EventList``, in place), as :func:`user_events` does from a trace:
+    their children go to the nearest event kept above them, so each user op's self time holds
+    the bridge's host time for it (NOTE [the user's frames, not the emulator's])."""
+    py = [e for e in function_events if e.is_python_function and e.python_id is not None]
+    dropped, moved = _emulator_frames((e.python_id, e.python_parent_id, e.name) for e in py)
+    for e in py:
+        if e.python_id in moved:
+            e.python_parent_id = moved[e.python_id]
+    gone = {id(e) for e in function_events
+            if e.name == _DISPATCH_EVENT or (e.is_python_function and e.python_id in dropped)}
+    if not gone:
+        return
+    for e in function_events:
+        if id(e) in gone:
+            continue
+        parent = e.cpu_parent
+        while parent is not None and id(parent) in gone:
+            parent = parent.cpu_parent
+        if parent is not e.cpu_parent:
+            e.cpu_parent = parent
+            if parent is not None:
+                parent.cpu_children.append(e)
+        e.cpu_children[:] = [c for c in e.cpu_children if id(c) not in gone]
+    function_events[:] = [e for e in function_events if id(e) not in gone]
+
 def _launch_us(start_ns: int, ts_us: float, step_ends_ns, step_starts_us) -> float:
     """Trace time of a device event's launch: inside the ``ProfilerStep#`` whose simulated step holds
     it (NOTE [launch events]); without profiler steps, the event's own time."""
@@ -232,10 +381,9 @@ def install() -> None:
 
     def export_chrome_trace(self, path, metadata=None, use_python_export=False):
         window = getattr(self, "_hpu_window", None)
-        if not (window and window["spans"] is not None):
-            return export(self, path, metadata, use_python_export)
-        # Kineto writes in place: it writes a temporary file here, and the trace with the device
-        # lanes replaces ``path`` whole (NOTE [atomic files] in hpu_runtime.files)
+        # Kineto writes in place: it writes a temporary file here, and the user's trace (NOTE
+        # [the user's frames, not the emulator's]) with the device lanes replaces ``path`` whole
+        # (NOTE [atomic files] in hpu_runtime.files)
         path = Path(path)
         tmp = path.with_name(f".{path.name}.kineto.tmp")
         try:
@@ -243,16 +391,21 @@ def install() -> None:
             trace = json.loads(tmp.read_text())
         finally:
             tmp.unlink(missing_ok=True)
-        events = trace.setdefault("traceEvents", [])
-        steps = sorted(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
-        events.extend(device_events(window["spans"], window["t0_ns"], _first_cpu_ts(events), _rank(),
-                                    window["steps"], steps))
-        trace.setdefault("deviceProperties", []).append({"id": _rank(), "name": f"simulated {get_device().spec.name}"})
+        events = trace["traceEvents"] = user_events(trace.get("traceEvents", []))
+        if window and window["spans"] is not None:
+            steps = sorted(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+            events.extend(device_events(window["spans"], window["t0_ns"], _first_cpu_ts(events), _rank(),
+                                        window["steps"], steps))
+            trace.setdefault("deviceProperties", []).append(
+                {"id": _rank(), "name": f"simulated {get_device().spec.name}"})
         atomic_write(path, json.dumps(trace))
         return result
 
     def _ensure_function_events(self):
+        fresh = self._function_events is None
         ensure(self)
+        if fresh and self._function_events is not None:
+            _drop_emulator_events(self._function_events)
         window = getattr(self, "_hpu_window", None)
         if not window or window["spans"] is None or window.get("added") or self._function_events is None:
             return

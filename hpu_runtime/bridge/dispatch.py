@@ -51,6 +51,23 @@ plain PyTorch needs the per-op accounting in the C++ kernel, not in a Python mod
 The hccl transport runs its own tensor ops under :func:`bridge_disabled` so the bridge never
 charges the emulator's data movement as device work; collectives are recorded by the
 process group itself.
+
+NOTE [the emulator's own work is not the user's profile]
+On a Gaudi, ``torch.profiler`` records the aten ops the script dispatches (each once, at the
+dispatcher) and, with ``with_stack=True``, the script's Python; the bridge and HCCL are C++
+and record nothing of their own. Here the bridge is Python, and under a profiler each op it
+is handed would be recorded again underneath the user's: the real CPU kernel it runs (a
+second ``aten::add`` inside the first), the meta and fake-tensor ops of its accounting, the
+transport's copies, each with its Python frames (a ResNet-50 step of Habana's
+Model-References ``train.py``, which profiles ``with_stack=True``: 638,000 Python events and
+158 MB of trace per rank, 97% of them the emulator's). So while a profiler is on,
+:meth:`HpuDispatchMode.__torch_dispatch__`, :class:`bridge_disabled` and the device's
+``uncharged()`` regions (an HPU graph's replay, a fused optimizer's body) run with torch's
+RecordFunction off on the thread (:class:`~hpu_runtime.bridge.unrecorded.unrecorded`: no
+``cpu_op`` events, nothing in ``key_averages()``), and :mod:`hpu_runtime.api.profiler` drops
+the emulator's Python frames, and the ``PythonDispatchMode`` event torch records on entering
+the mode, from what the profiler hands the user. The user's op keeps its wall-clock duration, which includes the
+bridge's host work for it, as the real bridge's host time is inside the op's event on a Gaudi.
 """
 
 from __future__ import annotations
@@ -63,6 +80,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .dynamo_skip import skip_dynamo
 from .runtime import get_device
+from .unrecorded import profiler_enabled, unrecorded
 from ..device.memory import HPUOutOfMemoryError
 
 __all__ = ["HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled"]
@@ -184,6 +202,9 @@ class HpuDispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         with _NO_TORCH_FUNCTION():  # NOTE [the bridge's hot path]
+            if profiler_enabled():  # NOTE [the emulator's own work is not the user's profile]
+                with unrecorded():
+                    return self._dispatch(func, args, kwargs)
             return self._dispatch(func, args, kwargs)
 
     def _dispatch(self, func, args, kwargs):
@@ -255,12 +276,13 @@ def is_active() -> bool:
 
 
 class bridge_disabled:  # noqa: N801 - used like a function: `with bridge_disabled():`
-    """Context manager: run tensor ops the bridge must not see (the emulator's own data movement)."""
+    """Context manager: run tensor ops the bridge must not see (the emulator's own data
+    movement), unrecorded by a profiler (:class:`unrecorded`)."""
 
     __slots__ = ("_guards",)
 
     def __enter__(self) -> None:
-        self._guards = (torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction())
+        self._guards = (torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction(), unrecorded())
         for g in self._guards:
             g.__enter__()
 

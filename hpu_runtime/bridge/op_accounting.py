@@ -46,6 +46,7 @@ from ..device.spec import DeviceSpec
 from .fallback import FallbackPolicy
 from .graph_key import SCALAR_INPUT, op_signature, output_signature
 from .launcher import Launcher
+from .unrecorded import unrecorded
 
 __all__ = ["AUTOGRAD_SAVES", "FP32_AUTOCAST_OPS", "OpAccounting", "OpFacts", "OpInfo", "op_facts"]
 
@@ -464,11 +465,14 @@ class OpAccounting:
 
     @contextmanager
     def uncharged(self) -> Iterator[None]:
-        """Run the body's tensor ops without charging them (numerics only)."""
+        """Run the body's tensor ops without charging them (numerics only), unrecorded by a
+        profiler (NOTE [the emulator's own work is not the user's profile] in
+        :mod:`hpu_runtime.bridge.dispatch`)."""
         with self.lock:
             self._in_kernel += 1
         try:
-            yield
+            with unrecorded():
+                yield
         finally:
             with self.lock:
                 self._in_kernel -= 1

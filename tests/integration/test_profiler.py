@@ -81,3 +81,67 @@ def test_lightning_habana_hpu_profiler_writes_the_device_lanes(tmp_path) -> None
     assert "HPU 0 (simulated Gaudi, simulated time)" in {e["args"]["name"] for e in events
                                                           if e.get("name") == "process_name"}
     assert any(e.get("pid") == 1 << 20 and e.get("ph") == "X" for e in events)  # the simulated host lane
+
+
+def _matmul_relu_sum(x, w):
+    return (x @ w).relu().sum()
+
+
+def _op_names(prof) -> list[str]:
+    return sorted(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
+                  and not e.is_python_function and not e.name.startswith("ProfilerStep"))
+
+
+def test_a_profile_holds_the_scripts_ops_and_frames_not_the_emulators(tmp_path) -> None:
+    """On a Gaudi the profiler records the ops a script dispatches, not the bridge's C++ work:
+    the same function on hpu tensors (then mark_step) records no op a run on CPU tensors with
+    the bridge off does not (the reference: torch's own recording), no ``PythonDispatchMode``
+    and, with ``with_stack=True``, no Python frame of the emulator, while the script's own
+    frame stays (NOTE [the user's frames, not the emulator's] in hpu_runtime.api.profiler)."""
+    from collections import Counter
+
+    from hpu_runtime.bridge import dispatch
+
+    reset_device("gaudi2")
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    xh, wh = x.to("hpu"), w.to("hpu")
+    dispatch.deactivate()
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as ref:
+            _matmul_relu_sum(x, w)
+    finally:
+        dispatch.activate()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.HPU], with_stack=True) as prof:
+        out = _matmul_relu_sum(xh, wh)
+        hpu_runtime.mark_step()
+    assert out.item() == _matmul_relu_sum(x, w).item()
+    names = _op_names(prof)
+    assert "aten::mm" in names and "aten::sum" in names
+    assert not Counter(names) - Counter(_op_names(ref)), (names, _op_names(ref))
+    assert "PythonDispatchMode" not in {e.key for e in prof.key_averages()}
+    ours = [e.name for e in prof.events() if e.is_python_function and "hpu_runtime/" in e.name]
+    assert not ours, ours[:5]
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    frames = [e["name"] for e in events if e.get("cat") == "python_function"]
+    assert any(f.endswith(": _matmul_relu_sum") for f in frames)
+    ours = [f for f in frames if ("hpu_runtime/" in f and "habana_frameworks" not in f) or "hccl/" in f]
+    assert not ours, ours[:5]
+    ids = {e["args"]["Python id"] for e in events if e.get("cat") == "python_function"}
+    assert all(e["args"]["Python parent id"] in ids | {None} for e in events if e.get("cat") == "python_function")
+    assert any(e.get("cat") == "kernel" for e in events)  # the device lanes are still there
+
+
+def test_unrecorded_nests_and_turns_recording_back_on() -> None:
+    from hpu_runtime.bridge.unrecorded import unrecorded
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with unrecorded():
+            torch.ones(3).add(1)
+            with unrecorded():
+                torch.ones(3).mul(2)
+            torch.ones(3).sub(1)
+        torch.ones(3).div(2)
+    names = {e.name for e in prof.events()}
+    assert "aten::div" in names and not {"aten::add", "aten::mul", "aten::sub"} & names
