@@ -45,9 +45,9 @@ What the profiler hands the user holds what a Gaudi run's would (NOTE [the emula
 is not the user's profile] in :mod:`hpu_runtime.bridge.dispatch`): :func:`user_events` removes
 from the exported trace every Python frame (``with_stack=True``) of the emulator's packages
 (``hpu_runtime``, ``hccl``; the ``habana_frameworks`` API a script calls stays) and the frames
-of libraries it calls (torch, the standard library), up to the next frame of the user's code:
-a model's ``forward`` that an HPU-graph wrapper calls while it captures stays, under the
-nearest frame kept. ``PythonDispatchMode`` events (torch's, on entering the bridge's dispatch
+of libraries they call (torch, the standard library, installed packages), up to the next frame
+of the user's code (the script's own files, ``nn.Module`` calls): the module calls of a model
+an HPU-graph wrapper runs while it captures stay, under the nearest frame kept. ``PythonDispatchMode`` events (torch's, on entering the bridge's dispatch
 mode) go from the trace and from ``key_averages()``; the user's op keeps its time.
 
 NOTE [collective names for Holistic Trace Analysis]
@@ -287,6 +287,7 @@ def user_events(events: list[dict]) -> list[dict]:
             if not (e.get("cat") == "python_function" and e.get("args", {}).get("Python id") in dropped)
             and not (e.get("cat") == "cpu_op" and e.get("name") == _DISPATCH_EVENT)]
 
+
 def _drop_emulator_events(function_events) -> None:
     """Remove the emulator's Python frames and ``PythonDispatchMode`` events from
     ``function_events`` (an ``EventList``, in place), as :func:`user_events` does from a trace:
@@ -313,6 +314,7 @@ def _drop_emulator_events(function_events) -> None:
                 parent.cpu_children.append(e)
         e.cpu_children[:] = [c for c in e.cpu_children if id(c) not in gone]
     function_events[:] = [e for e in function_events if id(e) not in gone]
+
 
 def _launch_us(start_ns: int, ts_us: float, step_ends_ns, step_starts_us) -> float:
     """Trace time of a device event's launch: inside the ``ProfilerStep#`` whose simulated step holds
