@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from hpu_runtime import bridge_disabled, get_device
 from hpu_runtime.bridge.dynamo_skip import skip_dynamo
+from hpu_runtime.bridge.unrecorded import unrecorded
 
 from ._buffers import meta_words
 from .agreement import settings_of
@@ -69,20 +70,26 @@ class HcclError(RuntimeError):
 
 
 class _EmulatorOps:
-    """:meth:`ProcessGroupHCCL._emulator_ops`: :func:`~hpu_runtime.bridge_disabled` and
-    :class:`~hccl.transport.reduce_ops.capped_threads` in one object (one per collective)."""
+    """:meth:`ProcessGroupHCCL._emulator_ops`: :func:`~hpu_runtime.bridge_disabled`,
+    :class:`~hccl.transport.reduce_ops.capped_threads` and
+    :class:`~hpu_runtime.bridge.unrecorded.unrecorded` (a profiler records the user's
+    collective, not the transport's copies and reductions inside it) in one object (one per
+    collective)."""
 
-    __slots__ = ("_threads", "_bridge")
+    __slots__ = ("_threads", "_bridge", "_unrecorded")
 
     def __init__(self, threads: int) -> None:
         self._threads = capped_threads(threads)
         self._bridge = bridge_disabled()
+        self._unrecorded = unrecorded()
 
     def __enter__(self) -> None:
         self._threads.__enter__()
         self._bridge.__enter__()
+        self._unrecorded.__enter__()
 
     def __exit__(self, *exc) -> None:
+        self._unrecorded.__exit__(*exc)
         self._bridge.__exit__(*exc)
         self._threads.__exit__(*exc)
 

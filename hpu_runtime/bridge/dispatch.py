@@ -61,8 +61,9 @@ second ``aten::add`` inside the first), the meta and fake-tensor ops of its acco
 transport's copies, each with its Python frames (a ResNet-50 step of Habana's
 Model-References ``train.py``, which profiles ``with_stack=True``: 638,000 Python events and
 158 MB of trace per rank, 97% of them the emulator's). So while a profiler is on,
-:meth:`HpuDispatchMode.__torch_dispatch__`, :class:`bridge_disabled` and the device's
-``uncharged()`` regions (an HPU graph's replay, a fused optimizer's body) run with torch's
+:meth:`HpuDispatchMode.__torch_dispatch__`, the collectives' own tensor ops (hccl's
+``_EmulatorOps``) and the device's ``uncharged()`` regions (an HPU graph's replay, a fused
+optimizer's body) run with torch's
 RecordFunction off on the thread (:class:`~hpu_runtime.bridge.unrecorded.unrecorded`: no
 ``cpu_op`` events, nothing in ``key_averages()``), and :mod:`hpu_runtime.api.profiler` drops
 the emulator's Python frames, and the ``PythonDispatchMode`` event torch records on entering
@@ -277,12 +278,14 @@ def is_active() -> bool:
 
 class bridge_disabled:  # noqa: N801 - used like a function: `with bridge_disabled():`
     """Context manager: run tensor ops the bridge must not see (the emulator's own data
-    movement), unrecorded by a profiler (:class:`unrecorded`)."""
+    movement; host-side work such as data loading). A profiler still records them: host work
+    is the script's (the emulator's own ops are hidden where they run, NOTE [the emulator's own
+    work is not the user's profile])."""
 
     __slots__ = ("_guards",)
 
     def __enter__(self) -> None:
-        self._guards = (torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction(), unrecorded())
+        self._guards = (torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction())
         for g in self._guards:
             g.__enter__()
 

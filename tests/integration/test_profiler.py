@@ -145,3 +145,18 @@ def test_unrecorded_nests_and_turns_recording_back_on() -> None:
         torch.ones(3).div(2)
     names = {e.name for e in prof.events()}
     assert "aten::div" in names and not {"aten::add", "aten::mul", "aten::sub"} & names
+
+
+def test_host_work_under_bridge_disabled_is_recorded_the_collectives_own_ops_are_not() -> None:
+    """``bridge_disabled`` wraps the script's host work (``models.train``'s data loading, tensor
+    printing), which a Gaudi profile records; a collective's own copies and reductions
+    (``_EmulatorOps``) are the emulator's and are not recorded."""
+    from hccl.process_group import _EmulatorOps
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with hpu_runtime.bridge_disabled():
+            torch.ones(3).add(1)
+        with _EmulatorOps(1):
+            torch.ones(3).mul(2)
+    names = {e.name for e in prof.events()}
+    assert "aten::add" in names and "aten::mul" not in names
