@@ -260,7 +260,7 @@ def _init_on_fake_tensors():
         init._no_grad_trunc_normal_ = original
 
 
-def _to_fake(factory, model: torch.nn.Module, inputs: tuple, fake_mode) -> tuple:
+def _to_fake(factory_name: str, model: torch.nn.Module, inputs: tuple, fake_mode) -> tuple:
     """NOTE [a factory that reads tensor data]
     A factory that reads tensor data while it builds cannot run on fake tensors: a model whose
     architecture is computed with torch ops (torchvision's RegNet computes its widths with
@@ -291,8 +291,7 @@ def _to_fake(factory, model: torch.nn.Module, inputs: tuple, fake_mode) -> tuple
             if b is not None:
                 module._buffers[name] = fake(b)
     fake_mode.allow_non_fake_inputs = True  # the loss function's own tensors
-    name = getattr(factory, "__name__", repr(factory))
-    warnings.warn(f"model factory {name} reads tensor data while it builds, so it was built with real tensors"
+    warnings.warn(f"model factory {factory_name} reads tensor data while it builds, so it was built with real tensors"
                   f" ({nbytes / 2**20:,.1f} MiB of parameters and buffers in host memory) and then traced on"
                   " fake ones (NOTE [a factory that reads tensor data] in hpu_runtime.tools.tracing)", stacklevel=3)
     return tuple(fake(t) for t in inputs)
@@ -418,9 +417,10 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
             real = True  # NOTE [a factory that reads tensor data]
             with unset_fake_temporarily(), torch.device("hpu"):
                 made = factory(batch_size)
-        model, inputs, loss_fn = step_parts(made, getattr(factory, "__name__", repr(factory)))
+        name = getattr(factory, "__name__", repr(factory))
+        model, inputs, loss_fn = step_parts(made, name)
         if real:
-            inputs = _to_fake(factory, model, inputs, fake_mode)
+            inputs = _to_fake(name, model, inputs, fake_mode)
         inputs = tuple(t.cpu() for t in inputs)  # host batches: the step copies them to the card
         named = ddp_parameters(model)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
