@@ -62,7 +62,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .futex import PURE_SPIN_S, SPIN_S, fence, futex_wait, futex_wake
+from .futex import PURE_SPIN_S, SPIN_S, fence, futex_wait, futex_wake, request_short_slice
 from .reduce_ops import CODE_DTYPES
 
 __all__ = ["ShmSegment", "ShmArena", "PeerFailure", "HcclTimeoutError", "META_FIELDS", "SMALL_BYTES", "ITEMSIZE", "P2P_SLOT_BYTES", "P2P_SENT_W", "P2P_TAKEN_W"]
@@ -369,6 +369,7 @@ class ShmArena:
                 if self.moved != seen:
                     spin_from, seen = now, self.moved
                 continue
+            request_short_slice()  # once per thread: NOTE [a short scheduler slice for waiters] in .futex
             bell = int(me[_BELL_W])
             me[_SLEEP_W] = 1
             fence()  # the flag is visible before the check below reads the peers (Dekker)
