@@ -95,6 +95,7 @@ _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platf
 _SYS_SCHED_ATTR = {"x86_64": (314, 315), "amd64": (314, 315), "aarch64": (274, 275),
                    "arm64": (274, 275)}.get(platform.machine().lower())  # (sched_setattr, sched_getattr)
 _FAIR_POLICIES = (0, 3)  # SCHED_OTHER, SCHED_BATCH: the policies whose slice EEVDF sets
+_RESET_ON_FORK = 0x01  # SCHED_FLAG_RESET_ON_FORK (include/uapi/linux/sched.h)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _ALL = 0x7FFFFFFF
 
@@ -183,7 +184,7 @@ def request_short_slice() -> bool:
             ok = True  # already as short (asked before, or by the user)
         else:
             attr.size = ctypes.sizeof(attr)
-            attr.sched_flags = 0
+            attr.sched_flags &= _RESET_ON_FORK  # kept; the utilization clamps are not re-sent
             attr.sched_runtime = WAITER_SLICE_NS
             ok = _syscall(_SYS_SCHED_ATTR[0], 0, ctypes.byref(attr), 0) == 0 and thread_slice_ns() == WAITER_SLICE_NS
     _slice_asked.result = ok
