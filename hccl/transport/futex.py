@@ -183,10 +183,16 @@ def request_short_slice() -> bool:
         if 0 < attr.sched_runtime <= WAITER_SLICE_NS:
             ok = True  # already as short (asked before, or by the user)
         else:
-            attr.size = ctypes.sizeof(attr)
-            attr.sched_flags &= _RESET_ON_FORK  # kept; the utilization clamps are not re-sent
-            attr.sched_runtime = WAITER_SLICE_NS
-            ok = _syscall(_SYS_SCHED_ATTR[0], 0, ctypes.byref(attr), 0) == 0 and thread_slice_ns() == WAITER_SLICE_NS
+            ok = _set_slice(attr, WAITER_SLICE_NS) and thread_slice_ns() == WAITER_SLICE_NS
     _slice_asked.result = ok
     return ok
+
+
+def _set_slice(attr: _SchedAttr, runtime_ns: int) -> bool:
+    """Give the calling thread ``attr`` (its own, from :func:`_sched_attr`) with ``sched_runtime``
+    set to ``runtime_ns`` (0: the kernel's default slice); whether the kernel took it."""
+    attr.size = ctypes.sizeof(attr)
+    attr.sched_flags &= _RESET_ON_FORK  # kept; the utilization clamps are not re-sent
+    attr.sched_runtime = runtime_ns
+    return _syscall(_SYS_SCHED_ATTR[0], 0, ctypes.byref(attr), 0) == 0
 

@@ -6,7 +6,6 @@ Kernels before 6.12 have no per-thread slice: there the request must leave the t
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import re
@@ -26,9 +25,7 @@ if futex._sched_attr() is None:
 def _default_slice() -> None:
     """Give the calling thread the kernel's default slice (``sched_runtime`` 0): a new thread
     inherits its creator's, which an earlier test in this process may have shortened."""
-    attr = futex._sched_attr()
-    attr.size, attr.sched_flags, attr.sched_runtime = ctypes.sizeof(attr), 0, 0
-    assert futex._syscall(futex._SYS_SCHED_ATTR[0], 0, ctypes.byref(attr), 0) == 0
+    assert futex._set_slice(futex._sched_attr(), 0)
 
 
 def _in_thread(fn):
@@ -106,12 +103,10 @@ def test_a_waiter_that_slept_has_the_short_slice():
         def wait():
             arena = ShmArena([seg], 0, timeout_s=20.0)
             before = futex.thread_slice_ns()
-            polls = []
             slept = []
             real_wait = shm.futex_wait
 
             def arrived() -> bool:
-                polls.append(1)
                 return bool(slept)
 
             shm.futex_wait = lambda addr, value, timeout_s: slept.append(futex.thread_slice_ns())
