@@ -39,17 +39,23 @@ FusedAdamW                 AdamW (Loshchilov & Hutter 2019) in Intel's form:
                            ``bias_correction=False`` drops both factors).
 FusedClipNorm              ``torch.nn.utils.clip_grad_norm_`` (L2 norm, clip coefficient
                            ``max_norm / (norm + 1e-6)`` capped at 1); returns the total norm.
+FusedEMA                   an exponential moving average of a model's ``state_dict``
+                           (``hpex.movingavrg``): ``ema = d * ema + (1 - d) * value`` with
+                           ``d = decay * (1 - exp(-updates / 2000))``, as Intel's
+                           ``hpex/movingavrg/FusedEMA.py`` and its ``optimizer_ema`` kernel
+                           (``hpu_ops/backend/optimizer_ema_gen.cpp``) compute it.
 ========================== ===================================================================
 
 On host (non-"hpu") parameters nothing is charged: the update is plain host work.
 
-One module (a little over 400 lines) for the six names of Gaudi's ``hpex``, as Intel's
-``hpex.optimizers`` and ``hpex.normalization`` are thin over one kernel library: they share
+One module (about 480 lines) for the seven names of Gaudi's ``hpex``, as Intel's
+``hpex.optimizers``, ``hpex.normalization`` and ``hpex.movingavrg`` are thin over one kernel library: they share
 the launch-and-charge helper and the FLOP table, and each class is a short update rule.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 
@@ -58,12 +64,13 @@ from torch.optim import SGD, Optimizer
 
 from ..bridge.runtime import get_device
 
-__all__ = ["FusedSGD", "FusedResourceApplyMomentum", "FusedLars", "FusedLamb", "FusedAdamW", "FusedClipNorm"]
+__all__ = ["FusedSGD", "FusedResourceApplyMomentum", "FusedLars", "FusedLamb", "FusedAdamW", "FusedClipNorm",
+           "FusedEMA"]
 
 # Vector FLOPs per element of each kernel (multiply-adds counted as 2); all of them are far
 # below the TPC roofline's ridge point, so their time is the HBM traffic.
 _FLOPS_PER_ELEMENT = {"sgd": 6, "momentum": 2, "lars": 8, "lamb_norm": 2, "lamb_phase1": 14,
-                      "lamb_phase2": 5, "adamw": 12, "clip_norm": 3}
+                      "lamb_phase2": 5, "adamw": 12, "clip_norm": 3, "ema": 3}
 
 
 def _mark_step_if_lazy() -> None:
@@ -405,3 +412,65 @@ class FusedClipNorm:
                 g.mul_(coef.to(g.dtype))
         _mark_step_if_lazy()
         return total
+
+
+_WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+
+
+class FusedEMA:
+    """``habana_frameworks.torch.hpex.movingavrg.FusedEMA(model, decay=0.9999, updates=0)``: an
+    exponential moving average of ``model``'s ``state_dict`` (YOLOX's model EMA on Gaudi).
+
+    ``ema`` is a copy of the model (of its ``.module`` under DDP or DataParallel) in eval mode;
+    :meth:`update` takes ``model``'s current ``state_dict`` values, in order, and updates every
+    floating-point entry of ``ema``'s to ``d * ema + (1 - d) * value`` with
+    ``d = decay * (1 - exp(-updates / 2000))`` (``updates`` counts calls, from ``updates``),
+    as one fused kernel between two lazy-mode launches. Integer buffers (BatchNorm's
+    ``num_batches_tracked``) keep the copy's value, as YOLOX's reference ``ModelEMA`` does
+    (Intel's kernel source does not say what it does with them).
+
+    Attributes:
+        ema: the averaged model. decay: ``updates -> d``. updates: update count.
+        updated_ema: ``ema``'s ``state_dict`` values, in order (what the kernel writes).
+
+    Raises:
+        ValueError: a negative ``decay`` (at construction).
+        RuntimeError: :meth:`update` with a model whose ``state_dict`` has another number of
+            entries, or an entry of another shape, than ``ema``'s.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float = 0.9999, updates: float = 0) -> None:
+        if not 0.0 <= decay:
+            raise ValueError(f"Invalid decay value: {decay}")
+        self.ema = copy.deepcopy(model.module if isinstance(model, _WRAPPERS) else model).eval()
+        self.decay = lambda x: decay * (1 - math.exp(-x / 2000))
+        self.updates = updates
+        self.updated_ema = list(self.ema.state_dict().values())
+
+    def update(self, model: torch.nn.Module) -> None:
+        """One EMA step towards ``model``'s current ``state_dict``."""
+        values = list(model.state_dict().values())
+        if len(values) != len(self.updated_ema):
+            raise RuntimeError(f"FusedEMA.update: the model's state_dict has {len(values)} entries and the"
+                               f" EMA's {len(self.updated_ema)}: they must match, in order")
+        for i, (v, e) in enumerate(zip(values, self.updated_ema)):
+            if v.shape != e.shape:
+                raise RuntimeError(f"FusedEMA.update: state_dict entry {i} has shape {tuple(v.shape)} in the"
+                                   f" model and {tuple(e.shape)} in the EMA")
+        pairs = [(v, e) for v, e in zip(values, self.updated_ema) if e.dtype.is_floating_point]
+        _mark_step_if_lazy()
+        self.updates += 1
+        d = self.decay(self.updates)
+        with torch.no_grad(), _kernel("FusedEMA", "ema", [*(v for v, _ in pairs), *(e for _, e in pairs)],
+                                      [e for _, e in pairs], sum(e.numel() for _, e in pairs)):
+            for v, e in pairs:
+                e.mul_(d).add_(v.detach().to(e.dtype), alpha=1.0 - d)
+        _mark_step_if_lazy()
+
+    def update_attr(self, model: torch.nn.Module, include=(), exclude=("process_group", "reducer")) -> None:
+        """Copy ``model``'s public attributes (not starting with ``_``) onto ``ema``: those named in
+        ``include`` if it is not empty, never those in ``exclude``."""
+        for k, v in model.__dict__.items():
+            if (include and k not in include) or k.startswith("_") or k in exclude:
+                continue
+            setattr(self.ema, k, v)

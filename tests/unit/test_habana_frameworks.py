@@ -192,7 +192,7 @@ def test_hpu_names(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spec,value", [("gaudi", 2), ("gaudi2", 4), ("gaudi3", 5)])
 def test_utils_names(spec: str, value: int) -> None:
-    import habana_frameworks.torch.utils.debug  # noqa: F401
+    import habana_frameworks.torch.utils.debug as htdebug
     import habana_frameworks.torch.utils.experimental as htexp
     from habana_frameworks.torch.utils.library_loader import is_habana_available, load_habana_module
 
@@ -206,6 +206,9 @@ def test_utils_names(spec: str, value: int) -> None:
         assert (htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi) is (spec == "gaudi")
         assert htexp._is_fp16_supported() is (spec != "gaudi")
         assert htexp.hpu.is_available()
+        # Intel's values; Model-References' GoogLeNet main.py asks the first every step
+        assert htdebug._is_enabled_synapse_layout_handling() is True
+        assert htdebug._is_enabled_weight_permute_pass() is False
     finally:
         reset_device("gaudi2")
 
@@ -277,11 +280,16 @@ def test_status_table_names_every_module_we_ship() -> None:
     """Each emulated module appears in the status table of habana_frameworks.torch."""
     import habana_frameworks.torch as ht
 
-    doc = ht.__doc__
-    root = REPO / "hpu_runtime" / "habana_frameworks" / "torch"
+    text = ht.__doc__.replace("``", "")
+    checked = 0
+    root = REPO / "hpu_runtime" / "api" / "habana_frameworks" / "torch"
     for path in root.rglob("*.py"):
         rel = path.relative_to(root).with_suffix("")
         parts = [p for p in rel.parts if p != "__init__"]
         if not parts or parts[-1] in ("quantization", "recipe", "fp8", "distributed_utils"):
             continue
-        assert "torch." + ".".join(parts) in doc.replace("``", ""), f"{rel} missing from the status table"
+        # named in full, or inside its parent's row (``Fp8Ops.cast_to_fp8_v2`` under ``torch.hpex.kernels``)
+        named = "torch." + ".".join(parts) in text or ("torch." + ".".join(parts[:-1]) in text and parts[-1] in text)
+        assert named, f"{rel} missing from the status table"
+        checked += 1
+    assert checked >= 20, checked

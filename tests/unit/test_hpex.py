@@ -12,7 +12,15 @@ import torch
 
 import hpu_runtime
 from hpu_runtime import reset_device
-from hpu_runtime.api.hpex import FusedAdamW, FusedClipNorm, FusedLamb, FusedLars, FusedResourceApplyMomentum, FusedSGD
+from hpu_runtime.api.hpex import (
+    FusedAdamW,
+    FusedClipNorm,
+    FusedEMA,
+    FusedLamb,
+    FusedLars,
+    FusedResourceApplyMomentum,
+    FusedSGD,
+)
 from tests.integration.launch_helpers import run
 
 SHAPES = [(7, 5), (5,), (3, 4, 2)]
@@ -173,6 +181,70 @@ def test_host_parameters_are_not_charged() -> None:
     n0 = dev.ops_recorded
     FusedSGD([p], lr=0.1).step()
     assert dev.ops_recorded == n0
+
+
+def _bn_net() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("hpu")
+
+
+def test_fused_ema_matches_the_moving_average_reference() -> None:
+    """YOLOX's use: ``FusedEMA(model, 0.9998)``, then ``update(model)`` after each optimizer step.
+    Reference (numpy float64): ``d = decay * (1 - exp(-n / 2000))``, ``ema = d * ema + (1 - d) * w``
+    for every floating-point state entry; BatchNorm's integer counter keeps the copy's value."""
+    from habana_frameworks.torch.hpex.movingavrg import FusedEMA as GaudiName
+
+    assert GaudiName is FusedEMA
+    reset_device("gaudi2")
+    net = _bn_net()
+    ema = FusedEMA(net, 0.9998, updates=10)
+    assert not ema.ema.training and ema.ema is not net
+    want = {k: v.detach().double().cpu().numpy().copy() for k, v in ema.ema.state_dict().items()}
+    g = torch.Generator().manual_seed(4)
+    for n in range(11, 14):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn(p.shape, generator=g).to("hpu"))
+        net(torch.randn(5, 4, generator=g).to("hpu"))  # train mode: running stats and the counter move
+        ema.update(net)
+        d = 0.9998 * (1 - math.exp(-n / 2000))
+        for k, v in net.state_dict().items():
+            if v.dtype.is_floating_point:
+                want[k] = d * want[k] + (1 - d) * v.detach().double().cpu().numpy()
+    assert ema.updates == 13
+    got = ema.ema.state_dict()
+    for k, w in want.items():
+        np.testing.assert_allclose(got[k].double().cpu().numpy(), w, rtol=1e-6, atol=1e-7, err_msg=k)
+    assert got["1.num_batches_tracked"].item() == 0 and net.state_dict()["1.num_batches_tracked"].item() == 3
+    assert [t.data_ptr() for t in ema.updated_ema] == [t.data_ptr() for t in got.values()]
+
+
+def test_fused_ema_is_one_kernel_over_a_ddp_wrapped_model_and_refuses_a_mismatch() -> None:
+    """Under DDP the average is of ``.module``; an update is one kernel reading the model's and
+    the average's floating-point entries and writing the average's; a model whose state
+    differs in count or shape is refused by name, before anything changes."""
+    dev = reset_device("gaudi2")
+    net = _bn_net()
+    ddp = torch.nn.parallel.DistributedDataParallel
+    fake_ddp = ddp.__new__(ddp)  # a DDP instance without a process group: .module is all FusedEMA reads
+    torch.nn.Module.__init__(fake_ddp)
+    fake_ddp.module = net
+    ema = FusedEMA(fake_ddp)
+    assert list(ema.ema.state_dict()) == list(net.state_dict())
+    hpu_runtime.mark_step()
+    dev.log = []
+    ema.update(net)
+    ops = [e[1] for e in dev.log if e[0] == "op"]
+    floats = sum(v.numel() for v in net.state_dict().values() if v.dtype.is_floating_point) * 4
+    assert len(ops) == 1 and ops[0].cost.bytes_in == 2 * floats and ops[0].cost.bytes_out == floats
+    before = [t.clone() for t in ema.updated_ema]
+    with pytest.raises(RuntimeError, match="3 entries and the EMA's 7"):
+        ema.update(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(1, 1, bias=False)).to("hpu"))
+    with pytest.raises(RuntimeError, match=r"entry 0 has shape \(2, 4\) in the model and \(3, 4\)"):
+        ema.update(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(3)).to("hpu"))
+    assert all(torch.equal(a, b) for a, b in zip(before, ema.updated_ema)) and ema.updates == 1
+    with pytest.raises(ValueError, match="Invalid decay value: -0.5"):
+        FusedEMA(net, -0.5)
 
 
 @pytest.mark.timeout(300)

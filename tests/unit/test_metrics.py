@@ -141,3 +141,20 @@ def test_thread_safe_counting():
     for t in threads:
         t.join(timeout=30)
     assert dict(metric_global("recipe_cache").stats())["TotalHit"] == 2000
+
+
+def test_htdebug_fallback_op_count_is_the_cpu_fallback_metric():
+    """Gaudi's ``htdebug._get_fallback_op_count()`` counts the ops a run sent to the CPU:
+    ``digamma`` (on no Gaudi's kernel list) twice, ``lgamma`` never."""
+    import torch
+
+    import habana_frameworks.torch.utils.debug as htdebug
+    from hpu_runtime import reset_device
+
+    reset_device("gaudi2")
+    assert htdebug._get_fallback_op_count() == {}
+    x = torch.rand(4, device="hpu") + 1
+    torch.digamma(x)
+    torch.digamma(x)
+    torch.lgamma(x)
+    assert htdebug._get_fallback_op_count() == {"aten::digamma": 2}

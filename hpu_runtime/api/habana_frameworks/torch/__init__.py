@@ -49,11 +49,14 @@ state[_all]``)
 ``is_habana_available``
 ``torch.utils.experimental._get_device_type``,        same values: Gaudi 2, Gaudi2 4, Gaudi3 5 (from
 ``synDeviceType``                                     ``HPU_DEVICE_SPEC``)
-``torch.utils.debug``                                 importable; its private debug helpers are not emulated
+``torch.utils.debug``: ``_is_enabled_synapse_layout_   same values (True, False); the fallback count is the
+handling``, ``_is_enabled_weight_permute_pass``,      ``cpu_fallback`` metric's; the other private debug
+``_get_fallback_op_count``                            helpers are not emulated
 ``torch.hpex.optimizers.FusedSGD``, ``FusedLars``,    same numerics, one fused kernel each (:mod:`hpu_runtime.api.hpex`)
 ``FusedResourceApplyMomentum``, ``FusedLamb``,
 ``FusedAdamW``
 ``torch.hpex.normalization.FusedClipNorm``            same numerics, one fused kernel
+``torch.hpex.movingavrg.FusedEMA``                    same numerics on floating-point entries, one fused kernel
 ``torch.dynamo.compile_backend.experimental.          accepted and recorded; backward stays eager autograd
 enable_compiled_autograd``                            (charged op by op) and torch's C++ reducer
 ``torch.hpex.kernels`` (``FusedSDPA``,                same signatures, the unfused PyTorch reference's numerics, one

@@ -1,1 +1,1 @@
-"""``habana_frameworks.torch.hpex``: ``optimizers``, ``normalization``, ``kernels``, ``experimental``."""
+"""``habana_frameworks.torch.hpex``: ``optimizers``, ``normalization``, ``movingavrg``, ``kernels``, ``experimental``."""
