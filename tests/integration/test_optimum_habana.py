@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -45,17 +46,49 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_open_mpi(cmd: list[str], ranks: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` started ``ranks`` times with only the variables Open MPI's ``mpirun`` gives each rank
+    (``OMPI_COMM_WORLD_*``; no ``RANK`` or ``LOCAL_RANK``) and the ``MASTER_ADDR`` / ``MASTER_PORT``
+    that optimum-habana's ``gaudi_spawn.py --use_mpi`` exports before it runs ``mpirun``; rank 0's
+    output, every rank's return code checked."""
+    port = str(_free_port())  # gaudi_spawn's is 29500: a free one, beside other tests
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "MASTER_ADDR": "localhost", "MASTER_PORT": port,
+                                   "OMPI_COMM_WORLD_SIZE": str(ranks),
+                                   "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
+                                   "OMPI_COMM_WORLD_LOCAL_SIZE": str(ranks)})
+             for r in range(ranks)]
+    try:
+        outs = [p.communicate(timeout=280) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:] + err[-6000:]
+    return subprocess.CompletedProcess(cmd, 0, *outs[0])
+
+
 def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[str, ...] = (),
-         lazy: bool = True) -> dict:
-    """Run the script (under torchrun for ``ranks`` > 1); returns rank 0's log and every rank's parameters."""
+         lazy: bool = True, launcher: str = "torchrun") -> dict:
+    """Run the script (for ``ranks`` > 1 under torchrun, or as Open MPI starts ranks); returns rank
+    0's log and every rank's parameters."""
     dump = tmp / name
-    launch = [PYTHON] if ranks == 1 else [PYTHON, "-m", "torch.distributed.run", "--standalone",
-                                          f"--nproc-per-node={ranks}"]
+    launch = [PYTHON] if ranks == 1 or launcher == "mpirun" else [
+        PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     cmd = [*launch, *script_prefix, SCRIPT, *COMMON, "--output_dir", str(tmp / f"out_{name}"),
            "--dump_params_dir", str(dump), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env={**_env(), "PT_HPU_LAZY_MODE": "1" if lazy else "0"},
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    env = {**_env(), "PT_HPU_LAZY_MODE": "1" if lazy else "0"}
+    if launcher == "mpirun":
+        proc = _as_open_mpi(cmd, ranks, env)
+    else:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     log = json.loads((dump / "log_rank0.json").read_text())
     log["params"] = [torch.load(dump / f"params_rank{r}.pt") for r in range(ranks)]
     log["losses"] = [h["loss"] for h in log["log_history"] if "loss" in h]
@@ -119,6 +152,21 @@ def test_two_ranks_equal_each_other_and_gloo(tmp_path, strategy) -> None:
         assert _max_diff(hccl["params"][0], gloo["params"][0]) < 2e-2
         assert hccl["losses"][0] == gloo["losses"][0]
         assert pytest.approx(gloo["losses"], abs=2e-2) == hccl["losses"]
+
+
+def test_two_ranks_started_as_open_mpi_starts_them_train_on_hpu_over_hccl(tmp_path) -> None:
+    """optimum-habana's documented multi-card launch, ``gaudi_spawn.py --use_mpi``, is Open MPI's
+    ``mpirun``: ranks see only ``OMPI_COMM_WORLD_*``. ``import habana_frameworks.torch`` maps them to
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` as Gaudi's does, so accelerate picks hpu and "hccl" (it
+    read no ``LOCAL_RANK`` and trained on the CPU over gloo, with no simulated time, before), and the
+    run equals the same run under torchrun."""
+    flags = ["--use_lazy_mode", "--max_steps", "4", "--use_fused_adam", "False", "--use_fused_clip_norm", "False"]
+    mpi = _run(tmp_path, "mpi", *flags, ranks=2, launcher="mpirun")
+    assert mpi["backend"] == "hccl" and mpi["param_device"].startswith("hpu"), (mpi["backend"], mpi["param_device"])
+    assert "train_clock" in mpi["output"] and "simulated Gaudi" in mpi["output"]
+    torchrun = _run(tmp_path, "torchrun", *flags, ranks=2)
+    assert _max_diff(mpi["params"][0], mpi["params"][1]) == 0.0
+    assert _max_diff(mpi["params"][0], torchrun["params"][0]) == 0.0 and mpi["losses"] == torchrun["losses"]
 
 
 def test_compile_mode_on_one_and_two_ranks(tmp_path) -> None:

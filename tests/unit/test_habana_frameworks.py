@@ -115,6 +115,16 @@ def test_hccl_import_maps_mpi_env_and_initialize_distributed_hpu() -> None:
     alone, given = alone_then_given.stdout.splitlines()
     assert alone.split() == ["(1,", "-1,", "-1)", "False"], alone_then_given.stdout
     assert given.split() == ["(3,", "2,", "0)", "2"], alone_then_given.stdout
+    # as Gaudi's package, ``import habana_frameworks.torch`` alone maps Open MPI's variables
+    # (accelerate reads LOCAL_RANK right after it to choose hpu and "hccl")
+    package = _py("""
+        import os
+        import habana_frameworks.torch
+        print(*(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")))
+    """, env={"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+              "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert package.returncode == 0, package.stderr
+    assert package.stdout.split() == ["3", "4", "1", "127.0.0.1"], package.stdout
 
 
 def test_core_names() -> None:

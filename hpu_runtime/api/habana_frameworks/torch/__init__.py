@@ -1,7 +1,8 @@
 """``habana_frameworks.torch``: importing it starts the simulated Gaudi (``import habana_frameworks.torch as ht``).
 
-As on Gaudi, the import registers the ``"hpu"`` device and ``torch.hpu`` and loads ``core``
-and ``hpu`` (``ht.hpu.memory``, ``ht.hpu.ModuleCacher``...). The simulated device is
+As on Gaudi, the import registers the ``"hpu"`` device and ``torch.hpu`` and loads ``core``,
+``hpu`` (``ht.hpu.memory``, ``ht.hpu.ModuleCacher``...) and ``distributed.hccl`` (which maps an
+MPI launcher's rank variables to torch's, see its ``initialize_distributed_hpu``). The simulated device is
 :mod:`hpu_runtime`'s: one card per process, lazy mode unless ``PT_HPU_LAZY_MODE=0``.
 
 Status of every ``habana_frameworks`` name (verified against the imports of Habana's
@@ -86,4 +87,8 @@ dtype``
 
 import hpu_runtime as _hpu_runtime  # noqa: F401 - starts the bridge, registers "hpu" and torch.hpu
 
-from . import core, hpu  # noqa: E402,F401 - as Gaudi's package does
+# as Gaudi's package does: ``distributed.hccl`` maps an MPI launcher's variables to RANK,
+# WORLD_SIZE and LOCAL_RANK at import, which accelerate (optimum-habana's GaudiTrainer under
+# ``gaudi_spawn.py --use_mpi``) reads before anything else to choose hpu and "hccl"
+from . import core, hpu  # noqa: E402,F401
+from .distributed import hccl as _hccl  # noqa: E402,F401
