@@ -48,7 +48,7 @@ FusedEMA                   an exponential moving average of a model's ``state_di
 
 On host (non-"hpu") parameters nothing is charged: the update is plain host work.
 
-One module (about 480 lines) for the seven names of Gaudi's ``hpex``, as Intel's
+One module (about 520 lines) for the seven names of Gaudi's ``hpex`` and the fused AdamW op, as Intel's
 ``hpex.optimizers``, ``hpex.normalization`` and ``hpex.movingavrg`` are thin over one kernel library: they share
 the launch-and-charge helper and the FLOP table, and each class is a short update rule.
 """
@@ -474,3 +474,44 @@ class FusedEMA:
             if (include and k not in include) or k.startswith("_") or k in exclude:
                 continue
             setattr(self.ema, k, v)
+
+
+def optimizer_adamw(gradient_vec, weight_vec, exp_avg_vec, exp_avg_sq_vec, neg_step_t: torch.Tensor, beta1: float,
+                    beta2: float, epsilon: float, weight_decay, has_weight_decay: bool | None = None,
+                    exp_avg_scales=None, exp_avg_sq_scales=None) -> None:
+    """``torch.ops.hpu.optimizer_adamw``: Gaudi's fused AdamW kernel over lists of tensors, in place
+    (what DeepSpeed's HPU ``FusedAdam`` calls), as one fused kernel.
+
+    Per tensor, as Intel's kernel computes it (HabanaAI/gaudi-pytorch-bridge,
+    ``hpu_ops/backend/optimizer_adamw_gen.cpp``): ``m = beta1*m + (1-beta1)*g``,
+    ``v = beta2*v + (1-beta2)*g*g``, ``w = w*weight_decay`` (when there is weight decay) then
+    ``w += neg_step * m / (sqrt(v) + epsilon)``. ``weight_decay`` is the multiplier
+    ``1 - lr*wd``: a float in lazy mode's schema (decay when it is not 1), a tensor with
+    ``has_weight_decay`` in eager mode's (``kernels_register.cpp`` / ``eager_custom_op_register.cpp``).
+
+    Raises:
+        RuntimeError: lists of different lengths, or no weights (Intel's messages).
+        NotImplementedError: fp8 moment scales (``exp_avg_scales``): not emulated.
+    """
+    n = len(weight_vec)
+    if not (len(gradient_vec) == n == len(exp_avg_vec) == len(exp_avg_sq_vec)):
+        raise RuntimeError(f"optimizer_adamw : expects the four tensor lists to have the same length, got "
+                           f"{len(gradient_vec)}, {n}, {len(exp_avg_vec)}, {len(exp_avg_sq_vec)}")
+    if n == 0:
+        raise RuntimeError("optimizer_adamw : can not process empty weight vector")
+    if (exp_avg_scales is None) != (exp_avg_sq_scales is None):
+        raise RuntimeError("optimizer_adamw : expects both or neighter scales to be set")
+    if exp_avg_scales is not None:
+        raise NotImplementedError("torch.ops.hpu.optimizer_adamw with fp8 moments (exp_avg_scales) is not emulated")
+    if has_weight_decay is None:  # lazy mode's schema: a float multiplier
+        has_weight_decay = weight_decay != 1.0
+    numel = sum(w.numel() for w in weight_vec)
+    with torch.no_grad(), get_device().fused_kernel(
+            "hpu.optimizer_adamw", [*gradient_vec, *weight_vec, *exp_avg_vec, *exp_avg_sq_vec],
+            [*weight_vec, *exp_avg_vec, *exp_avg_sq_vec], _FLOPS_PER_ELEMENT["adamw"] * numel):
+        for g, w, m, v in zip(gradient_vec, weight_vec, exp_avg_vec, exp_avg_sq_vec):
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            if has_weight_decay:
+                w.mul_(weight_decay)
+            w.add_(m / (v.sqrt() + epsilon) * neg_step_t)

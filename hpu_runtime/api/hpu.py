@@ -20,7 +20,6 @@ compute stream; :meth:`Event.elapsed_time` is the difference in *simulated* mill
 from __future__ import annotations
 
 import importlib
-import itertools
 import threading
 import warnings
 from collections.abc import Iterator
@@ -382,17 +381,27 @@ def get_autocast_hpu_dtype() -> torch.dtype:
 
 
 # ---- streams and events (see NOTE [streams and events]) --------------------------------------
-class Stream:
-    """A stream of the simulated card (see NOTE [streams and events]).
+class Stream(torch.Stream):
+    """A stream of the simulated card (see NOTE [streams and events]): a ``torch.Stream`` of device
+    ``hpu:0``, as Gaudi's is (``tensor.record_stream(s)``, DeepSpeed's ZeRO-3 does it, accepts it).
+
+    ``Stream(device=None, priority=0)``: ``device`` is unused (one card per process, as on Gaudi);
+    torch's own form ``Stream(stream_id=..., device_index=..., device_type=...)`` names an
+    existing stream.
 
     Attributes:
-        stream_id: 0 for the default stream, a new positive id for each ``Stream()``.
+        stream_id: 0 for the default stream, a new positive id for each ``Stream()`` (the
+            device type's stream ids, ``hpu_runtime/bridge/csrc/hpu_device.cpp``).
+        priority: as given (every stream has the same priority here).
     """
 
+    def __new__(cls, device: object = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device="hpu", priority=priority)
+
     def __init__(self, device: object = None, priority: int = 0, **_kwargs) -> None:
-        self.device = device
         self.priority = priority
-        self.stream_id = next(_stream_ids)
 
     def synchronize(self) -> None:
         """Launch pending work; the host waits for the compute stream."""
@@ -406,7 +415,7 @@ class Stream:
         dev = get_device()
         return not dev.pending and dev.host_ns >= dev.compute.free_ns
 
-    def wait_stream(self, other: Stream) -> None:
+    def wait_stream(self, other: torch.Stream) -> None:
         """Accepted: every stream's work runs in order on the one compute queue."""
 
     def wait_event(self, event: Event) -> None:
@@ -417,31 +426,30 @@ class Stream:
         event.record(self)
         return event
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Stream):
-            return NotImplemented
-        return self.stream_id == other.stream_id
-
-    def __hash__(self) -> int:
-        return hash((Stream, self.stream_id))
-
     def __repr__(self) -> str:
-        return f"<hpu.Stream stream_id={self.stream_id} priority={self.priority}>"
+        return f"<hpu.Stream stream_id={self.stream_id} priority={getattr(self, 'priority', 0)}>"
 
 
-_stream_ids = itertools.count()
-_DEFAULT_STREAM = Stream()  # the first stream made: stream_id 0
+_DEFAULT_STREAM: list[Stream] = []  # made at first use: the device type is registered by then
+
+
+def _default_stream() -> Stream:
+    if not _DEFAULT_STREAM:
+        hpu_type = torch.accelerator.current_stream().device_type
+        _DEFAULT_STREAM.append(Stream(stream_id=0, device_index=0, device_type=hpu_type))
+    return _DEFAULT_STREAM[0]
 _current = threading.local()
 
 
 def current_stream(device: object = None) -> Stream:
     """The calling thread's current stream (the default stream unless one was selected)."""
-    return getattr(_current, "stream", _DEFAULT_STREAM)
+    s = getattr(_current, "stream", None)
+    return _default_stream() if s is None else s
 
 
 def default_stream(device: object = None) -> Stream:
     """The default stream (``stream_id`` 0)."""
-    return _DEFAULT_STREAM
+    return _default_stream()
 
 
 def set_stream(s: Stream) -> None:

@@ -28,12 +28,15 @@ out_scale, inv_attn_heads)``        not emulated (a clear error)
                                     routed experts (forward only, as optimum-habana uses it)
 ``ctc_loss_custom`` / ``_backward`` ``aten._ctc_loss`` and its backward
 ``cast_to_fp8_v2`` / ``cast_from_fp8`` ``(x * scale).to(dtype)`` (+ ``max |x|``) / ``x.to(dtype) * scale``
+``optimizer_adamw(grads, weights,   AdamW in place over lists, Intel's form (:func:`hpu_runtime.api.hpex.
+exp_avg, exp_avg_sq, neg_step_t,    optimizer_adamw`); lazy mode's (float decay) and eager mode's
+beta1, beta2, eps, wd[, has_wd])``  (tensor decay, flag) schemas are two overloads; fp8 moments refused
 ==================================  ===================================================================
 
 Not emulated, raising :class:`NotImplementedError` that names them: ``cast_to_fp8_just_in_time``,
 ``fp8_gemm_v2``, ``convert_from_uint4`` (fp8 and int4 quantized matmuls; the transformer
 engine's ``fp8.is_fp8_available()`` answers False, so scripts that ask first stay in bf16).
-One module (a little over 400 lines) for the one ``hpu`` op library, as Intel's is one.
+One module (a little over 430 lines) for the one ``hpu`` op library, as Intel's is one.
 """
 
 from __future__ import annotations
@@ -203,6 +206,24 @@ def _moe_flops(hs_shape, _table, _weights, w1, w2, w3, *_args, out_shape=None, *
     tokens, k = hs_shape[0], _table[-1]
     per_expert = sum(math.prod(s) for s in (w1[0], w2[0], w3[0])) if w1 else 0
     return 2 * tokens * k * per_expert
+
+
+def _optimizer_adamw(g, w, m, v, neg_step_t, beta1, beta2, epsilon, weight_decay, exp_avg_scales=None,
+                     exp_avg_sq_scales=None) -> None:
+    """Lazy mode's schema: ``weight_decay`` a float multiplier."""
+    from .hpex import optimizer_adamw  # hpex imports the device runtime: at first call
+
+    optimizer_adamw(g, w, m, v, neg_step_t, beta1, beta2, epsilon, weight_decay, None, exp_avg_scales,
+                    exp_avg_sq_scales)
+
+
+def _optimizer_adamw_eager(g, w, m, v, neg_step_t, beta1, beta2, epsilon, weight_decay, has_weight_decay,
+                           exp_avg_scales=None, exp_avg_sq_scales=None) -> None:
+    """Eager mode's schema: ``weight_decay`` a tensor, applied when ``has_weight_decay``."""
+    from .hpex import optimizer_adamw
+
+    optimizer_adamw(g, w, m, v, neg_step_t, beta1, beta2, epsilon, weight_decay, has_weight_decay, exp_avg_scales,
+                    exp_avg_sq_scales)
 
 
 def _not_emulated(name: str):
@@ -390,6 +411,16 @@ def register() -> None:
 
     global _library
     refuse = _library = torch.library.Library(lib, "FRAGMENT")  # kept alive: the definitions live with it
+    # Gaudi's fused AdamW (DeepSpeed's HPU FusedAdam calls it): lazy mode's schema (a float decay
+    # multiplier) and eager mode's (a tensor and a flag) as two overloads, so either call resolves.
+    # Composite: the body charges one fused kernel itself (hpex.optimizer_adamw).
+    lists = ("Tensor[] gradient_vec, Tensor(a!)[] weight_vec, Tensor(b!)[] exp_avg_vec, "
+             "Tensor(c!)[] exp_avg_sq_vec, Tensor neg_step_t, float beta1, float beta2, float epsilon, ")
+    scales = "Tensor(d!)[]? exp_avg_scales=None, Tensor(e!)[]? exp_avg_sq_scales=None) -> ()"
+    refuse.define("optimizer_adamw(" + lists + "float weight_decay, " + scales)
+    refuse.define("optimizer_adamw.eager(" + lists + "Tensor weight_decay, bool has_weight_decay, " + scales)
+    refuse.impl("optimizer_adamw", _optimizer_adamw, "CompositeImplicitAutograd")
+    refuse.impl("optimizer_adamw.eager", _optimizer_adamw_eager, "CompositeImplicitAutograd")
     for name, schema in (("cast_to_fp8_just_in_time", "(Tensor input, int[] block_size, *, ScalarType out_dtype, "
                                                        "ScalarType scale_dtype) -> (Tensor, Tensor)"),
                          ("fp8_gemm_v2", "(Tensor A, bool trans_A, Tensor B, bool trans_B, Tensor? D, "

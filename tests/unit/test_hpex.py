@@ -183,6 +183,55 @@ def test_host_parameters_are_not_charged() -> None:
     assert dev.ops_recorded == n0
 
 
+@pytest.mark.parametrize("form", ["lazy", "eager"])
+def test_hpu_optimizer_adamw_matches_intels_formula_as_one_kernel(form: str) -> None:
+    """``torch.ops.hpu.optimizer_adamw`` (DeepSpeed's HPU FusedAdam calls it) in lazy mode's form (a
+    float decay multiplier) and eager mode's (a tensor and a flag), against numpy float64 of Intel's
+    kernel: ``m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; w = w*wd + neg_step*m/(sqrt(v)+eps)``."""
+    dev = reset_device("gaudi2")
+    params, w, grads = _setup(11)
+    b1, b2, eps, wd, neg_step = 0.9, 0.99, 1e-6, 1 - 1e-2 * 0.05, -0.01
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    mw = [np.zeros_like(x) for x in w]
+    vw = [np.zeros_like(x) for x in w]
+    step_t = torch.tensor([neg_step]).to("hpu")
+    for step in grads:
+        g = [torch.from_numpy(x).float().to("hpu") for x in step]
+        hpu_runtime.mark_step()
+        dev.log = []
+        with torch.no_grad():
+            if form == "lazy":
+                torch.ops.hpu.optimizer_adamw(g, params, m, v, step_t, b1, b2, eps, wd)
+            else:
+                torch.ops.hpu.optimizer_adamw(g, params, m, v, step_t, b1, b2, eps, torch.tensor([wd]).to("hpu"), True)
+        hpu_runtime.mark_step()
+        ops = [e[1] for e in dev.log if e[0] == "op"]
+        nbytes = sum(int(np.prod(sh)) for sh in SHAPES) * 4
+        assert len(ops) == 1 and ops[0].key[0] == "hpu.optimizer_adamw"
+        assert ops[0].cost.bytes_in == 4 * nbytes and ops[0].cost.bytes_out == 3 * nbytes
+        for i, gr in enumerate(step):
+            mw[i] = b1 * mw[i] + (1 - b1) * gr
+            vw[i] = b2 * vw[i] + (1 - b2) * gr * gr
+            w[i] = w[i] * wd + neg_step * mw[i] / (np.sqrt(vw[i]) + eps)
+    _close([p.detach().double().cpu().numpy() for p in params], w)
+    _close([t.double().cpu().numpy() for t in m], mw)
+
+
+def test_hpu_optimizer_adamw_refuses_bad_lists_and_fp8_moments() -> None:
+    reset_device("gaudi2")
+    p, g = [torch.ones(3, device="hpu")], [torch.ones(3, device="hpu")]
+    step = torch.tensor([-0.1]).to("hpu")
+    with pytest.raises(RuntimeError, match="can not process empty weight vector"):
+        torch.ops.hpu.optimizer_adamw([], [], [], [], step, 0.9, 0.99, 1e-6, 1.0)
+    with pytest.raises(RuntimeError, match="same length, got 1, 1, 0, 1"):
+        torch.ops.hpu.optimizer_adamw(g, p, [], [torch.zeros(3, device="hpu")], step, 0.9, 0.99, 1e-6, 1.0)
+    with pytest.raises(NotImplementedError, match="fp8 moments"):
+        torch.ops.hpu.optimizer_adamw(g, p, [torch.zeros(3, device="hpu")], [torch.zeros(3, device="hpu")], step,
+                                      0.9, 0.99, 1e-6, 1.0, [torch.ones(1, device="hpu")], [torch.ones(1, device="hpu")])
+    assert torch.equal(p[0].cpu(), torch.ones(3))  # nothing was written
+
+
 def _bn_net() -> torch.nn.Module:
     torch.manual_seed(3)
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("hpu")

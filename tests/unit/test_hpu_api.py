@@ -183,6 +183,24 @@ def test_streams_are_distinct_and_the_context_selects_one(dev):
         assert torch.hpu.current_stream() == default
 
 
+def test_streams_are_torch_streams_that_record_stream_takes(dev):
+    """As Gaudi's, an ``hpu.Stream`` is a ``torch.Stream`` of hpu:0, so ``tensor.record_stream``
+    takes it (DeepSpeed's ZeRO-3 frees partitioned parameters that way); the default stream is
+    the one torch.accelerator names."""
+    import habana_frameworks.torch.utils.internal as internal
+
+    s = hpu.Stream()
+    assert isinstance(s, torch.Stream) and s.device == torch.device("hpu", 0) and s.stream_id > 0
+    assert torch.hpu.default_stream() == torch.accelerator.current_stream()
+    t = torch.ones(4, device="hpu")
+    for stream in (s, torch.hpu.current_stream(), torch.hpu.default_stream()):
+        t.record_stream(stream)
+    assert internal.is_lazy() is dev.lazy
+    calls = []
+    internal.lazy_only(calls.append)(1)
+    assert calls == ([1] if dev.lazy else [])
+
+
 def test_stream_work_runs_on_the_one_compute_queue(dev):
     """Work issued on a side stream is timed exactly as on the default stream (one queue)."""
     def run(side: bool) -> tuple[int, int]:

@@ -43,13 +43,15 @@ state[_all]``)
 ``torch.hpu.graphs`` (``HPUGraph``, ``graph``,        same (see :mod:`hpu_runtime.bridge.hpu_graphs`); the model gains
 ``ModuleCacher``, ``wrap_in_hpu_graph``,              ``set_iteration_count``/``capture_start``/``capture_end``
 ``make_graphed_callables``)
-``torch.hpu.Stream/Event/stream``                     same (one simulated compute queue)
+``torch.hpu.Stream/Event/stream``                     same (one simulated compute queue); a Stream is a
+                                                      ``torch.Stream`` (``record_stream`` takes it)
 ``torch.distributed.hccl`` (import;                   same: maps OMPI/PMI variables, registers "hccl";
 ``initialize_distributed_hpu``)                       returns ``(world_size, rank, local_rank)``
 ``torch.utils.library_loader.load_habana_module``,    same (nothing to load; the emulator is always there)
 ``is_habana_available``
 ``torch.utils.experimental._get_device_type``,        same values: Gaudi 2, Gaudi2 4, Gaudi3 5 (from
 ``synDeviceType``                                     ``HPU_DEVICE_SPEC``)
+``torch.utils.internal.is_lazy``, ``lazy_only``       same (DeepSpeed's HPU fused Adam imports them)
 ``torch.utils.debug``: ``_is_enabled_synapse_layout_   same values (True, False); the fallback count is the
 handling``, ``_is_enabled_weight_permute_pass``,      ``cpu_fallback`` metric's; the other private debug
 ``_get_fallback_op_count``                            helpers are not emulated
@@ -68,6 +70,8 @@ enable_compiled_autograd``                            (charged op by op) and tor
 FusedRMSNorm``
 ``torch.ops.hpu.rotary_pos_embedding[_backward]``,     same (see above); ``fp8_gemm_v2``, ``cast_to_fp8_just_in_time``,
 ``softmax_fp8``, ``mixture_of_experts``               ``convert_from_uint4`` raise ``NotImplementedError`` naming them
+``torch.ops.hpu.optimizer_adamw`` (DeepSpeed's HPU     same numerics (Intel's form), one fused kernel; its lazy-
+``FusedAdam``)                                        and eager-mode schemas are two overloads
 ``torch.hpu.sdp_kernel``, ``recompute_sdp_enabled``,  same (the recompute flag changes neither values nor cost);
 ``is_autocast_hpu_enabled``, ``get_autocast_hpu_      the innermost ``torch.autocast("hpu")`` region
 dtype``
