@@ -81,6 +81,9 @@ def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[
     dump = tmp / name
     launch = [PYTHON] if ranks == 1 or launcher == "mpirun" else [
         PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    if launcher == "deepspeed":  # DeepSpeed's launcher, LOCAL_RANK in the environment only
+        launch = [PYTHON, str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", str(ranks), "--master_port",
+                  str(_free_port()), "--no_local_rank"]
     cmd = [*launch, *script_prefix, SCRIPT, *COMMON, "--output_dir", str(tmp / f"out_{name}"),
            "--dump_params_dir", str(dump), *args]
     env = {**_env(), "PT_HPU_LAZY_MODE": "1" if lazy else "0"}
@@ -167,6 +170,21 @@ def test_two_ranks_started_as_open_mpi_starts_them_train_on_hpu_over_hccl(tmp_pa
     torchrun = _run(tmp_path, "torchrun", *flags, ranks=2)
     assert _max_diff(mpi["params"][0], mpi["params"][1]) == 0.0
     assert _max_diff(mpi["params"][0], torchrun["params"][0]) == 0.0 and mpi["losses"] == torchrun["losses"]
+
+
+def test_deepspeed_zero1_on_two_ranks_equals_gloo(tmp_path) -> None:
+    """GaudiTrainer with ``--deepspeed`` (ZeRO-1, DeepSpeed's HPU FusedAdam) under DeepSpeed's
+    launcher over hccl: both ranks end equal, and equal the same run over gloo."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                                  "gradient_clipping": "auto", "zero_optimization": {"stage": 1}}))
+    flags = ["--use_lazy_mode", "--max_steps", "6", "--deepspeed", str(config)]
+    hccl = _run(tmp_path, "hccl", *flags, ranks=2, launcher="deepspeed")
+    gloo = _run(tmp_path, "gloo", *flags, ranks=2, launcher="deepspeed", script_prefix=(UNDER_GLOO,))
+    assert hccl["backend"] == "hccl" and gloo["backend"] == "gloo" and hccl["param_device"].startswith("hpu")
+    assert _max_diff(hccl["params"][0], hccl["params"][1]) == 0.0
+    assert _max_diff(hccl["params"][0], gloo["params"][0]) == 0.0 and hccl["losses"] == gloo["losses"]
+    _decreasing(hccl["losses"])
 
 
 def test_compile_mode_on_one_and_two_ranks(tmp_path) -> None:
