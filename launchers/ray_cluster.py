@@ -8,12 +8,12 @@ every Ray Train run of the launchers uses (:data:`RAY_TRAIN_DEFAULTS`).
 NOTE [the "HPU" resource]
     Ray knows Gaudi as the accelerator resource "HPU" (``HPUAcceleratorManager``: it finds
     ``habana_frameworks``, which this project provides, and sets ``HABANA_VISIBLE_MODULES``
-    per worker; the emulator ignores it, one simulated card per process). Auto-detection
-    counts ``habana_frameworks.torch.hpu.device_count()``, which the emulator answers with 1
-    per process, so a node must declare its cards: the embedded Ray gets
-    ``resources={"HPU": num_workers}``; a cluster's nodes need ``ray start --resources
-    '{"HPU": 8}'``. Ray also adds ``accelerator_type:Intel-GAUDI2`` (the simulated card's
-    name) to the node.
+    per worker; each process still has one simulated card). Auto-detection counts
+    ``habana_frameworks.torch.hpu.device_count()``, which answers as on a Gaudi server: 8
+    cards, or those ``HABANA_VISIBLE_MODULES`` lists. So a cluster's nodes find their 8 "HPU"
+    as Gaudi servers do; the embedded Ray declares ``resources={"HPU": num_workers}``, so a
+    local run of N workers fits N whatever the count. Ray also adds
+    ``accelerator_type:Intel-GAUDI2`` (the simulated card's name) to the node.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 re-exports exactly these names, so transformers' ``torch.hpu.manual_seed_all`` and a script's
 ``hthpu.wrap_in_hpu_graph`` reach the same objects).
 
-One simulated device per process: ``device_count()`` is 1 and ``current_device()`` is 0,
-as in a Gaudi job where each rank is bound to one card. Memory figures come from the HBM
+One simulated device per process: ``current_device()`` is 0, as in a Gaudi job where each
+rank is bound to one card; ``device_count()`` is the server's cards, as Gaudi's. Memory figures come from the HBM
 model (bytes of resident storages, simulated); times from the simulated timeline.
 
 NOTE [streams and events]
@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import torch
 
 from ..bridge import autocast as amp
+from ..bridge.config import CARDS_PER_BOX, visible_modules
 from ..bridge.runtime import get_device
 from ..bridge.hpu_graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph
 from .hpex_kernels import recompute_sdp_enabled, sdp_kernel
@@ -121,8 +122,17 @@ def _lazy_init() -> None:
 
 
 def device_count() -> int:
-    """Simulated cards visible to this process (one per rank)."""
-    return 1
+    """Gaudi devices visible to this process, as Gaudi's ``device_count()`` answers (SynapseAI's
+    ``synDeviceGetCount``): the cards of one server, 8, or as many as ``HABANA_VISIBLE_MODULES``
+    lists. The process uses one of them, ``hpu:0`` (:func:`current_device` is 0), as every
+    Gaudi rank does; launchers size a job by this count (``accelerate launch``,
+    ``deepspeed``, Lightning's ``devices="auto"``, Ray's "HPU" resource).
+
+    Raises:
+        ValueError: a malformed ``HABANA_VISIBLE_MODULES``, naming it.
+    """
+    modules = visible_modules()
+    return CARDS_PER_BOX if modules is None else len(modules)
 
 
 def current_device() -> int:

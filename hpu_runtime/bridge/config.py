@@ -5,7 +5,9 @@ variables (the process's device is created from it, and again at ``reset_device`
 malformed value is a ``ValueError`` that names the variable. Two variables are read
 elsewhere, on purpose: ``HPU_EMULATOR_HABANA_FRAMEWORKS`` by :mod:`hpu_runtime.import_hooks`
 (a start-up hook that must import only the standard library and reads it at each lookup),
-and ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` by ``hccl``, which owns collectives.
+and ``PT_HPU_ENABLE_LAZY_COLLECTIVES`` by ``hccl``, which owns collectives. One is read at each
+call: ``HABANA_VISIBLE_MODULES`` (:func:`visible_modules`), which a launcher such as Ray sets
+in a worker after the device may exist.
 
 :class:`RecipeCacheConfig` is the value of ``PT_HPU_RECIPE_CACHE_CONFIG``
 (:func:`parse_recipe_cache_config`), the configuration of
@@ -22,7 +24,15 @@ from pathlib import Path
 from ..device.spec import DeviceSpec, get_device_spec
 from .fallback import FallbackPolicy
 
-__all__ = ["RECIPE_CACHE_ENV", "RecipeCacheConfig", "RuntimeConfig", "parse_recipe_cache_config"]
+__all__ = ["CARDS_PER_BOX", "RECIPE_CACHE_ENV", "RecipeCacheConfig", "RuntimeConfig", "parse_recipe_cache_config",
+           "visible_modules"]
+
+CARDS_PER_BOX = 8
+"""Gaudi devices in one server, what ``torch.hpu.device_count()`` counts there (SynapseAI's
+``synDeviceGetCount``): 8 in an HLS-1, HLS-Gaudi2 or HLS-3 box and an AWS DL1 instance (Intel
+Gaudi docs, "Intel Gaudi Network Configuration": eight cards per HLS box; AWS DL1 instance
+page: eight Gaudi accelerators). Equal to ``launchers.hl_smi.CARDS_PER_BOX``, which ``hl-smi``
+lists and which cannot import this (it imports no torch)."""
 
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
 _BYTES_PER_MB = 1 << 20
@@ -224,3 +234,28 @@ class RuntimeConfig:
     def fallback(self) -> FallbackPolicy:
         """The CPU-fallback policy of ``place_on_cpu`` and ``log_fallback``."""
         return FallbackPolicy(place_on_cpu=self.place_on_cpu, log=self.log_fallback)
+
+
+VISIBLE_MODULES_ENV = "HABANA_VISIBLE_MODULES"
+
+
+def visible_modules(environ: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
+    """The Gaudi module ids ``HABANA_VISIBLE_MODULES`` lists (comma separated, e.g. ``"0,1"``;
+    Ray sets one per worker), or None when it is unset or empty. Read at each call.
+
+    Raises:
+        ValueError: naming the variable, for an entry that is not a module id 0 to 7
+            (:data:`CARDS_PER_BOX` modules per box) or a repeated one.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(VISIBLE_MODULES_ENV, "").strip()
+    if not raw:
+        return None
+    ids = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 0 <= int(part) < CARDS_PER_BOX or int(part) in ids:
+            raise ValueError(f"{VISIBLE_MODULES_ENV}={raw!r}: expected distinct module ids 0 to {CARDS_PER_BOX - 1}, "
+                             f"comma separated, got {part!r}")
+        ids.append(int(part))
+    return tuple(ids)

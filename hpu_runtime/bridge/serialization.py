@@ -11,8 +11,9 @@ tensor's storage is host memory (NOTE [a device type for the simulated Gaudi] in
 :mod:`hpu_runtime.bridge.device_type`), so torch's own path would rebuild CPU tensors. Instead:
 
 * a deserializer registered ahead of torch's (:func:`install`) takes ``hpu`` locations: it
-  checks the index as torch does (``torch.serialization.validate_hpu_device``: only ``hpu:0``
-  exists per process) and keeps the loaded host storage, remembering it (weakly);
+  refuses an index other than 0 (only ``hpu:0`` exists per process, while ``device_count()``
+  counts the server's cards, as on Gaudi) and keeps the loaded host storage, remembering it
+  (weakly);
 * ``torch._utils._rebuild_tensor`` is wrapped: a tensor over a remembered storage is rebuilt as
   an hpu tensor over that same storage (views of one storage still share it, as after a real
   load), and, where the bridge charges this thread, its storage becomes resident with one
@@ -46,11 +47,14 @@ def _restore(storage, location: str):
     None for any other location (the next deserializer takes it).
 
     Raises:
-        RuntimeError: an index other than 0 (torch's message: ``device_count()`` is 1).
+        RuntimeError: an index other than 0: the process has one card, ``hpu:0``, although
+            ``device_count()`` counts the server's (as on Gaudi).
     """
-    if not isinstance(location, str) or not _HPU_LOCATION.match(location):
+    match = _HPU_LOCATION.match(location) if isinstance(location, str) else None
+    if match is None:
         return None
-    torch.serialization.validate_hpu_device(location)
+    if match.group(1) not in (None, ":0"):
+        raise RuntimeError(f"torch.load: map_location {location!r}: each process has one simulated card, hpu:0")
     _to_card.add(storage)  # torch.load hands every deserializer the storage as read: host memory
     return storage
 

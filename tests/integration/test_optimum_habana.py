@@ -187,6 +187,32 @@ def test_deepspeed_zero1_on_two_ranks_equals_gloo(tmp_path) -> None:
     _decreasing(hccl["losses"])
 
 
+def test_accelerate_launch_sizes_the_job_by_the_servers_cards_and_picks_hccl(tmp_path) -> None:
+    """``accelerate launch --num_processes 2`` starts a distributed job only when
+    ``torch.hpu.device_count()`` says the machine has more than one card, as a Gaudi server's
+    (8) does: the emulator answered 1, and the two processes trained apart, each on its own
+    (DistributedType.NO), with no error. Now the job is MULTI_HPU over "hccl", and equals the
+    same job over gloo."""
+    script = str(REPO / "tests" / "integration" / "scripts" / "accelerate_ddp.py")
+
+    def launch(name: str, *prefix: str) -> list[dict]:
+        cmd = [PYTHON, "-m", "accelerate.commands.launch", "--num_processes", "2", "--main_process_port",
+               str(_free_port()), *prefix, script, str(tmp_path / name)]
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        return [torch.load(tmp_path / name / f"rank{r}.pt") for r in range(2)]
+
+    hccl = launch("hccl")
+    gloo = launch("gloo", UNDER_GLOO)
+    first = hccl[0]
+    assert (first["distributed_type"], first["backend"], first["num_processes"]) == (
+        "DistributedType.MULTI_HPU", "hccl", 2), first
+    assert first["device"].startswith("hpu") and gloo[0]["backend"] == "gloo"
+    assert _max_diff(dict(enumerate(hccl[0]["params"])), dict(enumerate(hccl[1]["params"]))) == 0.0
+    assert _max_diff(dict(enumerate(hccl[0]["params"])), dict(enumerate(gloo[0]["params"]))) == 0.0
+    assert hccl[0]["losses"] == gloo[0]["losses"] and len(hccl[0]["losses"]) == 4  # 64 samples / 2 ranks / 8
+
+
 def test_compile_mode_on_one_and_two_ranks(tmp_path) -> None:
     """Eager mode with torch_compile and the hpu_backend (PT_HPU_LAZY_MODE=0): one rank trains; two
     ranks under DDP (DDPOptimizer's graph breaks over hccl) equal each other and the gloo run."""

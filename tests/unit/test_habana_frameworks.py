@@ -157,7 +157,15 @@ def test_hpu_names(tmp_path: Path) -> None:
     from hpu_runtime import reset_device
 
     reset_device("gaudi2")
-    assert hthpu.is_available() and hthpu.device_count() == 1 and hthpu.current_device() == 0
+    assert hthpu.is_available() and hthpu.current_device() == 0
+    # the server's cards, as Gaudi's device_count(); HABANA_VISIBLE_MODULES (Ray sets it) narrows them
+    assert hthpu.device_count() == 8
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HABANA_VISIBLE_MODULES", "2,5")
+        assert hthpu.device_count() == 2
+        mp.setenv("HABANA_VISIBLE_MODULES", "2,8")
+        with pytest.raises(ValueError, match=r"HABANA_VISIBLE_MODULES='2,8': expected distinct module ids 0 to 7"):
+            hthpu.device_count()
     assert hthpu.get_device_name() == "GAUDI2" and hthpu.is_bf16_supported()
     hthpu.set_device(0)
     hthpu.disable_dynamic_shape()
@@ -284,6 +292,10 @@ def test_hl_smi_reports_what_gaudi_tooling_parses() -> None:
     listing = subprocess.run(["hl-smi", "-L"], capture_output=True, text=True, timeout=30,
                              env={**os.environ, "HPU_DEVICE_SPEC": "gaudi3"}).stdout
     assert "hl-gaudi3" in listing
+    # the cards hl-smi lists are the ones torch.hpu.device_count() counts (Gaudi's synDeviceGetCount)
+    import torch
+
+    assert listing.count("Module ID") == torch.hpu.device_count() == 8
 
 
 def test_status_table_names_every_module_we_ship() -> None:

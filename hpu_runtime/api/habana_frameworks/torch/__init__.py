@@ -19,8 +19,9 @@ name                                                  status here
 ``torch.core.hpu_set_env``, ``hpu_initialize``        accepted, nothing to set up (fp8 inference not emulated)
 ``torch.core.quantization.*``                         accepted no-ops (fp8 inference not emulated)
 ``torch.hpu`` and ``habana_frameworks.torch.hpu``      the same names (one module's ``__all__``)
-``torch.hpu.is_available/device_count/current_device  same: one simulated card per process
-/set_device/get_device_name/synchronize``
+``torch.hpu.is_available/device_count/current_device  same: one simulated card per process, ``hpu:0``;
+/set_device/get_device_name/synchronize``              ``device_count()`` counts the server's 8 cards as
+                                                      Gaudi's does (``HABANA_VISIBLE_MODULES`` narrows it)
 ``torch.hpu.device(idx)``, ``device_of(t)``            context managers; index 0 only (one card per process)
 ``torch.load(..., map_location="hpu")``               hpu tensors over the loaded storages, one host->device
                                                       copy each (NOTE [loading onto the card])
