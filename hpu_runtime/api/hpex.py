@@ -48,9 +48,10 @@ FusedEMA                   an exponential moving average of a model's ``state_di
 
 On host (non-"hpu") parameters nothing is charged: the update is plain host work.
 
-One module (about 520 lines) for the seven names of Gaudi's ``hpex`` and the fused AdamW op, as Intel's
-``hpex.optimizers``, ``hpex.normalization`` and ``hpex.movingavrg`` are thin over one kernel library: they share
-the launch-and-charge helper and the FLOP table, and each class is a short update rule.
+One module (about 520 lines) for the seven names of Gaudi's ``hpex`` and the fused AdamW op
+(``torch.ops.hpu.optimizer_adamw``), as Intel's ``hpex.optimizers``, ``hpex.normalization``
+and ``hpex.movingavrg`` are thin over one kernel library: they share the launch-and-charge
+helper and the FLOP table, and each class is a short update rule.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ re-exports exactly these names, so transformers' ``torch.hpu.manual_seed_all`` a
 ``hthpu.wrap_in_hpu_graph`` reach the same objects).
 
 One simulated device per process: ``current_device()`` is 0, as in a Gaudi job where each
-rank is bound to one card; ``device_count()`` is the server's cards, as Gaudi's. Memory figures come from the HBM
-model (bytes of resident storages, simulated); times from the simulated timeline.
+rank is bound to one card; ``device_count()`` is the server's cards, as Gaudi's. Memory figures
+come from the HBM model (bytes of resident storages, simulated); times from the simulated
+timeline.
 
 NOTE [streams and events]
 The simulated card has one compute queue: the work of every stream runs on it, in issue
@@ -448,6 +449,8 @@ def _default_stream() -> Stream:
         hpu_type = torch.accelerator.current_stream().device_type
         _DEFAULT_STREAM.append(Stream(stream_id=0, device_index=0, device_type=hpu_type))
     return _DEFAULT_STREAM[0]
+
+
 _current = threading.local()
 
 
