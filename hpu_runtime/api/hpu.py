@@ -61,6 +61,7 @@ __all__ = [
     "memory_allocated",
     "max_memory_allocated",
     "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
     "mem_get_info",
     "memory_stats",
     "Stream",
@@ -294,6 +295,13 @@ def max_memory_allocated(device: object = None) -> int:
 def reset_peak_memory_stats(device: object = None) -> None:
     """Set the peak to the current allocation."""
     get_device().hbm.reset_peak()
+
+
+def reset_accumulated_memory_stats(device: object = None) -> None:
+    """Clear ``NumAllocs`` and ``NumFrees`` of :func:`memory_stats` (Gaudi's
+    ``torch.hpu.memory.reset_accumulated_memory_stats``); ``InUse``, ``MaxInUse`` and
+    ``ActiveAllocs`` stay."""
+    get_device().hbm.reset_accumulated()
 
 
 def mem_get_info(device: object = None) -> tuple[int, int]:

@@ -89,6 +89,9 @@ class HBMStats:
     """Allocations accounted ("NumAllocs")."""
     num_frees: int
     """Frees accounted ("NumFrees")."""
+    active_allocs: int
+    """Allocations live now ("ActiveAllocs"; unlike the two counts above, not cleared by
+    :meth:`HBMModel.reset_accumulated`)."""
     max_alloc_bytes: int
     """Largest single allocation ("MaxAllocSize")."""
 
@@ -96,7 +99,7 @@ class HBMStats:
         """The Gaudi-style ``memory_stats()`` dictionary."""
         return {"Limit": self.limit_bytes, "InUse": self.in_use_bytes,
                 "MaxInUse": self.max_in_use_bytes, "NumAllocs": self.num_allocs,
-                "NumFrees": self.num_frees, "ActiveAllocs": self.num_allocs - self.num_frees,
+                "NumFrees": self.num_frees, "ActiveAllocs": self.active_allocs,
                 "MaxAllocSize": self.max_alloc_bytes}
 
 
@@ -130,6 +133,7 @@ class HBMModel:
         self._peak = 0
         self._allocs = 0
         self._frees = 0
+        self._active = 0
         self._max_alloc = 0
 
     @classmethod
@@ -191,6 +195,7 @@ class HBMModel:
             self._check_locked(nbytes)
             self._live += nbytes
             self._allocs += 1
+            self._active += 1
             self._max_alloc = max(self._max_alloc, nbytes)
             self._peak = max(self._peak, self._live)
 
@@ -207,15 +212,22 @@ class HBMModel:
                     f"{self.device}: freeing {nbytes} bytes but only {self._live} are live")
             self._live -= nbytes
             self._frees += 1
+            self._active -= 1
 
     def reset_peak(self) -> None:
         """Set the peak to the current live bytes (``reset_peak_memory_stats``)."""
         with self._lock:
             self._peak = self._live
 
+    def reset_accumulated(self) -> None:
+        """Clear the allocation and free counts (``reset_accumulated_memory_stats``); live bytes,
+        the peak and the live allocations stay."""
+        with self._lock:
+            self._allocs = self._frees = 0
+
     def stats(self) -> HBMStats:
         """Snapshot of the counters."""
         with self._lock:
             return HBMStats(limit_bytes=self.capacity_bytes, in_use_bytes=self._live,
                             max_in_use_bytes=self._peak, num_allocs=self._allocs,
-                            num_frees=self._frees, max_alloc_bytes=self._max_alloc)
+                            num_frees=self._frees, active_allocs=self._active, max_alloc_bytes=self._max_alloc)

@@ -183,6 +183,26 @@ def test_streams_are_distinct_and_the_context_selects_one(dev):
         assert torch.hpu.current_stream() == default
 
 
+def test_reset_accumulated_memory_stats_clears_the_counts_only(dev):
+    """Gaudi's ``reset_accumulated_memory_stats`` clears NumAllocs and NumFrees; InUse, MaxInUse
+    and ActiveAllocs (three tensors live, counted by hand here) stay."""
+    keep = [torch.ones(256, device="hpu") for _ in range(3)]
+    gone = [torch.ones(256, device="hpu") for _ in range(2)]
+    del gone
+    before = torch.hpu.memory_stats()
+    assert before["NumAllocs"] - before["NumFrees"] == before["ActiveAllocs"] >= 3
+    torch.hpu.reset_accumulated_memory_stats()
+    after = torch.hpu.memory_stats()
+    assert after["NumAllocs"] == after["NumFrees"] == 0
+    assert {k: after[k] for k in ("InUse", "MaxInUse", "ActiveAllocs")} == \
+        {k: before[k] for k in ("InUse", "MaxInUse", "ActiveAllocs")}
+    extra = torch.ones(256, device="hpu")
+    del keep
+    now = torch.hpu.memory_stats()
+    assert (now["NumAllocs"], now["NumFrees"], now["ActiveAllocs"]) == (1, 3, before["ActiveAllocs"] - 2)
+    assert extra.device.type == "hpu"
+
+
 def test_streams_are_torch_streams_that_record_stream_takes(dev):
     """As Gaudi's, an ``hpu.Stream`` is a ``torch.Stream`` of hpu:0, so ``tensor.record_stream``
     takes it (DeepSpeed's ZeRO-3 frees partitioned parameters that way); the default stream is

@@ -31,6 +31,7 @@ name                                                  status here
 ``torch.hpu.memory`` (``memory_stats``,               same keys (``Limit``, ``InUse``, ``MaxInUse``...), from
 ``memory_allocated``, ``max_memory_allocated``,       the simulated HBM
 ``reset_peak_memory_stats``, ``mem_get_info``,
+``reset_accumulated_memory_stats``,
 ``memory_summary``, ``memory_reserved`` (= ``Limit``,
 as Gaudi's), ``memory_cached`` (deprecated))
 ``torch.hpu.init``, ``get_device_properties``,        same; the properties string holds the spec's name, HBM
