@@ -52,26 +52,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _as_open_mpi(cmd: list[str], ranks: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _as_open_mpi(cmd: list[str], ranks: int, env: dict[str, str], logs: Path) -> subprocess.CompletedProcess[str]:
     """``cmd`` started ``ranks`` times with only the variables Open MPI's ``mpirun`` gives each rank
     (``OMPI_COMM_WORLD_*``; no ``RANK`` or ``LOCAL_RANK``) and the ``MASTER_ADDR`` / ``MASTER_PORT``
     that optimum-habana's ``gaudi_spawn.py --use_mpi`` exports before it runs ``mpirun``; rank 0's
-    output, every rank's return code checked."""
+    output, every rank's return code checked. Each rank writes to its own files under ``logs``
+    (a pipe nobody reads while we wait on another rank could fill and stall the job)."""
     port = str(_free_port())  # gaudi_spawn's is 29500: a free one, beside other tests
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**env, "MASTER_ADDR": "localhost", "MASTER_PORT": port,
-                                   "OMPI_COMM_WORLD_SIZE": str(ranks),
-                                   "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
-                                   "OMPI_COMM_WORLD_LOCAL_SIZE": str(ranks)})
-             for r in range(ranks)]
+    logs.mkdir(parents=True, exist_ok=True)
+    procs, files = [], []
     try:
-        outs = [p.communicate(timeout=280) for p in procs]
+        for r in range(ranks):
+            out, err = open(logs / f"rank{r}.out", "w"), open(logs / f"rank{r}.err", "w")
+            files += [out, err]
+            procs.append(subprocess.Popen(
+                cmd, cwd=REPO, stdout=out, stderr=err, text=True,
+                env={**env, "MASTER_ADDR": "localhost", "MASTER_PORT": port, "OMPI_COMM_WORLD_SIZE": str(ranks),
+                     "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
+                     "OMPI_COMM_WORLD_LOCAL_SIZE": str(ranks)}))
+        for p in procs:
+            p.wait(timeout=280)
     finally:
         for p in procs:
             p.kill()
-    for p, (out, err) in zip(procs, outs):
+        for f in files:
+            f.close()
+    texts = [((logs / f"rank{r}.out").read_text(), (logs / f"rank{r}.err").read_text()) for r in range(ranks)]
+    for p, (out, err) in zip(procs, texts):
         assert p.returncode == 0, out[-3000:] + err[-6000:]
-    return subprocess.CompletedProcess(cmd, 0, *outs[0])
+    return subprocess.CompletedProcess(cmd, 0, *texts[0])
 
 
 def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[str, ...] = (),
@@ -88,7 +97,7 @@ def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[
            "--dump_params_dir", str(dump), *args]
     env = {**_env(), "PT_HPU_LAZY_MODE": "1" if lazy else "0"}
     if launcher == "mpirun":
-        proc = _as_open_mpi(cmd, ranks, env)
+        proc = _as_open_mpi(cmd, ranks, env, tmp / f"logs_{name}")
     else:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
