@@ -195,4 +195,3 @@ def _set_slice(attr: _SchedAttr, runtime_ns: int) -> bool:
     attr.sched_flags &= _RESET_ON_FORK  # kept; the utilization clamps are not re-sent
     attr.sched_runtime = runtime_ns
     return _syscall(_SYS_SCHED_ATTR[0], 0, ctypes.byref(attr), 0) == 0
-

@@ -96,6 +96,12 @@ def _with_grad(group: dict) -> list[torch.Tensor]:
     return [p for p in group["params"] if p.grad is not None]
 
 
+def _adam_moments(g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, beta1: float, beta2: float) -> None:
+    """Adam's moment updates in place: ``m = beta1*m + (1-beta1)*g``, ``v = beta2*v + (1-beta2)*g*g``."""
+    m.mul_(beta1).add_(g, alpha=1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+
+
 def _state_tensors(state: dict, params: list[torch.Tensor], *keys: str) -> list[torch.Tensor]:
     return [state[p][k] for p in params for k in keys if isinstance(state[p].get(k), torch.Tensor)]
 
@@ -376,8 +382,7 @@ class FusedAdamW(Optimizer):
                     st = self.state[p]
                     st["step"] += 1
                     m, v = st["exp_avg"], st["exp_avg_sq"]
-                    m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                    v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                    _adam_moments(p.grad, m, v, b1, b2)
                     if decay != 1.0:
                         p.mul_(decay)
                     p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-step_size)
@@ -511,8 +516,7 @@ def optimizer_adamw(gradient_vec, weight_vec, exp_avg_vec, exp_avg_sq_vec, neg_s
             "hpu.optimizer_adamw", [*gradient_vec, *weight_vec, *exp_avg_vec, *exp_avg_sq_vec],
             [*weight_vec, *exp_avg_vec, *exp_avg_sq_vec], _FLOPS_PER_ELEMENT["adamw"] * numel):
         for g, w, m, v in zip(gradient_vec, weight_vec, exp_avg_vec, exp_avg_sq_vec):
-            m.mul_(beta1).add_(g, alpha=1 - beta1)
-            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            _adam_moments(g, m, v, beta1, beta2)
             if has_weight_decay:
                 w.mul_(weight_decay)
             w.add_(m / (v.sqrt() + epsilon) * neg_step_t)

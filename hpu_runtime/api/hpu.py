@@ -20,6 +20,7 @@ compute stream; :meth:`Event.elapsed_time` is the difference in *simulated* mill
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 import warnings
@@ -446,17 +447,13 @@ class Stream(torch.Stream):
         return event
 
     def __repr__(self) -> str:
-        return f"<hpu.Stream stream_id={self.stream_id} priority={getattr(self, 'priority', 0)}>"
+        return f"<hpu.Stream stream_id={self.stream_id} priority={self.priority}>"
 
 
-_DEFAULT_STREAM: list[Stream] = []  # made at first use: the device type is registered by then
-
-
+@functools.cache
 def _default_stream() -> Stream:
-    if not _DEFAULT_STREAM:
-        hpu_type = torch.accelerator.current_stream().device_type
-        _DEFAULT_STREAM.append(Stream(stream_id=0, device_index=0, device_type=hpu_type))
-    return _DEFAULT_STREAM[0]
+    """The default stream, made at first use (the device type is registered by then)."""
+    return Stream(stream_id=0, device_index=0, device_type=torch.accelerator.current_stream().device_type)
 
 
 _current = threading.local()

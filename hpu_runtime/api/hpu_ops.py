@@ -410,17 +410,17 @@ def register() -> None:
     cast_from_fp8.register_fake(lambda x, s, out_dtype: x.new_empty(x.shape, dtype=out_dtype))
 
     global _library
-    refuse = _library = torch.library.Library(lib, "FRAGMENT")  # kept alive: the definitions live with it
+    fragment = _library = torch.library.Library(lib, "FRAGMENT")  # kept alive: the definitions live with it
     # Gaudi's fused AdamW (DeepSpeed's HPU FusedAdam calls it): lazy mode's schema (a float decay
     # multiplier) and eager mode's (a tensor and a flag) as two overloads, so either call resolves.
     # Composite: the body charges one fused kernel itself (hpex.optimizer_adamw).
     lists = ("Tensor[] gradient_vec, Tensor(a!)[] weight_vec, Tensor(b!)[] exp_avg_vec, "
              "Tensor(c!)[] exp_avg_sq_vec, Tensor neg_step_t, float beta1, float beta2, float epsilon, ")
     scales = "Tensor(d!)[]? exp_avg_scales=None, Tensor(e!)[]? exp_avg_sq_scales=None) -> ()"
-    refuse.define("optimizer_adamw(" + lists + "float weight_decay, " + scales)
-    refuse.define("optimizer_adamw.eager(" + lists + "Tensor weight_decay, bool has_weight_decay, " + scales)
-    refuse.impl("optimizer_adamw", _optimizer_adamw, "CompositeImplicitAutograd")
-    refuse.impl("optimizer_adamw.eager", _optimizer_adamw_eager, "CompositeImplicitAutograd")
+    fragment.define("optimizer_adamw(" + lists + "float weight_decay, " + scales)
+    fragment.define("optimizer_adamw.eager(" + lists + "Tensor weight_decay, bool has_weight_decay, " + scales)
+    fragment.impl("optimizer_adamw", _optimizer_adamw, "CompositeImplicitAutograd")
+    fragment.impl("optimizer_adamw.eager", _optimizer_adamw_eager, "CompositeImplicitAutograd")
     for name, schema in (("cast_to_fp8_just_in_time", "(Tensor input, int[] block_size, *, ScalarType out_dtype, "
                                                        "ScalarType scale_dtype) -> (Tensor, Tensor)"),
                          ("fp8_gemm_v2", "(Tensor A, bool trans_A, Tensor B, bool trans_B, Tensor? D, "
@@ -429,5 +429,5 @@ def register() -> None:
                                          "-> Tensor"),
                          ("convert_from_uint4", "(Tensor input, Tensor scale, Tensor zero_point, "
                                                 "ScalarType out_dtype) -> Tensor")):
-        refuse.define(name + schema)
-        refuse.impl(name, _not_emulated(name), "CompositeExplicitAutograd")
+        fragment.define(name + schema)
+        fragment.impl(name, _not_emulated(name), "CompositeExplicitAutograd")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,13 @@ def clean_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listened on a moment ago (for a job's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(cmd: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

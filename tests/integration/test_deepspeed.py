@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.launch_helpers import run
+from tests.integration.launch_helpers import free_port, run
 
 pytest.importorskip("deepspeed")
 SCRIPT = "tests/integration/scripts/deepspeed_zero.py"
@@ -27,18 +27,12 @@ def _deepspeed(tmp_path, stage: int, backend: str) -> list[dict]:
     launcher = str(beside) if beside.is_file() else shutil.which("deepspeed")
     if launcher is None:
         pytest.fail("DeepSpeed's launcher `deepspeed` is neither beside this python nor on PATH")
-    proc = run([sys.executable, launcher, "--num_gpus", "2", "--master_port", str(_free_port()), SCRIPT, str(out),
+    proc = run([sys.executable, launcher, "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, str(out),
                 str(stage), backend], timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _max_diff(a: dict, b: dict) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from launchers.target import Target
 from tests.integration.launch_helpers import TINY, assert_all_gone as _assert_all_gone
 from tests.integration.launch_helpers import assert_no_new_shm as _assert_no_new_shm, rank_pids as _rank_pids
 from tests.integration.launch_helpers import Background, run as _run, shm_names as _shm_names
-from tests.integration.launch_helpers import torchrun_cmd as _torchrun_cmd
+from tests.integration.launch_helpers import free_port, torchrun_cmd as _torchrun_cmd
 
 
 def _ray(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -166,9 +165,7 @@ def test_zero_workers_is_a_usage_error() -> None:
 @pytest.mark.timeout(60)
 def test_unreachable_address_fails_fast(ray_installed: None) -> None:
     """An --address nobody listens on is reported at once, without starting anything."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed when the block ends: nothing listens
+    port = free_port()  # closed again: nothing listens
     proc = _ray("--num-workers", "2", "--address", f"127.0.0.1:{port}", TINY, timeout=60)
     assert proc.returncode == 2
     assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in proc.stderr

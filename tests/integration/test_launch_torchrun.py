@@ -5,21 +5,18 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.launch_helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "tests" / "integration" / "scripts" / "tiny_ddp.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _torchrun_args(nnodes: int, nproc: int, port: int) -> list[str]:
@@ -33,7 +30,7 @@ def _torchrun_args(nnodes: int, nproc: int, port: int) -> list[str]:
 
 def _run_nodes(nnodes: int, nproc: int, target: list[str], timeout: float = 120) -> list[subprocess.CompletedProcess]:
     """Start ``nnodes`` torchrun agents (one per emulated host) and wait for all of them."""
-    port = _free_port()
+    port = free_port()
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(_torchrun_args(nnodes, nproc, port) + target, cwd=ROOT, env=env, text=True,

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.launch_helpers import REPO, clean_env
+from tests.integration.launch_helpers import REPO, clean_env, free_port
 
 PYTHON = os.environ.get("HPU_OPTIMUM_PYTHON")
 SCRIPT = str(REPO / "models" / "examples" / "run_clm.py")
@@ -46,10 +45,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_open_mpi(cmd: list[str], ranks: int, env: dict[str, str], logs: Path) -> subprocess.CompletedProcess[str]:
@@ -58,7 +53,7 @@ def _as_open_mpi(cmd: list[str], ranks: int, env: dict[str, str], logs: Path) ->
     that optimum-habana's ``gaudi_spawn.py --use_mpi`` exports before it runs ``mpirun``; rank 0's
     output, every rank's return code checked. Each rank writes to its own files under ``logs``
     (a pipe nobody reads while we wait on another rank could fill and stall the job)."""
-    port = str(_free_port())  # gaudi_spawn's is 29500: a free one, beside other tests
+    port = str(free_port())  # gaudi_spawn's is 29500: a free one, beside other tests
     logs.mkdir(parents=True, exist_ok=True)
     procs, files = [], []
     try:
@@ -92,7 +87,7 @@ def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[
         PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     if launcher == "deepspeed":  # DeepSpeed's launcher, LOCAL_RANK in the environment only
         launch = [PYTHON, str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", str(ranks), "--master_port",
-                  str(_free_port()), "--no_local_rank"]
+                  str(free_port()), "--no_local_rank"]
     cmd = [*launch, *script_prefix, SCRIPT, *COMMON, "--output_dir", str(tmp / f"out_{name}"),
            "--dump_params_dir", str(dump), *args]
     env = {**_env(), "PT_HPU_LAZY_MODE": "1" if lazy else "0"}
@@ -206,7 +201,7 @@ def test_accelerate_launch_sizes_the_job_by_the_servers_cards_and_picks_hccl(tmp
 
     def launch(name: str, *prefix: str) -> list[dict]:
         cmd = [PYTHON, "-m", "accelerate.commands.launch", "--num_processes", "2", "--main_process_port",
-               str(_free_port()), *prefix, script, str(tmp_path / name)]
+               str(free_port()), *prefix, script, str(tmp_path / name)]
         proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=280)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         return [torch.load(tmp_path / name / f"rank{r}.pt") for r in range(2)]

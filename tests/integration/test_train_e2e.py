@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.integration.launch_helpers import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -59,7 +61,7 @@ def test_train_modes_compute_the_same_numbers(monkeypatch):
 
     import hpu_runtime as hpu
 
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     runs = {}
     for name, flags, lazy_env in (("graphs", ["--mode", "hpu_graphs"], "1"), ("eager", [], "0")):
         monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_env)
@@ -75,9 +77,3 @@ def test_train_modes_compute_the_same_numbers(monkeypatch):
     assert g["sim_steps"][-1]["host_ns"] < e["sim_steps"][-1]["host_ns"]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -1,7 +1,6 @@
 """Reference models at real size: registry, torchvision shim, offline data, step factory, CLI."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from models.data import load_dataset
 from models.registry import build_config, build_model, model_kind, model_names
 from models.resnet import forward_macs
 from models.zoo import resolve_factory, split_batch, step_factory, task_loss
+from tests.integration.launch_helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ["mlp", "resnet50", "resnext101", "bert-large", "gpt2"]
@@ -233,17 +233,13 @@ def test_digits_images():
     assert len(train) + len(test) == 1797
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("model, key", [("resnet50", "test_accuracy"), ("gpt2", "test_perplexity")])
 def test_train_cli_end_to_end(model, key, tmp_path):
     """python -m models.train runs two steps of a debug vision and text model over hccl (world 1)."""
     summary = tmp_path / "s.json"
-    env = _env() | {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = _env() | {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     r = subprocess.run(
         [sys.executable, "-m", "models.train", "--model", model, "--flavour", "debug", "--max-steps", "2",
          "--epochs", "1", "--eval-samples", "8", "--summary", str(summary)],
