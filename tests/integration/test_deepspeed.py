@@ -8,9 +8,7 @@ parameters and losses equal exactly; both ranks end with the same parameters.
 
 from __future__ import annotations
 
-import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,12 +21,10 @@ SCRIPT = "tests/integration/scripts/deepspeed_zero.py"
 
 def _deepspeed(tmp_path, stage: int, backend: str) -> list[dict]:
     out = tmp_path / f"zero{stage}_{backend}"
-    beside = Path(sys.executable).parent / "deepspeed"  # pip puts the launcher beside the interpreter
-    launcher = str(beside) if beside.is_file() else shutil.which("deepspeed")
-    if launcher is None:
-        pytest.fail("DeepSpeed's launcher `deepspeed` is neither beside this python nor on PATH")
-    proc = run([sys.executable, launcher, "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, str(out),
-                str(stage), backend], timeout=240)
+    # DeepSpeed's launcher as a module: what its `deepspeed` console script calls, found wherever pip
+    # put that script (a venv over system site packages has the module but not the script)
+    proc = run([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port",
+                str(free_port()), SCRIPT, str(out), str(stage), backend], timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 

@@ -86,7 +86,7 @@ def _run(tmp: Path, name: str, *args: str, ranks: int = 1, script_prefix: tuple[
     launch = [PYTHON] if ranks == 1 or launcher == "mpirun" else [
         PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     if launcher == "deepspeed":  # DeepSpeed's launcher, LOCAL_RANK in the environment only
-        launch = [PYTHON, str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", str(ranks), "--master_port",
+        launch = [PYTHON, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
                   str(free_port()), "--no_local_rank"]
     cmd = [*launch, *script_prefix, SCRIPT, *COMMON, "--output_dir", str(tmp / f"out_{name}"),
            "--dump_params_dir", str(dump), *args]
