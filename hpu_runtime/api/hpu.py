@@ -267,11 +267,45 @@ def synchronize(device: object = None) -> None:
 
 
 def mark_step(device_str: str = "", sync: bool = False) -> None:
-    """Launch the accumulated lazy-mode graph (``htcore.mark_step()``)."""
+    """Launch the accumulated lazy-mode graph (``htcore.mark_step()``); with ``sync``, then wait
+    for the card. Afterwards the step closures queued by ``htcore.add_step_closure`` run, in
+    the order they were queued (lazy mode), as Intel's ``mark_step`` runs them."""
     dev = get_device()
     dev.launch("mark_step")
     if sync:
         dev.synchronize()
+    _run_step_closures()
+
+
+_step_closures: list = []
+_step_closures_lock = threading.Lock()
+
+
+def _add_step_closure(closure, args: tuple = ()) -> None:
+    """Queue ``closure(*args)`` to run after the next ``mark_step`` (``htcore.add_step_closure``).
+
+    Raises:
+        TypeError: ``closure`` is not callable, or ``args`` is not a tuple or list.
+    """
+    if not callable(closure):
+        raise TypeError(f"add_step_closure: closure must be callable, got {type(closure).__name__}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"add_step_closure: args must be a tuple of the closure's arguments, got "
+                        f"{type(args).__name__}")
+    with _step_closures_lock:
+        _step_closures.append((closure, tuple(args)))
+
+
+def _run_step_closures() -> None:
+    """Run and clear the queued step closures (a closure that queues another queues it for the
+    next step, as on Gaudi: the queue is taken before any runs)."""
+    with _step_closures_lock:
+        if not _step_closures:
+            return
+        todo = _step_closures[:]
+        _step_closures.clear()
+    for closure, args in todo:
+        closure(*args)
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -127,27 +127,110 @@ def test_hccl_import_maps_mpi_env_and_initialize_distributed_hpu() -> None:
     assert package.stdout.split() == ["3", "4", "1", "127.0.0.1"], package.stdout
 
 
-def test_core_names() -> None:
+def test_core_names(monkeypatch) -> None:
     import habana_frameworks.torch.core as htcore
 
     from hpu_runtime import reset_device
 
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
     dev = reset_device("gaudi2")
     x = torch.ones(4, device="hpu")
     (x * 3).sum()
     assert dev.pending
     htcore.mark_step()
     assert not dev.pending and dev.graphs_launched == 1
-    for _ in htcore.iter_mark_step([1, 2]):
-        (x + 1).sum()
-    assert dev.graphs_launched == 3
     (x + 2).sum()
     htcore.step_closure._mark_step_if_lazy()
-    assert dev.graphs_launched == 4
-    assert htcore.is_lazy() is (os.environ.get("PT_HPU_LAZY_MODE", "1") != "0")
-    htcore.hpu_set_env()
+    assert dev.graphs_launched == 2
+    assert htcore.is_lazy() is True
+    assert htcore.hpu_set_env() is None and htcore.quantization.hpu_set_inference_env() is None
     htcore.hpu_initialize(None)
-    htcore.quantization.hpu_set_inference_env()
+    htcore.hpu_inference_initialize(None)
+    htcore.hpu_teardown_inference_env()
+    htcore.hpu_reset_env()
+
+
+def test_step_closures_run_after_mark_step_and_iter_mark_step_in_order(monkeypatch) -> None:
+    """Intel's core/step_closure.py: closures queued by add_step_closure run after the next
+    mark_step (after its launch) or iter_mark_step (which launches nothing), each once, in order;
+    in eager mode (lazy-mode only functionality) nothing is queued."""
+    import habana_frameworks.torch.core as htcore
+
+    from hpu_runtime import reset_device
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    dev = reset_device("gaudi2")
+    seen = []
+    x = torch.ones(4, device="hpu")
+    y = x * 3
+    htcore.add_step_closure(lambda t, tag: seen.append((tag, len(dev.pending), dev.graphs_launched, t is y)),
+                            (y, "a"))
+    htcore.add_step_closure(seen.append, ["b"])
+    assert seen == [] and dev.pending
+    htcore.mark_step()
+    assert seen == [("a", 0, 1, True), "b"]  # after the launch
+    htcore.mark_step()
+    assert len(seen) == 2  # each ran once
+    # a closure that queues another queues it for the next step
+    htcore.add_step_closure(lambda: htcore.add_step_closure(seen.append, ("next",)))
+    (x + 1).sum()
+    htcore.iter_mark_step()
+    assert len(seen) == 2 and dev.pending and dev.graphs_launched == 1  # iter_mark_step launches nothing
+    htcore.step_closure.iter_mark_step()
+    assert seen[-1] == "next"
+    with pytest.raises(TypeError, match="callable"):
+        htcore.add_step_closure("not a function")
+    with pytest.raises(TypeError, match="tuple"):
+        htcore.add_step_closure(print, 3)
+    with pytest.raises(TypeError, match="device string"):
+        htcore.iter_mark_step([1, 2])
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    reset_device("gaudi2")
+    htcore.add_step_closure(seen.append, ("eager",))
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    reset_device("gaudi2")
+    htcore.mark_step()
+    assert seen[-1] == "next"  # the closure given in eager mode was never queued
+
+
+def test_hpu_set_inference_env_folds_conv_bn_as_intels_does(monkeypatch) -> None:
+    """Model-References' inference.py: ``model = htcore.hpu_set_inference_env(model)`` before
+    ``.to("hpu")``. The fold (Conv2d then BatchNorm2d into one Conv2d) gives the unfused model's
+    outputs; on the card the forward then runs no batch norm; the caller's model is unchanged;
+    a model in training mode comes back as it is."""
+    import habana_frameworks.torch.core as htcore
+    import torchvision
+
+    from hpu_runtime import bridge_disabled, reset_device
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")  # the forward's ops are read from the pending graph
+    dev = reset_device("gaudi2")
+    with bridge_disabled():
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(num_classes=10)
+        for m in model.modules():  # running statistics away from the identity, so the fold matters
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+        x = torch.randn(2, 3, 64, 64)
+        model.eval()
+        with torch.no_grad():
+            want = model(x)
+    assert htcore.hpu_set_inference_env(model.train()) is model  # training mode: not folded
+    model.eval()
+    fused = htcore.hpu_set_inference_env(model)
+    assert fused is not model
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fused.modules())
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == 20  # the caller's model kept
+    fused.to("hpu")
+    htcore.mark_step()
+    with torch.no_grad():
+        out = fused(x.to("hpu"))
+    names = [c.name for c in dev.pending]
+    assert sum("convolution" in n for n in names) == 20 and not any("batch_norm" in n for n in names)
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
+    assert htcore.hpu_set_inference_env(fused) is fused  # on the card already: left as it is, as Intel's
+    assert sum(isinstance(m, torch.nn.Conv2d) for m in htcore.hpu_set_env(model).modules()) == 20  # older name
 
 
 def test_hpu_names(tmp_path: Path) -> None:

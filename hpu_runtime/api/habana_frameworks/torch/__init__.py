@@ -15,9 +15,13 @@ name                                                  status here
 ====================================================  =========================================================
 ``torch.core.mark_step(device_str="", sync=False)``    same: launches the lazy graph
 ``torch.core.is_lazy()``                              same (``PT_HPU_LAZY_MODE`` != ``0``)
-``torch.core.iter_mark_step``, ``step_closure``       same
-``torch.core.hpu_set_env``, ``hpu_initialize``        accepted, nothing to set up (fp8 inference not emulated)
-``torch.core.quantization.*``                         accepted no-ops (fp8 inference not emulated)
+``torch.core.add_step_closure``, ``iter_mark_step``,  same: closures run after the next ``mark_step`` or
+``step_closure``                                      ``iter_mark_step`` (lazy mode only, as Gaudi's)
+``torch.core.hpu_set_inference_env(model)``,          same: returns the model with conv+bn pairs folded
+``hpu_set_env(model)``                                (eval mode, on the CPU, fx-traceable; else unchanged)
+``torch.core.hpu_inference_initialize``,              accepted; what they set (constant parameters, fp8,
+``hpu_initialize``, ``hpu_teardown_inference_env``,   graph-compiler flags) is not modelled
+``hpu_reset_env``
 ``torch.hpu`` and ``habana_frameworks.torch.hpu``      the same names (one module's ``__all__``)
 ``torch.hpu.is_available/device_count/current_device  same: one simulated card per process, ``hpu:0``;
 /set_device/get_device_name/synchronize``              ``device_count()`` counts the server's 8 cards as
