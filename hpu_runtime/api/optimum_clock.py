@@ -18,16 +18,36 @@ The simulated figures leave out nothing the wall-clock ones subtract except
 ``log_evaluate_save_time`` (a wall duration the trainer measures itself): logging, saving
 and evaluation inside a training run count in the simulated runtime. Instants the patched
 ``time()`` did not serve leave the metrics as optimum-habana computed them.
+
+Text generation (optimum-habana's ``examples/text-generation/run_generation.py`` and
+``GaudiGenerationMixin.generate``) times itself with ``HabanaGenerationTime``
+(``optimum.habana.utils.misc``), which reads ``time.perf_counter()``: its first-token latency
+(taken after ``torch.hpu.synchronize()``), its per-token latencies (host instants, as the host
+runs ahead of the card in lazy mode) and the script's throughput. When that module is imported,
+:func:`patch_misc_module` gives it a ``time`` whose ``perf_counter()`` (:class:`_GenerationClock`)
+counts wall seconds (from the module's import) until the simulated card first holds a
+tensor, then advances with the simulated host clock only (its value at that instant, plus
+simulated ns since, over 1e9): one monotonic clock, so a timer that spans the model's load and
+its move to the card (the script's "Model initialization") counts the host's loading in wall
+time, and every figure of generation on the card is the simulated Gaudi's, the same on any
+machine under any load, to the last bit: every value the clock returns is offset by 2**19
+seconds, so all lie in one binade (for six days of wall plus simulated time) and a
+difference of two of them depends on the simulated ns alone, never on when the switch came. A
+warning says when it switches. Its ``time()`` and everything else are the ``time`` module's.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time as _time
 from types import ModuleType
 
 from ..bridge.runtime import get_device
 
-__all__ = ["CLOCK", "patch_trainer_module"]
+__all__ = ["CLOCK", "patch_trainer_module", "patch_misc_module"]
+
+log = logging.getLogger(__name__)
 
 CLOCK = "simulated Gaudi"
 """Value of ``{split}_clock`` in the patched metrics."""
@@ -84,3 +104,49 @@ def patch_trainer_module(module: ModuleType) -> None:
     module.time = clock
     if hasattr(module, "speed_metrics"):
         module.speed_metrics = _simulated(clock, module.speed_metrics)
+
+
+class _GenerationClock:
+    """The ``time`` module, whose ``perf_counter()`` (wall seconds) follows the simulated host
+    clock from the first instant the simulated card holds a tensor (see the module docstring).
+    A :func:`~hpu_runtime.reset_device` (the simulated clock starts again from 0) rebases it, so
+    it never goes back."""
+
+    _OFFSET = float(2 ** 19)
+    """Added to every value: one binade for all of them, so differences are exact (see the
+    module docstring)."""
+
+    def __init__(self) -> None:
+        self._base: tuple[float, int] | None = None  # (clock value, simulated host ns) at the switch
+        self._last = self._OFFSET
+        self._wall0 = _time.perf_counter()
+        self._lock = threading.Lock()
+
+    def perf_counter(self) -> float:
+        with self._lock:
+            if self._base is None:
+                now = self._OFFSET + (_time.perf_counter() - self._wall0)
+                dev = get_device()
+                if dev.hbm.live_bytes > 0:
+                    self._base = (max(now, self._last), dev.host_ns)
+                    log.warning("hpu_runtime: optimum-habana's HabanaGenerationTime reads the simulated Gaudi clock "
+                                "from now on: latency and throughput figures are the simulated card's")
+                self._last = max(now, self._last)
+                return self._last
+            wall, sim = self._base
+            host_ns = get_device().host_ns
+            if host_ns < sim:  # the device was reset: its clock starts again
+                self._base = (self._last, host_ns)
+                wall, sim = self._base
+            self._last = wall + (host_ns - sim) / 1e9
+            return self._last
+
+    def __getattr__(self, name: str):
+        return getattr(_time, name)
+
+
+def patch_misc_module(module: ModuleType) -> None:
+    """Put :class:`_GenerationClock` under ``module``'s ``time`` (``optimum.habana.utils.misc``,
+    whose ``HabanaGenerationTime`` reads ``time.perf_counter()``); idempotent."""
+    if not isinstance(getattr(module, "time", None), _GenerationClock):
+        module.time = _GenerationClock()

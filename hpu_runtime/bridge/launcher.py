@@ -11,6 +11,18 @@ earlier than the end of every collective whose output it touches. A captured HPU
 and runs those records as one graph, and the event log keeps them, so a traced step's
 replays can be re-timed by the planner as its other graphs are.
 
+NOTE [a capture split by mark_step]
+A launch while a capture is recording (a ``mark_step`` inside the captured code, as
+optimum-habana's Llama makes between decoder layers in lazy mode; a host read; the pending
+graph's op limit) ends one *segment* of the capture: Intel's bridge then closes one
+``SingleHPUGraph`` of the ``HPUGraph`` being captured and starts the next
+(HabanaAI/gaudi-pytorch-bridge, ``HbLazyTensor::StepMarker`` -> ``CaptureGraphMarkStep`` ->
+``HPUGraph::mark_step`` in ``backend/habana_device/HPUGraph.cpp``), and a replay runs every
+segment in order. Here the segments' records are kept in order
+(:attr:`CapturedGraph.segments` gives their lengths); a replay charges ``graph_replay_ns``
+once (the input check and the first launch) and ``graph_launch_ns`` for each further segment,
+and runs the segments one after another on the compute stream.
+
 Not thread-safe on its own: :class:`~hpu_runtime.bridge.sim_device.SimDevice` calls it
 under its lock.
 """
@@ -57,6 +69,19 @@ class CapturedGraph:
 
     records: tuple[OpRecord, ...]
     recipe: Recipe | None = None
+    segments: tuple[int, ...] | None = None
+    """How many of ``records`` each segment holds, in order, when the capture was split by
+    launches (NOTE [a capture split by mark_step]); None: one segment."""
+
+    def split(self) -> list[tuple[OpRecord, ...]]:
+        """The records of each segment, in replay order."""
+        if not self.segments:
+            return [self.records]
+        out, at = [], 0
+        for n in self.segments:
+            out.append(self.records[at:at + n])
+            at += n
+        return out
 
 
 class Launcher:
@@ -93,6 +118,7 @@ class Launcher:
         self.graph_log: list[GraphInfo] | None = None
         self.region: str | None = None
         self.capture: list | None = None
+        self._segments: list[tuple[OpRecord, ...]] = []  # the capture's launched segments
         self.last_recipe: Recipe | None = None
         self.graphs_launched = 0
         self.replays = 0
@@ -203,6 +229,8 @@ class Launcher:
             self.graph_log.append(GraphInfo(reason, n, span[0], recipe.device_ns, tuple(times)))
         self.graphs_launched += 1
         self.last_recipe = recipe
+        if self.capture is not None:  # NOTE [a capture split by mark_step]
+            self._segments.append(tuple(self._ops))
         self.pending = []
         self._keys = []
         self._ops = []
@@ -252,34 +280,51 @@ class Launcher:
             raise RuntimeError("hpu: an HPU graph capture is already in progress")
         self.launch("hpu_graph_capture")
         self.capture = ops
+        self._segments = []
         self.region = "hpu_graph_capture"
 
     def end_capture(self) -> CapturedGraph | None:
-        """Finish a capture: launch (compile) the captured graph; returns it (None if empty)."""
+        """Finish a capture: launch (compile) the captured graph's last segment; returns the
+        graph, every segment of it (None if nothing was captured)."""
         self.last_recipe = None
-        records = tuple(self._ops)
         try:
-            span = self.launch("hpu_graph_capture")
+            self.launch("hpu_graph_capture")
+            segments = self._segments
         finally:
             self.capture = None
+            self._segments = []
             self.region = None
-        return CapturedGraph(records, self.last_recipe) if span is not None else None
+        if not segments:
+            return None
+        records = tuple(op for seg in segments for op in seg)
+        lengths = tuple(len(seg) for seg in segments) if len(segments) > 1 else None
+        return CapturedGraph(records, self.last_recipe, lengths)
 
     def replay(self, graph: CapturedGraph | None, label: str) -> tuple[int, int]:
         """Replay a captured graph: ``graph_replay_ns`` of host time, then its ops on the
-        compute stream (no earlier than the collectives writing what they touch end)."""
+        compute stream (no earlier than the collectives writing what they touch end); a graph
+        captured in segments runs them in order, each further one after a graph launch's host
+        time (NOTE [a capture split by mark_step]). Returns the (start, end) of the whole."""
         self.launch("hpu_graph_replay")
         card = self.card
         records = graph.records if graph is not None else ()
         if self.log is not None:
-            self.log.append(("replay", records, label))
+            if graph is not None and graph.segments:
+                self.log.append(("replay", records, label, graph.segments))
+            else:
+                self.log.append(("replay", records, label))
         card.host_ns += card.scaled(self.spec.graph_replay_ns)
-        dep = max((card.dependency_ns(op) for op in records), default=0) if card.ready_after else 0
-        times = graph_op_times(self.spec, list(records))
-        device_ns = sum(times)
-        span = card.run_compute(max(card.host_ns, dep), device_ns, f"{label} replay")
-        if self.graph_log is not None:
-            self.graph_log.append(GraphInfo("replay", len(records), span[0], device_ns, tuple(times)))
+        first = None
+        for i, seg in enumerate(graph.split() if graph is not None else [()]):
+            if i:
+                card.host_ns += self._launch_ns
+            dep = max((card.dependency_ns(op) for op in seg), default=0) if card.ready_after else 0
+            times = graph_op_times(self.spec, list(seg))
+            device_ns = sum(times)
+            span = card.run_compute(max(card.host_ns, dep), device_ns, f"{label} replay")
+            if self.graph_log is not None:
+                self.graph_log.append(GraphInfo("replay", len(seg), span[0], device_ns, tuple(times)))
+            first = span[0] if first is None else first
+            card.forget_dependencies_before(span[0])
         self.replays += 1
-        card.forget_dependencies_before(span[0])
-        return span
+        return first, span[1]

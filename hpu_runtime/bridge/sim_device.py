@@ -79,7 +79,8 @@ class SimDevice:
         log: when a list, every event that shapes the timeline is appended to it, in order:
             ``("op", OpRecord)``, ``("view", key)``, ``("launch", reason)``,
             ``("h2d", nbytes)``, ``("host_read", nbytes, serial)``, ``("region", label)``,
-            ``("replay", records, label)`` (an HPU graph replay and its ops' records),
+            ``("replay", records, label[, segments])`` (an HPU graph replay, its ops' records and,
+            for a capture split by launches, the length of each segment),
             ``("fp32_as_bf16", entering)``, ``("mark", payload)``
             (:mod:`hpu_runtime.tools.tracing` records such logs, :mod:`hpu_runtime.tools.replay`
             replays them).

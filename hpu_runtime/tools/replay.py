@@ -39,7 +39,7 @@ def map_records(trace: StepTrace, record: Callable[[OpRecord], OpRecord], view=N
         if ev[0] == "op":
             events.append(("op", record(ev[1])))
         elif ev[0] == "replay":
-            events.append(("replay", tuple(record(op) for op in ev[1]), ev[2]))
+            events.append(("replay", tuple(record(op) for op in ev[1]), *ev[2:]))
         elif ev[0] == "view" and view is not None:
             events.append(("view", view(ev[1])))
         else:
@@ -111,8 +111,8 @@ def replay(trace: StepTrace, dev: SimDevice, *, on_grad_ready: Callable[[int], N
         elif kind == "region":
             dev.set_region(ev[1])
         elif kind == "replay":
-            dev.replay(CapturedGraph(ev[1] if rewrite is None else tuple(rewrite(op, phase) for op in ev[1])),
-                       ev[2])
+            dev.replay(CapturedGraph(ev[1] if rewrite is None else tuple(rewrite(op, phase) for op in ev[1]),
+                                     segments=ev[3] if len(ev) > 3 else None), ev[2])
         elif kind == "mark":
             payload = ev[1]
             if payload[0] == "grad_ready":

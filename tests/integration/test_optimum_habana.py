@@ -250,3 +250,27 @@ def test_every_habana_frameworks_name_optimum_habana_uses_resolves() -> None:
     for name in ("habana_frameworks.torch.hpex.kernels.FusedSDPA", "torch.ops.hpu.rotary_pos_embedding",
                  "habana_frameworks.torch.hpu.sdp_kernel", "habana_frameworks.torch.core.hpu"):
         assert f"{name} " in out.stdout
+
+
+def test_text_generation_times_the_simulated_gaudi() -> None:
+    """optimum-habana's text generation (``run_generation.py``'s flow: ``adapt_transformers_to_gaudi``,
+    ``generate(..., iteration_times=...)``, ``HabanaGenerationTime``) reports the simulated card's
+    latencies: wall seconds of host work the card never sees change none of them, while the
+    model-initialization timer (it spans host work before the card is used) counts them; HPU graphs
+    cut the per-token latency (per-op host work gone) and generate the same tokens."""
+    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "optimum_generate.py"),
+                           "--host-sleep", "0.05"], cwd=REPO, env={**_env(), "PT_HPU_LAZY_MODE": "1"},
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "reads the simulated Gaudi clock" in proc.stderr
+    runs = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    lazy, slept, graphs = runs["lazy"], runs["lazy_host_sleep"], runs["hpu_graphs"]
+    # 0.05 s before each of 5 forwards, absent from every figure (the clock's values are on a grid
+    # of 2**-33 s, so the same simulated durations at another instant may differ in that last bit)
+    assert slept["tokens"] == lazy["tokens"] and slept["e2e"] == pytest.approx(lazy["e2e"], rel=1e-8)
+    assert slept["iteration_times"] == pytest.approx(lazy["iteration_times"], rel=1e-8)
+    assert runs["init"] >= 0.05
+    assert len(lazy["iteration_times"]) == 5 and lazy["e2e"] >= sum(lazy["iteration_times"]) > 0
+    assert lazy["iteration_times"][0] > max(lazy["iteration_times"][1:])  # the first token: prefill + sync
+    assert max(graphs["iteration_times"][1:]) < min(lazy["iteration_times"][1:])
+    assert graphs["tokens"] == lazy["tokens"]

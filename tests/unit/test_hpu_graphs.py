@@ -302,3 +302,72 @@ def test_an_output_held_only_through_its_storage_stays_on_the_card():
     g.replay()
     torch.testing.assert_close(u.cpu(), 2 * w.cpu())
     torch.testing.assert_close(alias.cpu(), torch.full((8,), 2.0))
+
+
+class _MarkStepBetweenLayers(nn.Module):
+    """Two layers with a ``mark_step`` between them, as optimum-habana's Llama makes between
+    decoder layers in lazy mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(256, 512), nn.Linear(512, 256)
+
+    def forward(self, x):
+        h = self.fc1(x).relu()
+        hpu.mark_step()
+        return self.fc2(h).relu()
+
+
+def test_a_capture_split_by_mark_step_replays_every_segment(monkeypatch):
+    """Intel's bridge closes one graph of the capture at each mark_step and replays them all
+    (HPUGraph::mark_step, HPUGraph.cpp). Reference: the same forward run lazily without a graph,
+    whose two launched graphs the replay must run again: same ops, same device time each, in
+    order; host time one replay plus one further launch; the numerics of each call's inputs."""
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    dev = hpu.reset_device("gaudi2")
+    torch.manual_seed(0)
+    model = _MarkStepBetweenLayers().to("hpu")
+    xs = [torch.randn(64, 256, device="hpu") for _ in range(3)]
+    hpu.mark_step()
+    dev.graph_log = []
+    want = []
+    with torch.no_grad():
+        for x in xs:
+            want.append(model(x))
+            hpu.mark_step()
+    lazy = [(g.ops, g.device_ns) for g in dev.graph_log]
+    assert len(lazy) == 6  # two graphs per forward
+    assert lazy[:2] == lazy[2:4] and all(ns > 0 for _, ns in lazy)
+
+    graphed = hpu.wrap_in_hpu_graph(model)
+    with torch.no_grad():
+        got = [graphed(xs[0]).clone()]  # the capture
+        dev.graph_log, dev.log = [], []
+        got += [graphed(x).clone() for x in xs[1:]]  # two replays
+    replays = [g for g in dev.graph_log if g.reason == "replay"]
+    assert [(g.ops, g.device_ns) for g in replays] == lazy[:2] * 2  # before: only the last segment (fc2)
+    assert replays[1].start_ns >= replays[0].start_ns + replays[0].device_ns  # in order
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    # planned: the logged replays, fed to a fresh device by the planner's replay, run both segments
+    from hpu_runtime.tools.replay import replay, replay_device
+    from hpu_runtime.tools.tracing import StepTrace
+
+    planned = replay_device(dev.spec, "hpu_graphs")
+    planned.graph_log = []
+    replay(StepTrace(spec=dev.spec, mode="hpu_graphs", lazy_collectives=False, batch_size=64, autocast=False,
+                     events=dev.log, params=[]), planned)
+    assert [(g.ops, g.device_ns) for g in planned.graph_log if g.reason == "replay"] == lazy[:2] * 2
+    dev.log = None
+
+    # host time of one replay: the replay, and one more launch for the second segment
+    g = hpu.HPUGraph()
+    static_x = xs[0].clone()
+    with torch.no_grad(), hpu.graph(g):
+        static_y = model(static_x)
+    static_x.copy_(xs[2])
+    hpu.mark_step()
+    host0 = dev.host_ns
+    g.replay()
+    assert dev.host_ns - host0 == dev.spec.graph_replay_ns + dev.spec.graph_launch_ns
+    torch.testing.assert_close(static_y, want[2])
