@@ -29,14 +29,12 @@ def _deepspeed(tmp_path, stage: int, backend: str) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
-
-
 def _max_diff(a: dict, b: dict) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a["params"], b["params"], strict=True))
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [3])  # ZeRO-1: tests/integration/test_optimum_habana.py, through GaudiTrainer
 def test_zero_over_hccl_equals_gloo_with_the_hpu_fused_adam(tmp_path, stage: int) -> None:
     hccl = _deepspeed(tmp_path, stage, "hccl")
     gloo = _deepspeed(tmp_path, stage, "gloo")
