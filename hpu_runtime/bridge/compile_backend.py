@@ -25,6 +25,13 @@ before it, as any collective launches the graph producing its input.
 Dynamo traces with the bridge's dispatch mode switched off (the mode declares
 ``ignore_compile_internals``) and runs the compiled artifact with it on.
 
+``torch.compile``'s default backend, inductor, has no hpu code generator: Intel's PyTorch
+support matrix lists ``torch.compile(backend="inductor")`` as unsupported on Gaudi and says the
+backend "must be set as hpu_backend". Given hpu tensors, inductor would fail deep in its code
+generation (``KeyError: 'hpu'``); :func:`refuse_hpu_in_inductor` makes that a clear error
+instead, before inductor does any work, naming ``backend="hpu_backend"``. Inductor on CPU
+tensors is left as it is.
+
 Registration is lazy because importing ``torch._dynamo`` takes about a second: the backend
 is registered when ``torch.compile`` is first called (:func:`install` wraps it), or at once
 if dynamo is already imported. A package entry point in the ``torch_dynamo_backends`` group
@@ -42,7 +49,7 @@ import torch
 
 from .runtime import get_device
 
-__all__ = ["BACKEND_NAME", "FORWARD", "BACKWARD", "hpu_backend", "install", "register"]
+__all__ = ["BACKEND_NAME", "FORWARD", "BACKWARD", "hpu_backend", "install", "register", "refuse_hpu_in_inductor"]
 
 BACKEND_NAME = "hpu_backend"
 FORWARD = "torch.compile forward"
@@ -116,6 +123,8 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    if "torch._inductor.compile_fx" in sys.modules:  # imported before the emulator: the import hook missed it
+        refuse_hpu_in_inductor(sys.modules["torch._inductor.compile_fx"])
     if "torch._dynamo" in sys.modules:
         register()
         return
@@ -128,3 +137,27 @@ def install() -> None:
         return original(*args, **kwargs)
 
     torch.compile = compile
+
+
+_INDUCTOR_ON_HPU = ('torch.compile: inductor (torch.compile\'s default backend) does not compile for hpu: the Intel '
+                    'Gaudi PyTorch support matrix lists torch.compile(backend="inductor") as unsupported; compile '
+                    'with torch.compile(model, backend="hpu_backend")')
+
+
+def refuse_hpu_in_inductor(module) -> None:
+    """Wrap ``torch._inductor.compile_fx.compile_fx`` (``module``) so a graph with an hpu input
+    raises a ``RuntimeError`` naming ``backend="hpu_backend"`` before inductor starts;
+    idempotent. Called when that module is imported in a process running the emulator
+    (:mod:`hpu_runtime.import_hooks`), and by ``import hpu_runtime`` if it already was."""
+    original = getattr(module, "compile_fx", None)
+    if original is None or getattr(original, "_refuses_hpu", False):
+        return
+
+    @functools.wraps(original)
+    def compile_fx(model_, example_inputs_, *args, **kwargs):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "hpu" for t in example_inputs_):
+            raise RuntimeError(_INDUCTOR_ON_HPU)
+        return original(model_, example_inputs_, *args, **kwargs)
+
+    compile_fx._refuses_hpu = True
+    module.compile_fx = compile_fx

@@ -163,3 +163,18 @@ def test_enable_compiled_autograd_compiles_backward_as_one_region():
             model(x).square().mean().backward()
     for p, g in zip(model.parameters(), out["grads"]):
         torch.testing.assert_close(p.grad, torch.tensor(g))
+
+
+def test_default_inductor_refuses_hpu_naming_hpu_backend(eager_device):
+    """Intel's support matrix: torch.compile(backend="inductor") is unsupported on Gaudi, the
+    backend "must be set as hpu_backend". Inductor given hpu tensors says so, before any code
+    generation (it used to fail inside it with ``KeyError: 'hpu'``); the same model compiles
+    with hpu_backend."""
+    torch.manual_seed(0)
+    model = Net().to("hpu")
+    x = torch.randn(4, 8, device="hpu")
+    with pytest.raises(Exception, match='backend="hpu_backend"') as err:
+        torch.compile(model)(x)
+    assert "KeyError" not in str(err.value)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(model, backend="hpu_backend")(x).cpu(), model(x).cpu())
