@@ -164,7 +164,7 @@ class TorchvisionFinder(importlib.abc.MetaPathFinder):
 
 class AfterImportFinder(importlib.abc.MetaPathFinder):
     """After one of :data:`AFTER_IMPORT`'s modules loads, hand it to the emulator's patch for it:
-    optimum-habana's trainer and its generation timer read the simulated clock
+    optimum-habana's trainer, its generation timer and transformers' Trainer read the simulated clock
     (:mod:`hpu_runtime.api.optimum_clock`); inductor refuses hpu graphs with an error naming
     ``hpu_backend`` (:func:`hpu_runtime.bridge.compile_backend.refuse_hpu_in_inductor`);
     FSDP, tensor-parallel and DTensor entry points warn where Intel's support matrix marks them
@@ -196,6 +196,7 @@ class AfterImportFinder(importlib.abc.MetaPathFinder):
 AFTER_IMPORT = {
     "optimum.habana.transformers.trainer": ("hpu_runtime.api.optimum_clock:patch_trainer_module", False),
     "optimum.habana.utils.misc": ("hpu_runtime.api.optimum_clock:patch_misc_module", False),
+    "transformers.trainer": ("hpu_runtime.api.optimum_clock:patch_transformers_trainer", True),
     "torch._inductor.compile_fx": ("hpu_runtime.bridge.compile_backend:refuse_hpu_in_inductor", True),
     "torch.distributed.fsdp": ("hpu_runtime.api.support_matrix:patch_module", True),
     "torch.distributed.tensor": ("hpu_runtime.api.support_matrix:patch_module", True),

@@ -1,4 +1,4 @@
-"""optimum-habana's throughput figures on the simulated Gaudi clock.
+"""optimum-habana's and transformers' throughput figures on the simulated Gaudi clock.
 
 ``GaudiTrainer`` times training and evaluation with ``time.time()`` and reports
 ``{split}_runtime``, ``{split}_samples_per_second``, ``{split}_steps_per_second`` and
@@ -18,6 +18,16 @@ The simulated figures leave out nothing the wall-clock ones subtract except
 ``log_evaluate_save_time`` (a wall duration the trainer measures itself): logging, saving
 and evaluation inside a training run count in the simulated runtime. Instants the patched
 ``time()`` did not serve leave the metrics as optimum-habana computed them.
+
+transformers' own ``Trainer`` (which Hugging Face's Gaudi guide runs on hpu unchanged, picking
+the device and ``hpu_backend`` itself) reports the same figures through
+``transformers.trainer_utils.speed_metrics``, which reads the end instant itself.
+:func:`patch_transformers_trainer` gives ``transformers.trainer`` the same noting ``time`` and
+wraps its ``speed_metrics``: the simulated runtime runs from the noted start to the simulated
+host clock when the metrics are taken. It is applied only in a process running the emulator
+(when ``transformers.trainer`` is imported after ``hpu_runtime``, or by ``import hpu_runtime``
+if it was imported before: :func:`install`). In either trainer, a run whose simulated clock did
+not move (a model kept on the CPU) keeps its wall-clock figures.
 
 Text generation (optimum-habana's ``examples/text-generation/run_generation.py`` and
 ``GaudiGenerationMixin.generate``) times itself with ``HabanaGenerationTime``
@@ -39,13 +49,14 @@ warning says when it switches. Its ``time()`` and everything else are the ``time
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time as _time
 from types import ModuleType
 
 from ..bridge.runtime import get_device
 
-__all__ = ["CLOCK", "patch_trainer_module", "patch_misc_module"]
+__all__ = ["CLOCK", "patch_trainer_module", "patch_transformers_trainer", "patch_misc_module", "install"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +83,19 @@ class _NotingTime:
         return getattr(_time, name)
 
 
+def _on_simulated_clock(result: dict, split: str, runtime: float, whole: float, counts: dict) -> dict:
+    """``result`` (a ``speed_metrics`` dict) with its runtime ``whole`` and its rates over
+    ``runtime`` (simulated seconds), the wall runtime kept as ``{split}_wall_runtime``."""
+    result[f"{split}_wall_runtime"] = result.pop(f"{split}_runtime")
+    result[f"{split}_runtime"] = round(whole, 6)
+    result[f"{split}_clock"] = CLOCK
+    for name, count in counts.items():
+        key = f"{split}_{name}_per_second"
+        if key in result or (count is not None and name == "tokens"):
+            result[key] = round(count / runtime, 3) if count is not None and runtime > 0 else 0.0
+    return result
+
+
 def _simulated(clock: _NotingTime, original):
     def speed_metrics(split, start_time, end_time, num_samples=None, num_steps=None, num_tokens=None,
                       start_time_after_warmup=None, log_evaluate_save_time=None, **kwargs):
@@ -83,27 +107,58 @@ def _simulated(clock: _NotingTime, original):
             return result
         runtime = (clock.sim_ns[end_time] - clock.sim_ns[begin]) / 1e9
         whole = (clock.sim_ns[end_time] - clock.sim_ns[start_time]) / 1e9
-        result[f"{split}_wall_runtime"] = result.pop(f"{split}_runtime")
-        result[f"{split}_runtime"] = round(whole, 6)
-        result[f"{split}_clock"] = CLOCK
-        for name, count in (("samples", num_samples), ("steps", num_steps), ("tokens", num_tokens)):
-            key = f"{split}_{name}_per_second"
-            if key in result or (count is not None and name == "tokens"):
-                result[key] = round(count / runtime, 3) if count is not None and runtime > 0 else 0.0
-        return result
+        if whole <= 0:  # the simulated clock did not move: nothing ran on the card
+            return result
+        return _on_simulated_clock(result, split, runtime, whole,
+                                   {"samples": num_samples, "steps": num_steps, "tokens": num_tokens})
+
+    speed_metrics.__wrapped__ = original
+    return speed_metrics
+
+
+def _simulated_transformers(clock: _NotingTime, original):
+    def speed_metrics(split, start_time, num_samples=None, num_steps=None, num_tokens=None):
+        result = original(split, start_time, num_samples=num_samples, num_steps=num_steps, num_tokens=num_tokens)
+        begin = clock.sim_ns.get(start_time)
+        if begin is None:
+            return result
+        runtime = (get_device().host_ns - begin) / 1e9
+        if runtime <= 0:  # the simulated clock did not move: nothing ran on the card
+            return result
+        return _on_simulated_clock(result, split, runtime, runtime,
+                                   {"samples": num_samples, "steps": num_steps, "tokens": num_tokens})
 
     speed_metrics.__wrapped__ = original
     return speed_metrics
 
 
 def patch_trainer_module(module: ModuleType) -> None:
-    """Put the simulated clock under ``module``'s ``time`` and ``speed_metrics`` (idempotent)."""
+    """Put the simulated clock under ``module``'s ``time`` and ``speed_metrics`` (optimum-habana's
+    ``optimum.habana.transformers.trainer``; idempotent)."""
     if isinstance(getattr(module, "time", None), _NotingTime):
         return
     clock = _NotingTime()
     module.time = clock
     if hasattr(module, "speed_metrics"):
         module.speed_metrics = _simulated(clock, module.speed_metrics)
+
+
+def patch_transformers_trainer(module: ModuleType) -> None:
+    """Put the simulated clock under ``transformers.trainer``'s ``time`` and ``speed_metrics``
+    (idempotent)."""
+    if isinstance(getattr(module, "time", None), _NotingTime) or not hasattr(module, "speed_metrics"):
+        return
+    clock = _NotingTime()
+    module.time = clock
+    module.speed_metrics = _simulated_transformers(clock, module.speed_metrics)
+
+
+def install() -> None:
+    """Patch ``transformers.trainer`` if it was imported before the emulator (``import
+    hpu_runtime`` calls this; later imports are patched by :mod:`hpu_runtime.import_hooks`)."""
+    module = sys.modules.get("transformers.trainer")
+    if module is not None:
+        patch_transformers_trainer(module)
 
 
 class _GenerationClock:

@@ -274,3 +274,25 @@ def test_text_generation_times_the_simulated_gaudi() -> None:
     assert lazy["iteration_times"][0] > max(lazy["iteration_times"][1:])  # the first token: prefill + sync
     assert max(graphs["iteration_times"][1:]) < min(lazy["iteration_times"][1:])
     assert graphs["tokens"] == lazy["tokens"]
+
+
+def test_transformers_trainer_reports_the_simulated_gaudis_throughput(tmp_path) -> None:
+    """transformers' own Trainer (no optimum-habana), imported before the emulator, trains on hpu and
+    reports runtime and rates on the simulated clock: two steady-state runs give the same figures,
+    one of them with wall seconds of host sleep at every step (the wall runtime grows by them);
+    the rates are the steps and samples over that runtime."""
+    steps = 4
+    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "hf_trainer.py"), "--output-dir",
+                           str(tmp_path / "out"), "--steps", str(steps), "--host-sleep", "0.05"], cwd=REPO,
+                          env={**_env(), "PT_HPU_LAZY_MODE": "1"}, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith('{"device"')))
+    assert out["device"] == out["param_device"] == "hpu:0"
+    first, steady, slept = out["runs"]
+    assert all(r["train_clock"] == "simulated Gaudi" for r in out["runs"])
+    assert first["train_runtime"] > steady["train_runtime"] > 0  # the first run compiles its recipes
+    assert slept["train_runtime"] == steady["train_runtime"]
+    assert slept["train_wall_runtime"] >= steady["train_wall_runtime"] + steps * 0.05 * 0.9
+    # (the runtime is reported rounded to the microsecond, the rates from the unrounded one)
+    assert steady["train_steps_per_second"] == pytest.approx(steps / steady["train_runtime"], rel=1e-4)
+    assert steady["train_samples_per_second"] == pytest.approx(4 * steps / steady["train_runtime"], rel=1e-4)
