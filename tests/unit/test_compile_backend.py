@@ -165,6 +165,7 @@ def test_enable_compiled_autograd_compiles_backward_as_one_region():
         torch.testing.assert_close(p.grad, torch.tensor(g))
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # importing inductor: torch.jit.script_method's
 def test_default_inductor_refuses_hpu_naming_hpu_backend(eager_device):
     """Intel's support matrix: torch.compile(backend="inductor") is unsupported on Gaudi, the
     backend "must be set as hpu_backend". Inductor given hpu tensors says so, before any code
