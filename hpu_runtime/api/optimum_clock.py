@@ -83,9 +83,12 @@ class _NotingTime:
         return getattr(_time, name)
 
 
-def _on_simulated_clock(result: dict, split: str, runtime: float, whole: float, counts: dict) -> dict:
+def _on_simulated_clock(result: dict, split: str, runtime: float, whole: float, **counts) -> dict:
     """``result`` (a ``speed_metrics`` dict) with its runtime ``whole`` and its rates over
-    ``runtime`` (simulated seconds), the wall runtime kept as ``{split}_wall_runtime``."""
+    ``runtime`` (simulated seconds), the wall runtime kept as ``{split}_wall_runtime``;
+    ``result`` as it is when the simulated clock did not move (nothing ran on the card)."""
+    if whole <= 0:
+        return result
     result[f"{split}_wall_runtime"] = result.pop(f"{split}_runtime")
     result[f"{split}_runtime"] = round(whole, 6)
     result[f"{split}_clock"] = CLOCK
@@ -107,10 +110,8 @@ def _simulated(clock: _NotingTime, original):
             return result
         runtime = (clock.sim_ns[end_time] - clock.sim_ns[begin]) / 1e9
         whole = (clock.sim_ns[end_time] - clock.sim_ns[start_time]) / 1e9
-        if whole <= 0:  # the simulated clock did not move: nothing ran on the card
-            return result
-        return _on_simulated_clock(result, split, runtime, whole,
-                                   {"samples": num_samples, "steps": num_steps, "tokens": num_tokens})
+        return _on_simulated_clock(result, split, runtime, whole, samples=num_samples, steps=num_steps,
+                                   tokens=num_tokens)
 
     speed_metrics.__wrapped__ = original
     return speed_metrics
@@ -123,10 +124,8 @@ def _simulated_transformers(clock: _NotingTime, original):
         if begin is None:
             return result
         runtime = (get_device().host_ns - begin) / 1e9
-        if runtime <= 0:  # the simulated clock did not move: nothing ran on the card
-            return result
-        return _on_simulated_clock(result, split, runtime, runtime,
-                                   {"samples": num_samples, "steps": num_steps, "tokens": num_tokens})
+        return _on_simulated_clock(result, split, runtime, runtime, samples=num_samples, steps=num_steps,
+                                   tokens=num_tokens)
 
     speed_metrics.__wrapped__ = original
     return speed_metrics
