@@ -28,9 +28,12 @@ values (a dict, a Hugging Face ``ModelOutput``); its tensors are the graph's sta
 outputs, which the next replay overwrites, as on Gaudi and with CUDA graphs (``clone()`` a
 result that must outlive the next call).
 
-One module of a little over 400 lines: Gaudi's five HPU-graph names (``HPUGraph``,
-``graph``, ``make_graphed_callables``, ``ModuleCacher``, ``wrap_in_hpu_graph``) share the
-capture program and the graphed-callable machinery.
+One module: Gaudi's five HPU-graph names (``HPUGraph``, ``graph``,
+``make_graphed_callables``, ``ModuleCacher``, ``wrap_in_hpu_graph``) share the capture program
+and the graphed-callable machinery; beside them, the helpers with which optimum-habana's
+diffusers pipelines cache their own graphs (``input_hash``, ``copy_to``, ``CachedParams``: capture
+once per input hash with ``HPUGraph.capture_begin/capture_end``, then copy new inputs into the
+captured ones and replay), as Intel's ``hpu/graphs.py`` defines them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from torch.utils import _pytree as pytree
 
 from .runtime import get_device
 
-__all__ = ["HPUGraph", "graph", "make_graphed_callables", "ModuleCacher", "wrap_in_hpu_graph"]
+__all__ = ["HPUGraph", "graph", "make_graphed_callables", "ModuleCacher", "wrap_in_hpu_graph", "CachedParams",
+           "input_hash", "copy_to"]
 
 
 class _Ref:
@@ -409,6 +413,13 @@ class ModuleCacher:
         model.set_iteration_count = self._set_iteration_count
         model.capture_start = lambda: None
         model.capture_end = lambda: None
+        # Gaudi's wrap_in_hpu_graph adds these (optimum-habana's generate calls them with
+        # --limit_hpu_graphs): clear_cache drops every graph (the next call captures again);
+        # clear_inputs releases, on Gaudi, the inputs a graph holds as outputs of its in-place
+        # ops. Here each graph keeps its static inputs (the next replay copies into them), so
+        # clear_inputs releases nothing: accepted, and the HBM stays counted.
+        model.clear_cache = self.cache.clear
+        model.clear_inputs = lambda: None
         return model
 
 
@@ -416,3 +427,59 @@ def wrap_in_hpu_graph(module: torch.nn.Module, asynchronous: bool = False, disab
                       dry_run: bool = False, max_graphs: int | None = None, **_kwargs) -> torch.nn.Module:
     """Gaudi's ``wrap_in_hpu_graph``: cache HPU graphs of ``module``'s forward per input signature."""
     return ModuleCacher(max_graphs=max_graphs or 1 << 30)(model=module, inplace=True)
+
+
+class CachedParams:
+    """A graph a caller caches itself, with its inputs and outputs (Intel's ``graphs.CachedParams``,
+    as optimum-habana's diffusers pipelines keep them per :func:`input_hash`)."""
+
+    def __init__(self, graph_inputs, graph_outputs, graph: HPUGraph, out_tinfo_list=None,
+                 asynchronous: bool = False) -> None:
+        self.graph_inputs = graph_inputs
+        self.graph_outputs = graph_outputs
+        self.graph = graph
+        self.out_tinfo_list = out_tinfo_list
+        self.asynchronous = asynchronous
+
+
+def input_hash(obj: object) -> int:
+    """A hash of a graph's inputs by what a captured graph fixes: the structure (dicts, lists,
+    tuples), each tensor's shape, strides, storage offset and dtype, each other value, and
+    whether hpu autocast is on (Intel's ``graphs.input_hash``, whose view hash covers a
+    tensor's layout; the dtype is added here, so a tensor of another dtype captures its own
+    graph instead of replaying one through a casting copy).
+
+    Raises:
+        TypeError: a value that cannot be hashed (an unhashable non-tensor leaf).
+    """
+    autocast = torch.is_autocast_enabled("hpu")
+    if isinstance(obj, dict):
+        return input_hash(tuple(obj.items()))
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        return hash((tuple(input_hash(x) for x in obj), autocast))
+    if isinstance(obj, torch.Tensor):
+        return hash((tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype, autocast))
+    if isinstance(obj, collections.UserDict):
+        return hash(tuple((k, tuple(v)) for k, v in obj.items()))
+    return hash((obj, autocast))
+
+
+def copy_to(dst: object, src: object) -> None:
+    """Copy ``src``'s tensors into ``dst``'s, structure by structure (the captured inputs of a
+    graph get a call's values before its replay; Intel's ``graphs.copy_to``).
+
+    Raises:
+        TypeError: ``dst`` and ``src`` differ in type, or two dicts in keys.
+    """
+    if type(dst) is not type(src):
+        raise TypeError(f"copy_to: a captured {type(dst).__name__} cannot take a {type(src).__name__}")
+    if isinstance(dst, dict):
+        if list(dst) != list(src):
+            raise TypeError(f"copy_to: captured keys {list(dst)} differ from {list(src)}")
+        for k in dst:
+            copy_to(dst[k], src[k])
+    elif isinstance(dst, (list, tuple)) and not isinstance(dst, torch.Size):
+        for d, s in zip(dst, src, strict=True):
+            copy_to(d, s)
+    elif isinstance(dst, torch.Tensor) and dst is not src:
+        dst.copy_(src, non_blocking=True)

@@ -371,3 +371,72 @@ def test_a_capture_split_by_mark_step_replays_every_segment(monkeypatch):
     g.replay()
     assert dev.host_ns - host0 == dev.spec.graph_replay_ns + dev.spec.graph_launch_ns
     torch.testing.assert_close(static_y, want[2])
+
+
+def test_a_pipeline_caching_its_own_graphs_as_optimum_diffusers_do():
+    """optimum-habana's diffusers pipelines cache graphs themselves with Intel's graph helpers:
+    ``ht.hpu.graphs.input_hash`` of the inputs, capture with ``HPUGraph.capture_begin/end`` on a
+    stream, ``CachedParams``; a hit copies the new inputs in (``copy_to``) and replays. Reference:
+    the module run plainly on each call's inputs; one graph per input layout."""
+    import habana_frameworks.torch as ht
+
+    hpu.reset_device("gaudi2")
+    torch.manual_seed(0)
+    unet = nn.Sequential(nn.Linear(8, 16), nn.SiLU(), nn.Linear(16, 8)).to("hpu")
+    cache: dict = {}
+    stream = ht.hpu.Stream()
+
+    def step(latents, scale, extra):
+        inputs = [latents, scale, extra]
+        h = ht.hpu.graphs.input_hash(inputs)
+        cached = cache.get(h)
+        if cached is None:
+            with ht.hpu.stream(stream):
+                g = ht.hpu.HPUGraph()
+                g.capture_begin()
+                out = unet(inputs[0]) * inputs[1] + inputs[2]["bias"]
+                g.capture_end()
+                cache[h] = ht.hpu.graphs.CachedParams(inputs, out, g)
+            return out
+        ht.hpu.graphs.copy_to(cached.graph_inputs, inputs)
+        cached.graph.replay()
+        ht.core.hpu.default_stream().synchronize()
+        return cached.graph_outputs
+
+    with torch.no_grad():
+        for i in range(4):
+            shape = (2, 8) if i < 3 else (3, 8)
+            x, s, b = (torch.randn(*shape, device="hpu"), torch.full((1,), float(i + 1), device="hpu"),
+                       torch.randn(8, device="hpu"))
+            got = step(x, s, {"bias": b}).clone()
+            torch.testing.assert_close(got, unet(x) * s + b)
+    assert len(cache) == 2  # (2, 8) captured once and replayed twice; (3, 8) captured
+    assert ht.hpu.graphs.input_hash([x, {"k": 1}]) != ht.hpu.graphs.input_hash([x.double(), {"k": 1}])
+    with pytest.raises(TypeError, match="captured"):
+        ht.hpu.graphs.copy_to([x], (x,))
+
+
+def test_wrap_in_hpu_graph_clear_cache_and_clear_inputs():
+    """Gaudi's wrapped module has clear_cache (drop its graphs: the next call captures again) and
+    clear_inputs (optimum-habana's generate calls both with --limit_hpu_graphs)."""
+    dev = hpu.reset_device("gaudi2")
+    model = hpu.wrap_in_hpu_graph(nn.Linear(4, 2).to("hpu"))
+    x = torch.ones(1, 4, device="hpu")
+    dev.graph_log = []
+
+    def captures() -> int:  # launches a capture makes (each call below starts with nothing pending)
+        return sum(g.reason == "hpu_graph_capture" for g in dev.graph_log)
+
+    with torch.no_grad():
+        hpu.mark_step()
+        want = model(x).clone()
+        once = captures()
+        assert once > 0
+        model.clear_inputs()
+        hpu.mark_step()
+        torch.testing.assert_close(model(x), want)  # still replays
+        assert captures() == once
+        model.clear_cache()
+        hpu.mark_step()
+        torch.testing.assert_close(model(x), want)
+        assert captures() == 2 * once  # captured again

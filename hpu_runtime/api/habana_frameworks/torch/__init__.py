@@ -48,7 +48,8 @@ state[_all]``)
 ``metric_localcontext``, ``metrics_dump``)            ``recipe_cache``, ``memory_defragmentation``)
 ``torch.hpu.graphs`` (``HPUGraph``, ``graph``,        same (see :mod:`hpu_runtime.bridge.hpu_graphs`); the model gains
 ``ModuleCacher``, ``wrap_in_hpu_graph``,              ``set_iteration_count``/``capture_start``/``capture_end``
-``make_graphed_callables``)
+``make_graphed_callables``, ``input_hash``,           and ``clear_cache`` (same); ``clear_inputs`` is
+``copy_to``, ``CachedParams``)                        accepted and releases nothing (graphs keep their inputs)
 ``torch.hpu.Stream/Event/stream``                     same (one simulated compute queue); a Stream is a
                                                       ``torch.Stream`` (``record_stream`` takes it)
 ``torch.distributed.hccl`` (import;                   same: maps OMPI/PMI variables, registers "hccl";
