@@ -296,3 +296,16 @@ def test_transformers_trainer_reports_the_simulated_gaudis_throughput(tmp_path) 
     # (the runtime is reported rounded to the microsecond, the rates from the unrounded one)
     assert steady["train_steps_per_second"] == pytest.approx(steps / steady["train_runtime"], rel=1e-4)
     assert steady["train_samples_per_second"] == pytest.approx(4 * steps / steady["train_runtime"], rel=1e-4)
+
+
+def test_stable_diffusion_pipeline_with_hpu_graphs_equals_without() -> None:
+    """optimum-habana's GaudiStableDiffusionPipeline with ``use_hpu_graphs`` (it caches its UNet graphs
+    with Intel's ``graphs.input_hash`` / ``copy_to`` / ``CachedParams``, which the emulator lacked):
+    the same images as without graphs, from one graph captured and replayed at every later step."""
+    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "optimum_diffusion.py")], cwd=REPO,
+                          env={**_env(), "PT_HPU_LAZY_MODE": "1"}, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    runs = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith('{"plain"')))
+    assert runs["plain"]["shape"] == [2, 16, 16, 3]
+    assert runs["graphs"]["sum"] == runs["plain"]["sum"] and runs["graphs"]["shape"] == runs["plain"]["shape"]
+    assert runs["plain"]["cached_graphs"] == 0 and runs["graphs"]["cached_graphs"] == 1
