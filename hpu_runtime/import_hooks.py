@@ -164,7 +164,8 @@ class TorchvisionFinder(importlib.abc.MetaPathFinder):
 
 class AfterImportFinder(importlib.abc.MetaPathFinder):
     """After one of :data:`AFTER_IMPORT`'s modules loads, hand it to the emulator's patch for it:
-    optimum-habana's trainer, its generation timer and transformers' Trainer read the simulated clock
+    optimum-habana's trainer, its generation timer and diffusers pipelines, and transformers'
+    Trainer read the simulated clock
     (:mod:`hpu_runtime.api.optimum_clock`); inductor refuses hpu graphs with an error naming
     ``hpu_backend`` (:func:`hpu_runtime.bridge.compile_backend.refuse_hpu_in_inductor`);
     FSDP, tensor-parallel and DTensor entry points warn where Intel's support matrix marks them
@@ -176,6 +177,8 @@ class AfterImportFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
         entry = AFTER_IMPORT.get(fullname)
+        if entry is None:
+            entry = next((e for prefix, e in AFTER_IMPORT_UNDER.items() if fullname.startswith(prefix)), None)
         if entry is None or os.environ.get(SWITCH, "1") == "0":
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -203,6 +206,11 @@ AFTER_IMPORT = {
     "torch.distributed.tensor.parallel": ("hpu_runtime.api.support_matrix:patch_module", True),
 }
 """Module -> (``module:function`` that patches it, only if ``hpu_runtime`` is imported)."""
+
+AFTER_IMPORT_UNDER = {
+    "optimum.habana.diffusers.pipelines.": ("hpu_runtime.api.optimum_clock:patch_pipeline_module", False),
+}
+"""Package prefix -> the same, for every module under it."""
 
 
 def installed_finders() -> dict[str, importlib.abc.MetaPathFinder]:

@@ -43,7 +43,15 @@ time, and every figure of generation on the card is the simulated Gaudi's, the s
 machine under any load, to the last bit: every value the clock returns is offset by 2**19
 seconds, so all lie in one binade (for six days of wall plus simulated time) and a
 difference of two of them depends on the simulated ns alone, never on when the switch came. A
-warning says when it switches. Its ``time()`` and everything else are the ``time`` module's.
+warning says when it switches. Its ``time()`` is the same clock, and everything else is the
+``time`` module's.
+
+optimum-habana's diffusers pipelines (``GaudiStableDiffusionPipeline`` and the others under
+``optimum.habana.diffusers.pipelines``) time their generation with ``time.time()`` and report
+``throughput`` (samples per second, after warm-up batches, adjusted for warm-up inference steps
+by ``optimum.habana.utils.misc``). :func:`patch_pipeline_module` gives each pipeline module the
+same clock as ``misc`` (one shared :class:`_GenerationClock`), so the adjustment and the
+throughput are on the simulated clock too.
 """
 
 from __future__ import annotations
@@ -56,7 +64,8 @@ from types import ModuleType
 
 from ..bridge.runtime import get_device
 
-__all__ = ["CLOCK", "patch_trainer_module", "patch_transformers_trainer", "patch_misc_module", "install"]
+__all__ = ["CLOCK", "patch_trainer_module", "patch_transformers_trainer", "patch_misc_module", "patch_pipeline_module",
+           "install"]
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +192,7 @@ class _GenerationClock:
                 dev = get_device()
                 if dev.hbm.live_bytes > 0:
                     self._base = (max(now, self._last), dev.host_ns)
-                    log.warning("hpu_runtime: optimum-habana's HabanaGenerationTime reads the simulated Gaudi clock "
+                    log.warning("hpu_runtime: optimum-habana's generation timers read the simulated Gaudi clock "
                                 "from now on: latency and throughput figures are the simulated card's")
                 self._last = max(now, self._last)
                 return self._last
@@ -195,12 +204,33 @@ class _GenerationClock:
             self._last = wall + (host_ns - sim) / 1e9
             return self._last
 
+    time = perf_counter  # the pipelines' time.time(): the same clock
+
     def __getattr__(self, name: str):
         return getattr(_time, name)
 
 
+_shared: list[_GenerationClock] = []
+_shared_lock = threading.Lock()
+
+
+def _generation_clock() -> _GenerationClock:
+    """The one :class:`_GenerationClock` of the process (``misc`` and the pipelines share it)."""
+    with _shared_lock:
+        if not _shared:
+            _shared.append(_GenerationClock())
+        return _shared[0]
+
+
 def patch_misc_module(module: ModuleType) -> None:
-    """Put :class:`_GenerationClock` under ``module``'s ``time`` (``optimum.habana.utils.misc``,
-    whose ``HabanaGenerationTime`` reads ``time.perf_counter()``); idempotent."""
+    """Put the generation clock under ``module``'s ``time`` (``optimum.habana.utils.misc``, whose
+    ``HabanaGenerationTime`` reads ``time.perf_counter()``); idempotent."""
     if not isinstance(getattr(module, "time", None), _GenerationClock):
-        module.time = _GenerationClock()
+        module.time = _generation_clock()
+
+
+def patch_pipeline_module(module: ModuleType) -> None:
+    """Put the generation clock under an optimum-habana diffusers pipeline module's ``time``
+    (a module that imported the ``time`` module); idempotent."""
+    if getattr(module, "time", None) is _time:
+        module.time = _generation_clock()

@@ -262,7 +262,7 @@ def test_text_generation_times_the_simulated_gaudi() -> None:
                            "--host-sleep", "0.05"], cwd=REPO, env={**_env(), "PT_HPU_LAZY_MODE": "1"},
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "reads the simulated Gaudi clock" in proc.stderr
+    assert "read the simulated Gaudi clock" in proc.stderr
     runs = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
     lazy, slept, graphs = runs["lazy"], runs["lazy_host_sleep"], runs["hpu_graphs"]
     # 0.05 s before each of 5 forwards, absent from every figure (the clock's values are on a grid
@@ -301,7 +301,8 @@ def test_transformers_trainer_reports_the_simulated_gaudis_throughput(tmp_path) 
 def test_stable_diffusion_pipeline_with_hpu_graphs_equals_without() -> None:
     """optimum-habana's GaudiStableDiffusionPipeline with ``use_hpu_graphs`` (it caches its UNet graphs
     with Intel's ``graphs.input_hash`` / ``copy_to`` / ``CachedParams``, which the emulator lacked):
-    the same images as without graphs, from one graph captured and replayed at every later step."""
+    the same images as without graphs, from one graph captured and replayed at every later step; its
+    throughput is the simulated card's (the same with wall seconds of host sleep at every step)."""
     proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "optimum_diffusion.py")], cwd=REPO,
                           env={**_env(), "PT_HPU_LAZY_MODE": "1"}, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -309,3 +310,6 @@ def test_stable_diffusion_pipeline_with_hpu_graphs_equals_without() -> None:
     assert runs["plain"]["shape"] == [2, 16, 16, 3]
     assert runs["graphs"]["sum"] == runs["plain"]["sum"] and runs["graphs"]["shape"] == runs["plain"]["shape"]
     assert runs["plain"]["cached_graphs"] == 0 and runs["graphs"]["cached_graphs"] == 1
+    steady, slept = runs["graphs_steady"], runs["graphs_steady_host_sleep"]
+    assert steady["sum"] == slept["sum"] == runs["plain"]["sum"] and slept["cached_graphs"] == 1
+    assert slept["throughput"] == steady["throughput"] > 0

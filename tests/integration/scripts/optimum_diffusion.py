@@ -2,13 +2,15 @@
 runs it (``use_habana=True``, ``use_hpu_graphs``, bf16 autocast from the GaudiConfig), on a tiny
 random UNet, VAE and CLIP text encoder built from configs (nothing downloaded; the prompt is given
 as embeddings). Generates the same images without and with HPU graphs (the pipeline caches its
-UNet graphs itself with ``ht.hpu.graphs.input_hash`` / ``copy_to`` / ``CachedParams``) and prints
-one JSON line with both images' checksums and the number of graphs the pipeline cached.
+UNet graphs itself with ``ht.hpu.graphs.input_hash`` / ``copy_to`` / ``CachedParams``), then twice
+more with the graphs cached, the second time sleeping 0.05 wall seconds at every step; prints one
+JSON line with each run's images' checksum, the graphs the pipeline cached and its throughput.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import habana_frameworks.torch.core as htcore  # noqa: F401 - the simulated Gaudi, as a Gaudi script imports it
 import numpy as np
@@ -30,16 +32,27 @@ text_encoder = CLIPTextModel(CLIPTextConfig(hidden_size=32, intermediate_size=37
 scheduler = GaudiDDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
                                set_alpha_to_one=False)
 prompt = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
-result = {}
-for graphs in (False, True):
-    pipe = GaudiStableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=None, unet=unet,
+
+
+def pipeline(graphs: bool) -> GaudiStableDiffusionPipeline:
+    return GaudiStableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=None, unet=unet,
                                         scheduler=scheduler, safety_checker=None, feature_extractor=None,
                                         requires_safety_checker=False, use_habana=True, use_hpu_graphs=graphs,
                                         gaudi_config=GaudiConfig(use_torch_autocast=True))
-    out = pipe(prompt_embeds=prompt, negative_prompt_embeds=torch.zeros_like(prompt), num_inference_steps=3, height=16,
+
+
+def generate(pipe: GaudiStableDiffusionPipeline, host_sleep: float = 0.0) -> dict:
+    out = pipe(prompt_embeds=prompt, negative_prompt_embeds=torch.zeros_like(prompt), num_inference_steps=5, height=16,
                width=16, output_type="np", batch_size=1, num_images_per_prompt=2,
-               generator=torch.Generator().manual_seed(2))
+               generator=torch.Generator().manual_seed(2), callback=lambda *_: time.sleep(host_sleep))
     images = np.asarray(out.images)
-    result["graphs" if graphs else "plain"] = {"shape": list(images.shape), "sum": float(images.astype(np.float64).sum()),
-                                               "cached_graphs": len(getattr(pipe, "cache", {}))}
+    return {"shape": list(images.shape), "sum": float(images.astype(np.float64).sum()),
+            "cached_graphs": len(getattr(pipe, "cache", {})), "throughput": out.throughput}
+
+
+result = {"plain": generate(pipeline(False))}
+graphed = pipeline(True)
+result["graphs"] = generate(graphed)  # captures
+result["graphs_steady"] = generate(graphed)
+result["graphs_steady_host_sleep"] = generate(graphed, host_sleep=0.05)  # wall time the card never sees
 print(json.dumps(result))
