@@ -210,27 +210,19 @@ class _GenerationClock:
         return getattr(_time, name)
 
 
-_shared: list[_GenerationClock] = []
-_shared_lock = threading.Lock()
-
-
-def _generation_clock() -> _GenerationClock:
-    """The one :class:`_GenerationClock` of the process (``misc`` and the pipelines share it)."""
-    with _shared_lock:
-        if not _shared:
-            _shared.append(_GenerationClock())
-        return _shared[0]
+_GENERATION_CLOCK = _GenerationClock()
+"""The process's one generation clock: ``misc`` and the pipelines share it."""
 
 
 def patch_misc_module(module: ModuleType) -> None:
     """Put the generation clock under ``module``'s ``time`` (``optimum.habana.utils.misc``, whose
     ``HabanaGenerationTime`` reads ``time.perf_counter()``); idempotent."""
     if not isinstance(getattr(module, "time", None), _GenerationClock):
-        module.time = _generation_clock()
+        module.time = _GENERATION_CLOCK
 
 
 def patch_pipeline_module(module: ModuleType) -> None:
     """Put the generation clock under an optimum-habana diffusers pipeline module's ``time``
     (a module that imported the ``time`` module); idempotent."""
     if getattr(module, "time", None) is _time:
-        module.time = _generation_clock()
+        module.time = _GENERATION_CLOCK
