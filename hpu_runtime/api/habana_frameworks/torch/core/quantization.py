@@ -38,7 +38,8 @@ def _fuse_conv_bn(model: nn.Module) -> nn.Module:
         log.warning("hpu_set_inference_env: conv+bn fusion applies to a model in eval mode; model left as it is")
         return model
     if any(not p.is_cpu for p in model.parameters()):
-        log.warning("hpu_set_inference_env: conv+bn fusion runs on a model still on the CPU; model left as it is")
+        log.warning("hpu_set_inference_env: conv+bn fusion runs only before the model moves to the card; "
+                    "model left as it is")
         return model
     try:
         gm = torch.fx.symbolic_trace(copy.deepcopy(model))
