@@ -14,10 +14,10 @@ figures are the device's; on the emulator the wall clock measures a CPU. When
   simulated clock between the same instants, with the wall-clock runtime kept as
   ``{split}_wall_runtime`` and ``{split}_clock: "simulated Gaudi"`` saying which is which.
 
-The simulated figures leave out nothing the wall-clock ones subtract except
-``log_evaluate_save_time`` (a wall duration the trainer measures itself): logging, saving
-and evaluation inside a training run count in the simulated runtime. Instants the patched
-``time()`` did not serve leave the metrics as optimum-habana computed them.
+With ``--adjust_throughput`` the trainer also measures the time it spends logging, evaluating
+and saving (``log_evaluate_save_time``, with ``HabanaGenerationTime``, whose clock is the
+simulated one here, below) and leaves it out of the rates: so do the simulated rates. Instants
+the patched ``time()`` did not serve leave the metrics as optimum-habana computed them.
 
 transformers' own ``Trainer`` (which Hugging Face's Gaudi guide runs on hpu unchanged, picking
 the device and ``hpu_backend`` itself) reports the same figures through
@@ -118,6 +118,8 @@ def _simulated(clock: _NotingTime, original):
         if begin not in clock.sim_ns or end_time not in clock.sim_ns:
             return result
         runtime = (clock.sim_ns[end_time] - clock.sim_ns[begin]) / 1e9
+        if log_evaluate_save_time is not None:  # simulated too: HabanaGenerationTime's (patch_misc_module)
+            runtime -= log_evaluate_save_time
         whole = (clock.sim_ns[end_time] - clock.sim_ns[start_time]) / 1e9
         return _on_simulated_clock(result, split, runtime, whole, samples=num_samples, steps=num_steps,
                                    tokens=num_tokens)
@@ -192,8 +194,9 @@ class _GenerationClock:
                 dev = get_device()
                 if dev.hbm.live_bytes > 0:
                     self._base = (max(now, self._last), dev.host_ns)
-                    log.warning("hpu_runtime: optimum-habana's generation timers read the simulated Gaudi clock "
-                                "from now on: latency and throughput figures are the simulated card's")
+                    log.warning("hpu_runtime: optimum-habana's timers (HabanaGenerationTime, the diffusers "
+                                "pipelines' throughput) read the simulated Gaudi clock from now on: their latency and "
+                                "throughput figures are the simulated card's")
                 self._last = max(now, self._last)
                 return self._last
             wall, sim = self._base

@@ -119,7 +119,7 @@ def test_gpt2_lazy_bf16_hpu_graphs_eval_checkpoint_and_resume(tmp_path) -> None:
     flags = ["--use_lazy_mode", "--bf16", "--max_steps", "8", "--do_eval", "--save_strategy", "steps",
              "--save_steps", "4"]
     graphs = _run(tmp_path, "graphs", *flags, "--use_hpu_graphs_for_training", "--use_hpu_graphs_for_inference")
-    plain = _run(tmp_path, "plain", *flags)
+    plain = _run(tmp_path, "plain", *flags, "--adjust_throughput")
     _decreasing(graphs["losses"])
     assert graphs["param_device"].startswith("hpu") or graphs["param_device"] == "cpu"
     assert pytest.approx(plain["losses"], abs=2e-3) == graphs["losses"]
@@ -132,6 +132,16 @@ def test_gpt2_lazy_bf16_hpu_graphs_eval_checkpoint_and_resume(tmp_path) -> None:
                    str(checkpoint))
     assert _max_diff(resumed["params"][0], graphs["params"][0]) < 1e-5
     assert "simulated Gaudi" in graphs["output"]  # the throughput lines say which clock they read
+    # --adjust_throughput leaves the (simulated) time of logging, evaluating and saving out of the rate
+    samples = 8 * 4
+    for run, adjusted in ((graphs, False), (plain, True)):
+        train = run["results"]["train"]
+        assert train["train_clock"] == "simulated Gaudi"
+        unadjusted = samples / train["train_runtime"]
+        if adjusted:
+            assert train["train_samples_per_second"] > unadjusted * 1.001
+        else:
+            assert train["train_samples_per_second"] == pytest.approx(unadjusted, rel=1e-3)
 
 
 def test_bert_masked_lm_lazy_without_fused_optimizer(tmp_path) -> None:
