@@ -31,8 +31,6 @@ from . import import_hooks
 from .api import hpu, metrics
 from .api import hpu_ops as _hpu_ops
 from .api import profiler as _profiler
-from .api import optimum_clock as _optimum_clock
-from .api import support_matrix as _support_matrix
 from .api.hpu import (
     Event,
     Stream,
@@ -119,8 +117,7 @@ def _register() -> None:
     _profiler.install()  # torch.profiler with ProfilerActivity.HPU records the simulated device
     _serialization.install()  # torch.load(..., map_location="hpu") gives hpu tensors
     _sync_batchnorm.install()  # SyncBatchNorm's five CUDA-only ops, for hpu tensors
-    _support_matrix.install()  # FSDP / TP / DTensor warn where Intel's support matrix says "No"
-    _optimum_clock.install()  # transformers' Trainer reports the simulated clock's throughput
+    import_hooks.patch_imported()  # modules imported before the emulator: support matrix, inductor, Trainer
     import_hooks.install()  # `import habana_frameworks` finds hpu_runtime/api/habana_frameworks
     import_hooks.warn_if_shadowed()
 

@@ -189,11 +189,26 @@ class AfterImportFinder(importlib.abc.MetaPathFinder):
         def after(module) -> None:
             if needs_emulator and "hpu_runtime" not in sys.modules:
                 return
-            mod_name, _, fn = patcher.partition(":")
-            getattr(importlib.import_module(mod_name), fn)(module)
+            _apply(patcher, module)
 
         spec.loader = _WrappedLoader(spec.loader, after=after)
         return spec
+
+
+def _apply(patcher: str, module) -> None:
+    """Call ``patcher`` (``"module:function"``) on ``module``."""
+    mod_name, _, fn = patcher.partition(":")
+    getattr(importlib.import_module(mod_name), fn)(module)
+
+
+def patch_imported() -> None:
+    """Apply the patches of the :data:`AFTER_IMPORT` modules that need the emulator to those
+    already imported: imported before ``hpu_runtime``, the hook left them as they were
+    (``import hpu_runtime`` calls this; every patch is idempotent)."""
+    for name, (patcher, needs_emulator) in AFTER_IMPORT.items():
+        module = sys.modules.get(name)
+        if needs_emulator and module is not None:
+            _apply(patcher, module)
 
 
 AFTER_IMPORT = {

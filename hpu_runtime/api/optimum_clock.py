@@ -26,7 +26,7 @@ the device and ``hpu_backend`` itself) reports the same figures through
 wraps its ``speed_metrics``: the simulated runtime runs from the noted start to the simulated
 host clock when the metrics are taken. It is applied only in a process running the emulator
 (when ``transformers.trainer`` is imported after ``hpu_runtime``, or by ``import hpu_runtime``
-if it was imported before: :func:`install`). In either trainer, a run whose simulated clock did
+if it was imported before: ``import_hooks.patch_imported``). In either trainer, a run whose simulated clock did
 not move (a model kept on the CPU) keeps its wall-clock figures.
 
 Text generation (optimum-habana's ``examples/text-generation/run_generation.py`` and
@@ -57,15 +57,14 @@ throughput are on the simulated clock too.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time as _time
 from types import ModuleType
 
 from ..bridge.runtime import get_device
 
-__all__ = ["CLOCK", "patch_trainer_module", "patch_transformers_trainer", "patch_misc_module", "patch_pipeline_module",
-           "install"]
+__all__ = ["CLOCK", "patch_trainer_module", "patch_transformers_trainer", "patch_misc_module",
+           "patch_pipeline_module"]
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +161,6 @@ def patch_transformers_trainer(module: ModuleType) -> None:
     module.time = clock
     module.speed_metrics = _simulated_transformers(clock, module.speed_metrics)
 
-
-def install() -> None:
-    """Patch ``transformers.trainer`` if it was imported before the emulator (``import
-    hpu_runtime`` calls this; later imports are patched by :mod:`hpu_runtime.import_hooks`)."""
-    module = sys.modules.get("transformers.trainer")
-    if module is not None:
-        patch_transformers_trainer(module)
 
 
 class _GenerationClock:

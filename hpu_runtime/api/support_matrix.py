@@ -18,22 +18,21 @@ of such a feature in a mode the matrix marks "No" warns once per row and process
 ``torch.distributed.fsdp.fully_shard`` and ``FullyShardedDataParallel`` (FSDP),
 ``torch.distributed.tensor.parallel.parallelize_module`` (Tensor Parallel),
 ``torch.distributed.tensor.distribute_tensor`` and ``DTensor.from_local`` (Dtensor). They are
-wrapped when ``hpu_runtime`` is imported (:func:`install`) or, for modules imported later, by
-:mod:`hpu_runtime.import_hooks` right after their import, and only in a process that runs the
-simulated Gaudi.
+wrapped by :mod:`hpu_runtime.import_hooks`, right after their import or, for modules imported
+before it, when ``hpu_runtime`` is imported (``patch_imported``), and only in a process that
+runs the simulated Gaudi.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import warnings
 from types import ModuleType
 
 from ..bridge.runtime import get_device
 
-__all__ = ["GaudiSupportMatrixWarning", "ROWS", "install", "patch_module", "warn_if_unsupported"]
+__all__ = ["GaudiSupportMatrixWarning", "ROWS", "patch_module", "warn_if_unsupported"]
 
 ROWS = {"PyTorch FSDP": (True, False), "PyTorch Tensor Parallel": (False, False), "PyTorch Dtensor": (False, False)}
 """Row -> (supported in eager + torch.compile, supported in lazy mode), from the support matrix."""
@@ -94,10 +93,3 @@ def patch_module(module: ModuleType) -> None:
             static = isinstance(inspect.getattr_static(target, name), staticmethod)
             setattr(target, name, staticmethod(_watch(fn, row)) if static else _watch(fn, row))
 
-
-def install() -> None:
-    """Wrap the watched modules already imported (``import hpu_runtime`` calls it)."""
-    for name in _WATCHED:
-        module = sys.modules.get(name)
-        if module is not None:
-            patch_module(module)

@@ -123,8 +123,6 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    if "torch._inductor.compile_fx" in sys.modules:  # imported before the emulator: the import hook missed it
-        refuse_hpu_in_inductor(sys.modules["torch._inductor.compile_fx"])
     if "torch._dynamo" in sys.modules:
         register()
         return
@@ -147,8 +145,8 @@ _INDUCTOR_ON_HPU = ('torch.compile: inductor (torch.compile\'s default backend) 
 def refuse_hpu_in_inductor(module) -> None:
     """Wrap ``torch._inductor.compile_fx.compile_fx`` (``module``) so a graph with an hpu input
     raises a ``RuntimeError`` naming ``backend="hpu_backend"`` before inductor starts;
-    idempotent. Called when that module is imported in a process running the emulator
-    (:mod:`hpu_runtime.import_hooks`), and by ``import hpu_runtime`` if it already was."""
+    idempotent. Called by :mod:`hpu_runtime.import_hooks` when that module is imported in a
+    process running the emulator, or at ``import hpu_runtime`` if it already was."""
     original = getattr(module, "compile_fx", None)
     if original is None or getattr(original, "_refuses_hpu", False):
         return
