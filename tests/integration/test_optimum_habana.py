@@ -45,6 +45,13 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _script(name: str, *args: str, result: str) -> tuple[dict, str]:
+    """Run ``tests/integration/scripts/<name>`` in the optimum environment (lazy mode); its JSON
+    result (the stdout line starting with ``result``) and its stderr."""
+    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / name), *args], cwd=REPO,
+                          env={**_env(), "PT_HPU_LAZY_MODE": "1"}, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(result))), proc.stderr
 
 
 def _as_open_mpi(cmd: list[str], ranks: int, env: dict[str, str], logs: Path) -> subprocess.CompletedProcess[str]:
@@ -268,12 +275,8 @@ def test_text_generation_times_the_simulated_gaudi() -> None:
     latencies: wall seconds of host work the card never sees change none of them, while the
     model-initialization timer (it spans host work before the card is used) counts them; HPU graphs
     cut the per-token latency (per-op host work gone) and generate the same tokens."""
-    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "optimum_generate.py"),
-                           "--host-sleep", "0.05"], cwd=REPO, env={**_env(), "PT_HPU_LAZY_MODE": "1"},
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "read the simulated Gaudi clock" in proc.stderr
-    runs = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    runs, stderr = _script("optimum_generate.py", "--host-sleep", "0.05", result='{"init"')
+    assert "read the simulated Gaudi clock" in stderr
     lazy, slept, graphs = runs["lazy"], runs["lazy_host_sleep"], runs["hpu_graphs"]
     # 0.05 s before each of 5 forwards, absent from every figure (the clock's values are on a grid
     # of 2**-33 s, so the same simulated durations at another instant may differ in that last bit)
@@ -292,11 +295,8 @@ def test_transformers_trainer_reports_the_simulated_gaudis_throughput(tmp_path) 
     one of them with wall seconds of host sleep at every step (the wall runtime grows by them);
     the rates are the steps and samples over that runtime."""
     steps = 4
-    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "hf_trainer.py"), "--output-dir",
-                           str(tmp_path / "out"), "--steps", str(steps), "--host-sleep", "0.05"], cwd=REPO,
-                          env={**_env(), "PT_HPU_LAZY_MODE": "1"}, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith('{"device"')))
+    out, _ = _script("hf_trainer.py", "--output-dir", str(tmp_path / "out"), "--steps", str(steps), "--host-sleep",
+                     "0.05", result='{"device"')
     assert out["device"] == out["param_device"] == "hpu:0"
     first, steady, slept = out["runs"]
     assert all(r["train_clock"] == "simulated Gaudi" for r in out["runs"])
@@ -313,10 +313,7 @@ def test_stable_diffusion_pipeline_with_hpu_graphs_equals_without() -> None:
     with Intel's ``graphs.input_hash`` / ``copy_to`` / ``CachedParams``, which the emulator lacked):
     the same images as without graphs, from one graph captured and replayed at every later step; its
     throughput is the simulated card's (the same with wall seconds of host sleep at every step)."""
-    proc = subprocess.run([PYTHON, str(REPO / "tests" / "integration" / "scripts" / "optimum_diffusion.py")], cwd=REPO,
-                          env={**_env(), "PT_HPU_LAZY_MODE": "1"}, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    runs = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith('{"plain"')))
+    runs, _ = _script("optimum_diffusion.py", result='{"plain"')
     assert runs["plain"]["shape"] == [2, 16, 16, 3]
     assert runs["graphs"]["sum"] == runs["plain"]["sum"] and runs["graphs"]["shape"] == runs["plain"]["shape"]
     assert runs["plain"]["cached_graphs"] == 0 and runs["graphs"]["cached_graphs"] == 1
