@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,36 +43,50 @@ class Background:
     """``cmd`` started now (as :func:`run` would run it, output captured); :meth:`result`
     waits for it. Lets a test overlap a reference job with a mostly single-core wait (a Ray
     driver or cluster starting). Never outlives its ``with`` block: killed there if still
-    running."""
+    running.
+
+    Output goes to temporary files, not pipes: nobody reads a pipe while the test waits on
+    something else, and a job that filled one would stall. ``timeout`` (wall seconds from the
+    start) limits the job, not the test's other waits: a job that ended before :meth:`result`
+    is called is returned whatever the time (a slow sweep beside a finished reference once made
+    the reference look timed out, in CI)."""
 
     def __init__(self, cmd: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> None:
         self.timeout, self.deadline = timeout, time.monotonic() + timeout
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**clean_env(), **(env or {})}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**clean_env(), **(env or {})}, stdout=self._out,
+                                     stderr=self._err, text=True)
         self._done: subprocess.CompletedProcess[str] | None = None
 
     def result(self) -> subprocess.CompletedProcess[str]:
         """Waits (until ``timeout`` seconds after the start) and returns the finished process;
-        raises ``subprocess.TimeoutExpired`` (the process killed) past it."""
+        raises ``subprocess.TimeoutExpired`` (the process killed) if it is still running past it."""
         if self._done is None:
             try:
-                out, err = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+                self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise subprocess.TimeoutExpired(self.proc.args, self.timeout) from None
-            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, *self._read())
         return self._done
+
+    def _read(self) -> tuple[str, str]:
+        texts = []
+        for f in (self._out, self._err):
+            f.seek(0)
+            texts.append(f.read())
+            f.close()
+        return texts[0], texts[1]
 
     def kill(self) -> None:
         """SIGTERM (torchrun passes it on to its ranks), SIGKILL 10 s later."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.communicate(timeout=10)
-                return
+                self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        self.proc.communicate()
+                self.proc.wait()
 
     def __enter__(self) -> Background:
         return self
@@ -79,6 +94,8 @@ class Background:
     def __exit__(self, *exc: object) -> None:
         if self._done is None:
             self.kill()
+            self._out.close()
+            self._err.close()
 
 
 def torchrun_cmd(n: int, *args: str) -> list[str]:
