@@ -93,6 +93,9 @@ dtype``
                                                       import them); building a media pipeline raises
                                                       ``NotImplementedError`` and ResNet-50 falls back to
                                                       torch's DataLoader as on a machine without them
+``torch.gpu_migration``, ``PT_HPU_GPU_MIGRATION=1``   same: a CUDA script runs on the card over "hccl"; the
+                                                      variable works at ``import torch`` too (see
+                                                      :mod:`hpu_runtime.api.gpu_migration` for what is mapped)
 ====================================================  =========================================================
 """
 
@@ -103,3 +106,9 @@ import hpu_runtime as _hpu_runtime  # noqa: F401 - starts the bridge, registers 
 # ``gaudi_spawn.py --use_mpi``) reads before anything else to choose hpu and "hccl"
 from . import core, hpu  # noqa: E402,F401
 from .distributed import hccl as _hccl  # noqa: E402,F401
+
+# PT_HPU_GPU_MIGRATION=1: Intel's GPU Migration Toolkit, on before the script's first CUDA call
+from hpu_runtime.api import gpu_migration as _gpu_migration  # noqa: E402
+
+if _gpu_migration.requested():
+    _gpu_migration.enable()
