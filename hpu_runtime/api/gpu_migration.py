@@ -10,8 +10,9 @@ script that never names Gaudi works too), or ``import habana_frameworks.torch.gp
 at the top of the script. Once enabled it stays on for the process.
 
 What is mapped (Intel's page lists ``torch.cuda``, torch calls with GPU arguments, Apex and
-pynvml; its sample logs in Model-References, for example
-``simple_examples/mnist/gpu_migration_logs/gpu_migration_66.log``, show the calls below):
+pynvml; its sample logs in HabanaAI/Model-References ``PyTorch/examples/gpu_migration/``, for
+example ``simple_examples/mnist/gpu_migration_logs/gpu_migration_66.log``, show the calls below
+and what each became):
 
 ==========================================  ================================================
 GPU call                                    on the simulated Gaudi
@@ -28,16 +29,20 @@ to the factories (``torch.zeros``,
 ``torch.hpu`` has                           ``device_count``, ``set_device``,
                                             ``synchronize``, ``manual_seed_all``, the
                                             memory statistics, ``Stream``, ``Event``...)
-``torch.autocast("cuda")``,                 the same on ``"hpu"`` (dtype kept when given;
-``torch.cuda.amp.autocast()``               Gaudi's default, bf16, otherwise)
-``torch.amp.GradScaler("cuda")``,           ``GradScaler("hpu")``
-``torch.cuda.amp.GradScaler()``
+``torch.autocast("cuda", dtype=...)``,      ``torch.autocast("hpu", dtype=...)``; float16 becomes
+``torch.cuda.amp.autocast()``               bfloat16 under ``PT_HPU_CONVERT_FP16_TO_BF16_FOR_
+                                            MIGRATION=1``, Intel's flag (default off)
+``torch.amp.GradScaler("cuda")``,           ``GradScaler("hpu", enabled=False)``, as Intel's
+``torch.cuda.amp.GradScaler()``             builds it (Gaudi's mixed precision is bf16)
+``torch.cuda.FloatTensor(data)`` and the    ``torch.FloatTensor(data).to("hpu")``
+other legacy constructors
+``torch.cuda.nvtx.range`` and friends       do nothing
 ``init_process_group("nccl")``,             ``"hccl"``; ``get_backend()`` answers
 ``new_group(backend="nccl")``               ``"nccl"`` for an hccl group, as Intel's does, so
                                             GPU code that checks it goes on;
                                             ``is_nccl_available()`` is True
-``DistributedDataParallel(device_ids=       ``device_ids=[0]``: the process's card, hpu:0
-[local_rank], output_device=local_rank)``   (DDP moves inputs there)
+``DistributedDataParallel(device_ids=       ``device_ids`` and ``output_device`` None, as
+[local_rank], output_device=local_rank)``   Intel's (the module is on the process's card)
 ``torch.compile`` with the default          ``backend="hpu_backend"`` (inductor has no
 ``"inductor"`` backend                      Gaudi code generator); inductor's ``mode`` and
                                             ``options`` are dropped
@@ -67,6 +72,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..bridge.config import RuntimeConfig
+
 __all__ = ["enable", "is_enabled", "requested", "to_hpu_device"]
 
 ENV = "PT_HPU_GPU_MIGRATION"
@@ -86,13 +93,18 @@ _CUDA_NAMES = ("is_available", "device_count", "current_device", "set_device", "
 
 _lock = threading.Lock()
 _enabled = False
+_fp16_to_bf16 = False
 _log_file: Any = None
 _logged: set[tuple[str, int, str]] = set()
 
 
 def requested() -> bool:
-    """Whether the environment asks for the toolkit (``PT_HPU_GPU_MIGRATION`` = 1 / true)."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether the environment asks for the toolkit (``PT_HPU_GPU_MIGRATION`` = 1 / true).
+
+    Raises:
+        ValueError: a malformed ``hpu_runtime`` variable, naming it (``RuntimeConfig``).
+    """
+    return RuntimeConfig.from_env().gpu_migration
 
 
 def is_enabled() -> bool:
@@ -191,36 +203,85 @@ def _map_cuda_function(name: str, target: Callable) -> Callable:
 
 
 class _Autocast(torch.amp.autocast_mode.autocast):
-    """``torch.autocast`` with a ``"cuda"`` device type taken as ``"hpu"``."""
+    """``torch.autocast`` with a ``"cuda"`` device type taken as ``"hpu"``; its dtype kept, except
+    float16 under ``PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION=1``, which becomes bfloat16 (the
+    flag of Intel's toolkit, default off: Model-References' torchvision GPU-migration README)."""
 
-    def __init__(self, device_type: str = "cuda", *args, **kwargs) -> None:
+    def __init__(self, device_type: str = "cuda", dtype: torch.dtype | None = None, *args, **kwargs) -> None:
         if device_type == "cuda":
-            _log("hpu_match", "torch.autocast(device_type=cuda) --> torch.autocast(device_type=hpu)")
             device_type = "hpu"
-        super().__init__(device_type, *args, **kwargs)
+            dtype = torch.float16 if dtype is None else dtype  # CUDA autocast's default
+            if dtype == torch.float16 and _fp16_to_bf16:
+                dtype = torch.bfloat16
+            _log("hpu_match", f"torch.autocast(device_type=cuda) --> torch.autocast(device_type=hpu, dtype={dtype})")
+        super().__init__(device_type, dtype, *args, **kwargs)
 
 
-def _cuda_amp_autocast(enabled: bool = True, dtype: torch.dtype | None = None, cache_enabled: bool = True):
-    """``torch.cuda.amp.autocast(...)``: ``torch.autocast("hpu", ...)`` (Gaudi's default dtype,
-    bf16, when none is given)."""
-    _log("hpu_match", "torch.cuda.amp.autocast() --> torch.autocast(device_type=hpu)")
-    kwargs = {} if dtype is None else {"dtype": dtype}
-    return torch.amp.autocast_mode.autocast("hpu", enabled=enabled, cache_enabled=cache_enabled, **kwargs)
+def _cuda_amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True):
+    """``torch.cuda.amp.autocast(...)`` (float16 unless told): ``torch.autocast("cuda", ...)``,
+    which runs on ``"hpu"``."""
+    return _Autocast("cuda", dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
 class _GradScaler(torch.amp.GradScaler):
-    """``torch.amp.GradScaler`` with a ``"cuda"`` device taken as ``"hpu"``."""
+    """``torch.amp.GradScaler`` on ``"cuda"``: built disabled on ``"hpu"``, as Intel's toolkit
+    does (``torch.cuda.amp.GradScaler.__init__(...) --> set enabled to False`` in its sample log,
+    torchvision ``gpu_migration_958.log``; Gaudi's mixed precision is bf16, which needs no loss
+    scaling): ``scale()`` returns the loss as it is and ``step()`` is the optimizer's step."""
 
     def __init__(self, device: str = "cuda", *args, **kwargs) -> None:
         if device == "cuda":
-            _log("hpu_match", "torch.amp.GradScaler(cuda) --> torch.amp.GradScaler(hpu)")
+            _log("hpu_match", "torch.amp.GradScaler(cuda) --> torch.amp.GradScaler(hpu, enabled=False)")
             device = "hpu"
+            kwargs["enabled"] = False
+            if len(args) >= 5:  # enabled given by position (init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+                args = (*args[:4], False, *args[5:])
+                kwargs.pop("enabled")
         super().__init__(device, *args, **kwargs)
 
 
 def _cuda_grad_scaler(*args, **kwargs) -> torch.amp.GradScaler:
-    """``torch.cuda.amp.GradScaler(...)``: ``torch.amp.GradScaler("hpu", ...)``."""
+    """``torch.cuda.amp.GradScaler(...)``: as ``torch.amp.GradScaler("cuda", ...)``."""
     return _GradScaler("cuda", *args, **kwargs)
+
+
+_LEGACY_TENSORS = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+                   "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor")
+
+
+def _legacy_tensor(name: str) -> Callable:
+    """``torch.cuda.FloatTensor(data)`` and its kind: ``torch.FloatTensor(data).to("hpu")``, as
+    Intel's toolkit builds them (Megatron-DeepSpeed ``gpu_migration_424488.log``)."""
+    host = getattr(torch, name)
+
+    def legacy(*args, **kwargs):
+        _log("hpu_modified", f"torch.cuda.{name}() --> torch.{name}().to(hpu)")
+        return host(*args, **kwargs).to("hpu")
+
+    legacy.__name__ = legacy.__qualname__ = name
+    return legacy
+
+
+class _NoRange:
+    """``torch.cuda.nvtx.range(...)``: nothing to mark on Gaudi (Intel's toolkit: a dummy)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        _log("hpu_mismatch", "torch.cuda.nvtx.range() --> Dummy")
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: Callable) -> Callable:
+        return fn
+
+
+def _no_nvtx(*args, **kwargs) -> int:
+    """``torch.cuda.nvtx.range_push`` / ``range_pop`` / ``mark`` / ``range_start`` /
+    ``range_end``: nothing (0, the depth or id NVTX would return)."""
+    return 0
 
 
 def _map_backend(backend: object) -> object:
@@ -273,18 +334,13 @@ def _wrap_compile(fn: Callable) -> Callable:
     return compile
 
 
-def _card_index(device: object) -> object:
-    """A CUDA device or index as the process's one card, 0 (the index DDP then uses for hpu)."""
-    return 0 if isinstance(device, int) and not isinstance(device, bool) or _is_cuda(device) else device
-
-
 def _wrap_ddp_init(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def __init__(self, module, device_ids=None, output_device=None, *args, **kwargs):
-        if device_ids and any(_card_index(d) != d for d in device_ids):
-            _log("hpu_modified", f"DistributedDataParallel(device_ids={list(device_ids)}) --> device_ids=[0] (hpu:0)")
-            device_ids = [_card_index(d) for d in device_ids]
-        return fn(self, module, device_ids, _card_index(output_device), *args, **kwargs)
+        if device_ids is not None or output_device is not None:
+            _log("hpu_match", f"DistributedDataParallel(device_ids={device_ids}, output_device={output_device}) --> "
+                              "change device_ids and output_device to None")
+        return fn(self, module, None, None, *args, **kwargs)
 
     __init__.__gpu_migration_wrapped__ = fn
     return __init__
@@ -292,10 +348,10 @@ def _wrap_ddp_init(fn: Callable) -> Callable:
 
 def _open_log() -> None:
     global _log_file
-    level = os.environ.get("GPU_MIGRATION_LOG_LEVEL", "").strip()
-    if not level or level == "0":
+    where = RuntimeConfig.from_env().gpu_migration_log_dir
+    if where is None:
         return
-    root = Path(os.environ.get("HABANA_LOGS") or Path.home() / ".habana_logs") / "gpu_migration_logs"
+    root = Path(where)
     root.mkdir(parents=True, exist_ok=True)
     _log_file = open(root / f"gpu_migration_{os.getpid()}.log", "a", encoding="utf-8")  # noqa: SIM115 - process-long
 
@@ -306,7 +362,7 @@ def enable() -> None:
     Raises:
         RuntimeError: a real CUDA device is present (the toolkit would hide it).
     """
-    global _enabled
+    global _enabled, _fp16_to_bf16
     with _lock:
         if _enabled:
             return
@@ -318,6 +374,7 @@ def enable() -> None:
         import torch.distributed.distributed_c10d as c10d
 
         _open_log()
+        _fp16_to_bf16 = RuntimeConfig.from_env().gpu_migration_fp16_to_bf16
         for name in _FACTORIES:
             fn = getattr(torch, name, None)
             if fn is not None and not hasattr(fn, "__gpu_migration_wrapped__"):
@@ -336,6 +393,11 @@ def enable() -> None:
         torch.amp.GradScaler = _GradScaler
         torch.cuda.amp.autocast = _cuda_amp_autocast
         torch.cuda.amp.GradScaler = _cuda_grad_scaler
+        for name in _LEGACY_TENSORS:
+            setattr(torch.cuda, name, _legacy_tensor(name))
+        torch.cuda.nvtx.range = _NoRange
+        for name in ("range_push", "range_pop", "range_start", "range_end", "mark"):
+            setattr(torch.cuda.nvtx, name, _no_nvtx)
         # torch.distributed's names only: c10d's own calls keep seeing "hccl" (its NCCL-only
         # paths, a barrier on a CUDA device for one, must not be taken)
         dist.init_process_group = _wrap_backend_arg(c10d.init_process_group, 0)

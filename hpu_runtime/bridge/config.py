@@ -182,6 +182,15 @@ class RuntimeConfig:
     runs in bf16/fp16 (NOTE [Gaudi's autocast op lists] in :mod:`hpu_runtime.bridge.autocast`)."""
     autocast_fp32_ops_list: str | None = None
     """``PT_HPU_AUTOCAST_FP32_OPS_LIST``: a file naming the ops autocast runs in fp32 (same note)."""
+    gpu_migration: bool = False
+    """``PT_HPU_GPU_MIGRATION``: Intel's GPU Migration Toolkit (:mod:`hpu_runtime.api.gpu_migration`)."""
+    gpu_migration_fp16_to_bf16: bool = False
+    """``PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION``: the toolkit runs float16 autocast regions in
+    bfloat16 (HabanaAI/Model-References ``PyTorch/examples/gpu_migration/computer_vision/
+    classification/torchvision/README.md``; default off: float16 stays float16)."""
+    gpu_migration_log_dir: str | None = None
+    """Where the toolkit logs its conversions: ``$HABANA_LOGS/gpu_migration_logs`` (``HABANA_LOGS``
+    defaulting to ``~/.habana_logs``) when ``GPU_MIGRATION_LOG_LEVEL`` is set and not 0; None: no log."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_compound_ops, int) or isinstance(self.max_compound_ops, bool) \
@@ -210,6 +219,10 @@ class RuntimeConfig:
             raise ValueError(f"PT_HPU_LAZY_MODE={mode} must be 0 or 1 (2: eager, as SynapseAI 1.x scripts set it)")
         recipe_value = env.get(RECIPE_CACHE_ENV, "").strip()
         names = {n.strip().split("::", 1)[-1] for n in env.get("PT_HPU_PLACE_ON_CPU", "").split(",")}
+        migration_log = _int(env, "GPU_MIGRATION_LOG_LEVEL", 0)
+        if migration_log < 0:
+            raise ValueError(f"GPU_MIGRATION_LOG_LEVEL={migration_log} must be 0 (no log) or more")
+        logs = env.get("HABANA_LOGS", "").strip() or os.path.join(os.path.expanduser("~"), ".habana_logs")
         level = _int(env, "LOG_LEVEL_PT_FALLBACK", 6)
         if not 0 <= level <= 6:
             raise ValueError(f"LOG_LEVEL_PT_FALLBACK={level} must be a Gaudi log level, 0 to 6")
@@ -223,6 +236,9 @@ class RuntimeConfig:
             autocast_fp32_on_host=_bool(env, "PT_HPU_AUTOCAST_FP32_ON_HOST", False),
             autocast_lower_precision_ops_list=env.get("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", "").strip() or None,
             autocast_fp32_ops_list=env.get("PT_HPU_AUTOCAST_FP32_OPS_LIST", "").strip() or None,
+            gpu_migration=_bool(env, "PT_HPU_GPU_MIGRATION", False),
+            gpu_migration_fp16_to_bf16=_bool(env, "PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION", False),
+            gpu_migration_log_dir=os.path.join(logs, "gpu_migration_logs") if migration_log else None,
         )
 
     @property

@@ -53,17 +53,23 @@ _PROBE = """
     z = torch.randn(3, device=torch.device("cuda", 1)).to("cuda:0")
     w = x.new_ones(2, device="cuda")
     m = torch.nn.Linear(3, 2).cuda()
-    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+    with torch.autocast(device_type="cuda", dtype=torch.float16):
         a = m(y)
     with torch.cuda.amp.autocast():
         b = m(y)
+    legacy = torch.cuda.LongTensor([1, 2])
+    with torch.cuda.nvtx.range("step"):
+        torch.cuda.nvtx.range_push("x"); torch.cuda.nvtx.range_pop()
     torch.cuda.manual_seed_all(7); r1 = torch.rand(3)
     torch.manual_seed(7); r2 = torch.rand(3)
     torch.cuda.synchronize()
-    out.update(devices=sorted({t.device.type for t in (x, y, z, w, m.weight)}), autocast=[str(a.dtype), str(b.dtype)],
+    scalers = [torch.amp.GradScaler("cuda"), torch.cuda.amp.GradScaler(), torch.cuda.amp.GradScaler(2.0, 2.0, 0.5, 10, True)]
+    loss = m(y).sum()
+    out.update(devices=sorted({t.device.type for t in (x, y, z, w, m.weight, legacy)}),
+               autocast=[str(a.dtype), str(b.dtype)], legacy=[str(legacy.dtype), legacy.tolist()],
                seeded=r1.tolist() == r2.tolist(), allocated=torch.cuda.memory_allocated(),
-               hpu_allocated=torch.hpu.memory_allocated(), scaler=torch.amp.GradScaler("cuda")._device,
-               cuda_scaler=torch.cuda.amp.GradScaler()._device, name=torch.cuda.get_device_name())
+               hpu_allocated=torch.hpu.memory_allocated(), scalers=[(s._device, s.is_enabled()) for s in scalers],
+               unscaled=scalers[0].scale(loss) is loss, name=torch.cuda.get_device_name())
     print(json.dumps(out))
 """
 
@@ -71,16 +77,22 @@ _PROBE = """
 @pytest.mark.timeout(150)
 def test_a_cuda_script_runs_on_the_card_with_the_variable_and_on_the_cpu_without() -> None:
     """``PT_HPU_GPU_MIGRATION=1`` in a script that never names Gaudi: CUDA tensors, modules,
-    autocast, GradScaler, seeding and memory queries land on the simulated card (the memory
-    figures are the card's HBM, the device name Gaudi's); without it the same torch has no CUDA
-    and nothing is mapped."""
+    legacy ``torch.cuda.LongTensor``, seeding and memory queries land on the simulated card (the
+    memory figures are the card's HBM, the device name Gaudi's); autocast on "cuda" keeps its
+    float16 unless Intel's ``PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION=1`` makes it bfloat16;
+    as Intel's toolkit does (its sample logs in Model-References), GradScalers are built
+    disabled and NVTX ranges do nothing. Without the variable the same torch has no CUDA and
+    nothing is mapped."""
     on = _py(_PROBE, PT_HPU_GPU_MIGRATION="1")
     assert on["available"] is True and on["count"] == 8
     assert on["devices"] == ["hpu"]
-    assert on["autocast"] == ["torch.bfloat16", "torch.bfloat16"]
+    assert on["autocast"] == ["torch.float16", "torch.float16"]  # CUDA's dtype, kept
+    converted = _py(_PROBE, PT_HPU_GPU_MIGRATION="1", PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION="1")
+    assert converted["autocast"] == ["torch.bfloat16", "torch.bfloat16"]
     assert on["seeded"] is True
     assert on["allocated"] == on["hpu_allocated"] > 0
-    assert on["scaler"] == on["cuda_scaler"] == "hpu"
+    assert on["scalers"] == [["hpu", False]] * 3 and on["unscaled"] is True
+    assert on["legacy"] == ["torch.int64", [1, 2]]
     assert on["name"].startswith("GAUDI")
     off = _py('import json, torch; print(json.dumps([torch.cuda.is_available(), hasattr(torch, "hpu"), '
               'hasattr(torch.zeros, "__gpu_migration_wrapped__")]))')
