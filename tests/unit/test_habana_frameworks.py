@@ -347,7 +347,7 @@ def test_hpex_dynamo_and_transformer_engine_names() -> None:
     assert available is False and "not emulated" in reason
 
 
-def test_mediapipe_and_dataloader_placeholders_say_not_emulated() -> None:
+def test_mediapipe_placeholders_say_not_emulated() -> None:
     import habana_dataloader  # noqa: F401
     from habana_frameworks.mediapipe import fn
     from habana_frameworks.mediapipe.media_types import decoderStage, dtype, ftype, imgtype, randomCropType  # noqa: F401
@@ -363,6 +363,21 @@ def test_mediapipe_and_dataloader_placeholders_say_not_emulated() -> None:
             make()
     with pytest.raises(ModuleNotFoundError):
         import habana_dataloader.aeon_config  # noqa: F401 - ResNet-50 falls back on this
+
+
+def test_habana_dataloader_is_its_host_fallback_torchs_loader() -> None:
+    """``HabanaDataLoader`` (Intel's media loader; no media engine here) gives torch's
+    DataLoader's batches, in order, from the same arguments."""
+    from habana_dataloader import HabanaDataLoader
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.arange(40.0).reshape(20, 2), torch.arange(20))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+    got = list(HabanaDataLoader(data, batch_size=4, sampler=sampler, num_workers=0, pin_memory=True, drop_last=True))
+    want = list(DataLoader(data, batch_size=4, sampler=sampler, num_workers=0, drop_last=True))
+    assert len(got) == len(want) == 2
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
 
 
 @pytest.mark.timeout(60)

@@ -92,7 +92,9 @@ dtype``
 ``mediapipe``, top-level ``habana_dataloader``        import-only placeholders (lightning-habana and ResNet-50
                                                       import them); building a media pipeline raises
                                                       ``NotImplementedError`` and ResNet-50 falls back to
-                                                      torch's DataLoader as on a machine without them
+                                                      torch's DataLoader as on a machine without them;
+                                                      ``HabanaDataLoader`` is its host fallback, torch's
+                                                      DataLoader
 ``torch.gpu_migration``, ``PT_HPU_GPU_MIGRATION=1``   same: a CUDA script runs on the card over "hccl"; the
                                                       variable works at ``import torch`` too (see
                                                       :mod:`hpu_runtime.api.gpu_migration` for what is mapped)
