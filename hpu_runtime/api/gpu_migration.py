@@ -84,8 +84,8 @@ _FACTORIES = ("tensor", "as_tensor", "asarray", "zeros", "ones", "empty", "full"
               "scalar_tensor", "tril_indices", "triu_indices", "normal", "bernoulli", "multinomial")
 _TENSOR_METHODS = ("new_tensor", "new_zeros", "new_ones", "new_empty", "new_full", "new_empty_strided")
 _CUDA_NAMES = ("is_available", "device_count", "current_device", "set_device", "synchronize", "get_device_name",
-               "get_device_properties", "is_initialized", "init", "is_bf16_supported", "initial_seed",
-               "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated",
+               "get_device_properties", "is_initialized", "init", "is_bf16_supported", "initial_seed", "get_rng_state",
+               "set_rng_state", "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated",
                "memory_reserved", "max_memory_reserved", "memory_cached", "max_memory_cached", "memory_stats",
                "memory_summary", "memory_usage", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
                "mem_get_info", "empty_cache", "Stream", "Event", "stream", "current_stream", "default_stream",
@@ -234,7 +234,7 @@ class _GradScaler(torch.amp.GradScaler):
             _log("hpu_match", "torch.amp.GradScaler(cuda) --> torch.amp.GradScaler(hpu, enabled=False)")
             device = "hpu"
             kwargs["enabled"] = False
-            if len(args) >= 5:  # enabled given by position (init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+            if len(args) >= 5:  # (init_scale, growth_factor, backoff_factor, growth_interval, enabled, ...)
                 args = (*args[:4], False, *args[5:])
                 kwargs.pop("enabled")
         super().__init__(device, *args, **kwargs)
@@ -387,6 +387,8 @@ def enable() -> None:
             target = getattr(torch.hpu, name, None)
             if target is not None:
                 setattr(torch.cuda, name, _map_cuda_function(name, target))
+        for alias in ("reset_max_memory_allocated", "reset_max_memory_cached"):  # torch's deprecated names
+            setattr(torch.cuda, alias, _map_cuda_function(alias, torch.hpu.reset_peak_memory_stats))
         torch.cuda.manual_seed = torch.cuda.manual_seed_all = _seed_card
         torch.cuda.seed = torch.cuda.seed_all = _reseed_card
         torch.autocast = torch.amp.autocast = _Autocast

@@ -63,13 +63,18 @@ _PROBE = """
     torch.cuda.manual_seed_all(7); r1 = torch.rand(3)
     torch.manual_seed(7); r2 = torch.rand(3)
     torch.cuda.synchronize()
-    scalers = [torch.amp.GradScaler("cuda"), torch.cuda.amp.GradScaler(), torch.cuda.amp.GradScaler(2.0, 2.0, 0.5, 10, True)]
+    scalers = [torch.amp.GradScaler("cuda"), torch.cuda.amp.GradScaler(),
+               torch.cuda.amp.GradScaler(2.0, 2.0, 0.5, 10, True)]
     loss = m(y).sum()
     out.update(devices=sorted({t.device.type for t in (x, y, z, w, m.weight, legacy)}),
                autocast=[str(a.dtype), str(b.dtype)], legacy=[str(legacy.dtype), legacy.tolist()],
                seeded=r1.tolist() == r2.tolist(), allocated=torch.cuda.memory_allocated(),
                hpu_allocated=torch.hpu.memory_allocated(), scalers=[(s._device, s.is_enabled()) for s in scalers],
                unscaled=scalers[0].scale(loss) is loss, name=torch.cuda.get_device_name())
+    peak = torch.cuda.max_memory_allocated()
+    del x, w
+    torch.cuda.reset_max_memory_allocated()
+    out["peak_reset"] = torch.cuda.max_memory_allocated() < peak
     print(json.dumps(out))
 """
 
@@ -90,7 +95,7 @@ def test_a_cuda_script_runs_on_the_card_with_the_variable_and_on_the_cpu_without
     converted = _py(_PROBE, PT_HPU_GPU_MIGRATION="1", PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION="1")
     assert converted["autocast"] == ["torch.bfloat16", "torch.bfloat16"]
     assert on["seeded"] is True
-    assert on["allocated"] == on["hpu_allocated"] > 0
+    assert on["allocated"] == on["hpu_allocated"] > 0 and on["peak_reset"] is True
     assert on["scalers"] == [["hpu", False]] * 3 and on["unscaled"] is True
     assert on["legacy"] == ["torch.int64", [1, 2]]
     assert on["name"].startswith("GAUDI")
@@ -109,7 +114,8 @@ def test_import_enables_it_and_logs_each_conversion_with_its_call_site(tmp_path:
         import json, os, torch
         import habana_frameworks.torch.gpu_migration
         import torch.distributed as dist
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(__import__("socket").create_server(("127.0.0.1", 0)).getsockname()[1]))
+        with __import__("socket").create_server(("127.0.0.1", 0)) as s:
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
         dist.init_process_group("nccl", rank=0, world_size=1)
         pg = dist.distributed_c10d._get_default_group()
         t = torch.ones(3, device="cuda")
@@ -122,7 +128,7 @@ def test_import_enables_it_and_logs_each_conversion_with_its_call_site(tmp_path:
     assert out == {"backend": "nccl", "real": "hccl", "t": [1.0, 1.0, 1.0], "nccl": True}
     (log,) = (tmp_path / "gpu_migration_logs").glob("gpu_migration_*.log")
     text = log.read_text()
-    assert f"{tmp_path / 'script.py'}:6" in text
+    assert f"{tmp_path / 'script.py'}:7" in text
     assert '[context]: dist.init_process_group("nccl", rank=0, world_size=1)' in text
     assert "[hpu_match]: backend=nccl --> backend=hccl" in text
     assert text.count("torch.ones(device=cuda) --> torch.ones(device=hpu)") == 1

@@ -46,7 +46,8 @@ def main() -> None:
     digits = load_digits()
     data = TensorDataset(torch.tensor(digits.data[:512] / 16.0, dtype=torch.float32),
                          torch.tensor(digits.target[:512]))
-    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=False), pin_memory=use_cuda)
+    sampler = DistributedSampler(data, shuffle=False)
+    loader = DataLoader(data, batch_size=32, sampler=sampler, pin_memory=use_cuda)
     losses = []
     for x, y in loader:
         x, y = (x.cuda(non_blocking=True), y.to(device, non_blocking=True)) if use_cuda else (x, y)
@@ -65,7 +66,8 @@ def main() -> None:
     if use_cuda:
         torch.cuda.synchronize()
     summary = {"backend": dist.get_backend(), "cuda": use_cuda,
-               "group_backend": dist.distributed_c10d._get_default_group()._get_backend_name(), "param_device": str(next(model.parameters()).device),
+               "group_backend": dist.distributed_c10d._get_default_group()._get_backend_name(),
+               "param_device": str(next(model.parameters()).device),
                "losses": losses, "accuracy": correct.item() / len(data),
                "params": [p.detach().cpu().flatten().tolist() for p in model.parameters()],
                "max_memory_allocated": torch.cuda.max_memory_allocated() if use_cuda else 0,
