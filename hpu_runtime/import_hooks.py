@@ -12,6 +12,8 @@ top-level layout has no ``habana_frameworks/`` folder). This module installs thr
   each ``habana_frameworks.X`` is a real module file ``hpu_runtime/api/habana_frameworks/X``.
   Those files are thin: they re-export :mod:`hpu_runtime` objects, so state (the device,
   its timeline) exists once however a name is reached.
+* The same finder answers ``torch.hpu`` while nothing has registered it: NOTE [the card on
+  first use].
 * :class:`TorchvisionFinder` wraps the loading of ``torchvision._meta_registrations`` and
   ``torchvision`` only: see :mod:`models._torchvision` (the registry's torchvision 0.28.0
   wheel cannot load its compiled ops with the CPU torch wheel, and its import then fails on
@@ -46,6 +48,20 @@ NOTE [why finders at the end of sys.meta_path, and who installs them]
   ``.pth`` line loads ``hpu_runtime/import_hooks.py`` by that path; the folders it points at
   are ``hpu_runtime/api/habana_frameworks`` and ``hpu_runtime/api/habana_dataloader``.
 
+NOTE [the card on first use]
+Since Intel Gaudi software 1.18, ``import torch`` loads ``habana_frameworks.torch`` through
+torch's ``torch.backends`` entry points (Intel's "Intel Gaudi PyTorch Python API" page, "PyTorch
+Autoloading"), so a script may use ``.to("hpu")`` without importing anything of Gaudi's. Loading
+the emulator at every ``import torch`` would put its bridge (a dispatch mode on every aten op)
+into every torch process of the environment, Gaudi script or not. It loads on first use
+instead: the first time a tensor is created on or moved to ``hpu``, torch initialises the device
+by importing ``torch.hpu``; while nothing has registered that module, this finder answers it by
+importing ``habana_frameworks.torch`` (the device, ``torch.hpu``, the bridge on the calling
+thread, the "hccl" names), before the op that asked runs, so that op is charged as with an
+explicit import. The difference from Gaudi: before the first hpu tensor, ``torch.hpu`` is not an
+attribute of ``torch`` (``torch.hpu.is_available()`` first still needs the import), and under
+``mpirun`` the MPI rank variables are mapped at the first hpu tensor, not at ``import torch``.
+
 Alternatives rejected: shipping a top-level ``habana_frameworks`` package would overwrite or
 be overwritten by a real install (both own the same files) and breaks the fixed layout; a
 ``sitecustomize`` module collides with the user's own; installing the hook only from
@@ -77,6 +93,9 @@ __all__ = [
 NAME = "habana_frameworks"
 """The top-level package name Gaudi scripts import."""
 
+TORCH_HPU = "torch.hpu"
+"""The module torch imports to initialise the ``hpu`` device the first time a tensor goes there."""
+
 TOP_LEVEL = ("habana_frameworks", "habana_dataloader")
 """Top-level names the finder answers, each with the folder of that name in ``hpu_runtime/api``."""
 
@@ -99,13 +118,32 @@ class HabanaFrameworksFinder(importlib.abc.MetaPathFinder):
     _gaudi_emulator_finder = "habana_frameworks"
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
-        if fullname not in TOP_LEVEL or os.environ.get(SWITCH, "1") == "0":
+        if os.environ.get(SWITCH, "1") == "0":
+            return None
+        if fullname == TORCH_HPU:
+            return importlib.util.spec_from_loader(fullname, _TorchHpuLoader())
+        if fullname not in TOP_LEVEL:
             return None
         folder = os.path.join(_API, fullname)
         init = os.path.join(folder, "__init__.py")
         if not os.path.isfile(init):
             return None
         return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[folder])
+
+
+class _TorchHpuLoader(importlib.abc.Loader):
+    """``import torch.hpu`` with nothing registered yet: loads the simulated Gaudi
+    (NOTE [the card on first use])."""
+
+    def create_module(self, spec):
+        importlib.import_module(NAME + ".torch")
+        module = sys.modules.get(TORCH_HPU)
+        if module is None:  # pragma: no cover - the import registers it or raises
+            raise ModuleNotFoundError(f"{NAME}.torch registered no {TORCH_HPU}", name=TORCH_HPU)
+        return module
+
+    def exec_module(self, module) -> None:
+        """Nothing: the module returned by :meth:`create_module` is already executed."""
 
 
 class _WrappedLoader(importlib.abc.Loader):

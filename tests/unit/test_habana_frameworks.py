@@ -365,6 +365,41 @@ def test_mediapipe_placeholders_say_not_emulated() -> None:
         import habana_dataloader.aeon_config  # noqa: F401 - ResNet-50 falls back on this
 
 
+_FIRST_USE = """
+    import json, sys, torch
+    {imports}
+    before = hasattr(torch, "hpu")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("hpu")
+    out = model(torch.rand(8, 16).to("hpu")).sum()
+    out.backward()
+    import hpu_runtime
+    dev = hpu_runtime.get_device()
+    print(json.dumps({{"before": before, "value": out.item(), "device": str(model[0].weight.grad.device),
+                      "host_ns": dev.host_ns, "now_ns": dev.now_ns(), "hbm": torch.hpu.max_memory_allocated()}}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_never_imports_gaudi_gets_the_card_on_first_use() -> None:
+    """As with Gaudi's autoloading (1.18+): ``.to("hpu")`` in a script with no Gaudi import loads
+    the simulated card at that first use, and the run (numerics, simulated host and device time,
+    HBM peak) equals the same script with ``import habana_frameworks.torch`` at the top; nothing
+    is loaded before (``torch.hpu`` absent), and with the finder switched off the script fails
+    as it does on a machine without the card."""
+    def run(imports: str, **env: str) -> subprocess.CompletedProcess:
+        return _py(_FIRST_USE.format(imports=imports), env=env)
+
+    first_use, explicit = run("pass"), run("import habana_frameworks.torch")
+    assert first_use.returncode == 0 and explicit.returncode == 0, first_use.stderr[-3000:] + explicit.stderr[-3000:]
+    got, want = json.loads(first_use.stdout.splitlines()[-1]), json.loads(explicit.stdout.splitlines()[-1])
+    assert got["before"] is False and want["before"] is True
+    assert got["device"] == "hpu:0" and got["host_ns"] > 0 and got["hbm"] > 0
+    assert {k: v for k, v in got.items() if k != "before"} == {k: v for k, v in want.items() if k != "before"}
+    off = run("pass", HPU_EMULATOR_HABANA_FRAMEWORKS="0")
+    assert off.returncode != 0 and "No module named 'torch.hpu'" in off.stderr
+
+
 def test_habana_dataloader_is_its_host_fallback_torchs_loader() -> None:
     """``HabanaDataLoader`` (Intel's media loader; no media engine here) gives torch's
     DataLoader's batches, in order, from the same arguments."""
