@@ -298,7 +298,7 @@ def test_text_generation_times_the_simulated_gaudi() -> None:
 def test_transformers_trainer_reports_the_simulated_gaudis_throughput(tmp_path) -> None:
     """transformers' own Trainer (no optimum-habana), imported before the emulator, trains on hpu and
     reports runtime and rates on the simulated clock: two steady-state runs give the same figures,
-    one of them with wall seconds of host sleep at every step (the wall runtime grows by them);
+    one of them with wall seconds of host sleep at every step (its wall runtime holds them);
     the rates are the steps and samples over that runtime."""
     steps = 4
     out, _ = _script("hf_trainer.py", "--output-dir", str(tmp_path / "out"), "--steps", str(steps), "--host-sleep",
@@ -308,7 +308,9 @@ def test_transformers_trainer_reports_the_simulated_gaudis_throughput(tmp_path) 
     assert all(r["train_clock"] == "simulated Gaudi" for r in out["runs"])
     assert first["train_runtime"] > steady["train_runtime"] > 0  # the first run compiles its recipes
     assert slept["train_runtime"] == steady["train_runtime"]
-    assert slept["train_wall_runtime"] >= steady["train_wall_runtime"] + steps * 0.05 * 0.9
+    # the wall clock saw the sleeps (not compared with the steady run's wall time: under load that
+    # one can take longer than the slept run, as it did once in a full suite)
+    assert slept["train_wall_runtime"] >= steps * 0.05
     # (the runtime is reported rounded to the microsecond, the rates from the unrounded one)
     assert steady["train_steps_per_second"] == pytest.approx(steps / steady["train_runtime"], rel=1e-4)
     assert steady["train_samples_per_second"] == pytest.approx(4 * steps / steady["train_runtime"], rel=1e-4)
