@@ -346,9 +346,8 @@ def _wrap_ddp_init(fn: Callable) -> Callable:
     return __init__
 
 
-def _open_log() -> None:
+def _open_log(where: str | None) -> None:
     global _log_file
-    where = RuntimeConfig.from_env().gpu_migration_log_dir
     if where is None:
         return
     root = Path(where)
@@ -373,11 +372,12 @@ def enable() -> None:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        _open_log()
-        _fp16_to_bf16 = RuntimeConfig.from_env().gpu_migration_fp16_to_bf16
+        config = RuntimeConfig.from_env()
+        _open_log(config.gpu_migration_log_dir)
+        _fp16_to_bf16 = config.gpu_migration_fp16_to_bf16
         for name in _FACTORIES:
             fn = getattr(torch, name, None)
-            if fn is not None and not hasattr(fn, "__gpu_migration_wrapped__"):
+            if fn is not None:
                 setattr(torch, name, _map_device_kwarg(fn, f"torch.{name}"))
         for name in _TENSOR_METHODS:
             setattr(torch.Tensor, name, _map_device_kwarg(getattr(torch.Tensor, name), f"torch.Tensor.{name}"))

@@ -162,7 +162,6 @@ def patch_transformers_trainer(module: ModuleType) -> None:
     module.speed_metrics = _simulated_transformers(clock, module.speed_metrics)
 
 
-
 class _GenerationClock:
     """The ``time`` module, whose ``perf_counter()`` (wall seconds) follows the simulated host
     clock from the first instant the simulated card holds a tensor (see the module docstring).
