@@ -5,8 +5,6 @@ the 2-rank CUDA DDP script against gloo is in tests/integration/test_gpu_migrati
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,22 +13,17 @@ import pytest
 import torch
 
 from hpu_runtime.api.gpu_migration import _map_backend, to_hpu_device
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.launch_helpers import free_port, run
 
 
 def _py(code: str, script: Path | None = None, **env: str) -> dict:
-    """Run ``code`` in a fresh interpreter (single process, no launcher variables; from the file
-    ``script`` when given); its last stdout line, parsed as JSON."""
+    """Run ``code`` in a fresh interpreter (launch_helpers' clean environment plus ``env``; from
+    the file ``script`` when given); its last stdout line, parsed as JSON."""
     code = textwrap.dedent(code)
     if script is not None:
         script.write_text(code)
-    full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT", "PT_HPU_GPU_MIGRATION")}
-    full.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     argv = [str(script)] if script is not None else ["-c", code]
-    proc = subprocess.run([sys.executable, *argv], cwd="/", env=full, capture_output=True,
-                          text=True, timeout=120)
+    proc = run([sys.executable, *argv], timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -100,7 +93,7 @@ def test_a_cuda_script_runs_on_the_card_with_the_variable_and_on_the_cpu_without
     assert on["legacy"] == ["torch.int64", [1, 2]]
     assert on["name"].startswith("GAUDI")
     off = _py('import json, torch; print(json.dumps([torch.cuda.is_available(), hasattr(torch, "hpu"), '
-              'hasattr(torch.zeros, "__gpu_migration_wrapped__")]))')
+              'hasattr(torch.zeros, "__gpu_migration_wrapped__")]))', PT_HPU_GPU_MIGRATION="")  # "": unset
     assert off == [False, False, False]
 
 
@@ -111,11 +104,9 @@ def test_import_enables_it_and_logs_each_conversion_with_its_call_site(tmp_path:
     line, in Intel's ``[context]`` / ``[hpu_match]`` form; ``get_backend`` answers "nccl" for the
     hccl group it made."""
     out = _py("""
-        import json, os, torch
+        import json, torch
         import habana_frameworks.torch.gpu_migration
         import torch.distributed as dist
-        with __import__("socket").create_server(("127.0.0.1", 0)) as s:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
         dist.init_process_group("nccl", rank=0, world_size=1)
         pg = dist.distributed_c10d._get_default_group()
         t = torch.ones(3, device="cuda")
@@ -124,11 +115,12 @@ def test_import_enables_it_and_logs_each_conversion_with_its_call_site(tmp_path:
         print(json.dumps({"backend": dist.get_backend(), "real": pg._get_backend_name(), "t": t.cpu().tolist(),
                           "nccl": dist.is_nccl_available()}))
         dist.destroy_process_group()
-    """, tmp_path / "script.py", GPU_MIGRATION_LOG_LEVEL="1", HABANA_LOGS=str(tmp_path))
+    """, tmp_path / "script.py", GPU_MIGRATION_LOG_LEVEL="1", HABANA_LOGS=str(tmp_path), MASTER_ADDR="127.0.0.1",
+              MASTER_PORT=str(free_port()))
     assert out == {"backend": "nccl", "real": "hccl", "t": [1.0, 1.0, 1.0], "nccl": True}
     (log,) = (tmp_path / "gpu_migration_logs").glob("gpu_migration_*.log")
     text = log.read_text()
-    assert f"{tmp_path / 'script.py'}:7" in text
+    assert f"{tmp_path / 'script.py'}:5" in text
     assert '[context]: dist.init_process_group("nccl", rank=0, world_size=1)' in text
     assert "[hpu_match]: backend=nccl --> backend=hccl" in text
     assert text.count("torch.ones(device=cuda) --> torch.ones(device=hpu)") == 1
