@@ -178,7 +178,12 @@ def start_ray(
     """Joins the cluster at ``address`` or starts an embedded local one.
 
     The embedded Ray gets ``num_workers`` "HPU" resources and enough (logical) CPUs for
-    the workers plus ``trials`` Tune trial drivers of :data:`TRIAL_CPUS` each.
+    the workers plus ``trials`` Tune trial drivers of :data:`TRIAL_CPUS` each, and at least
+    this machine's core count: Ray starts at most that many worker processes at once (the
+    raylet's ``maximum_startup_concurrency`` is the node's logical CPUs, capped by the cores;
+    ``ray/_private/services.py``), so with 2 workers of 0.5 CPU it started them one after the
+    other (a 2-worker job on this 2-core machine: 45.8 s before, 39.5 s after, wall-clock).
+    The "HPU" count still caps the job at ``num_workers`` ranks.
 
     Returns:
         True when this call started an embedded Ray (the caller shuts it down).
@@ -198,7 +203,8 @@ def start_ray(
                 "RAY_AUTH_MODE=token here and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token)"
             ) from None
         return False
-    num_cpus = max(1, math.ceil(num_workers * cpus_per_worker + trials * TRIAL_CPUS - 1e-9))
+    needed = math.ceil(num_workers * cpus_per_worker + trials * TRIAL_CPUS - 1e-9)
+    num_cpus = max(os.cpu_count() or 1, needed)
     ray.init(
         num_cpus=num_cpus,
         resources={"HPU": num_workers},

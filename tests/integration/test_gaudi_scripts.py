@@ -5,6 +5,7 @@ lightning-habana's HPU strategy (equal to plain large-batch SGD)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.launch_helpers import Background, run
+from tests.integration.launch_helpers import Background, assert_all_gone, rank_pids, run
 
 MNIST = "tests/integration/scripts/gaudi_mnist.py"
 LIGHTNING = "tests/integration/scripts/lightning_hpu.py"
@@ -81,18 +82,31 @@ def test_mnist_script_under_mpirun_equals_gloo(mnist_data: Path, gloo_reference,
 def test_mnist_script_under_ray_equals_gloo(mnist_data: Path, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """``python -m launchers.ray --num-workers 2 script`` on an embedded Ray: each Ray Train
     worker runs the script, whose own ``initialize_distributed_hpu()`` and
-    ``init_process_group("hccl", rank=, world_size=)`` find the launcher's rendezvous.
+    ``init_process_group("hccl", rank=, world_size=)`` find the launcher's rendezvous; it ends
+    where the script over gloo ends. Every rank saw torchrun's variables (the launcher's
+    ``--summary``); the workers' output reaches the driver; no worker process outlives the job.
     (The Ray job starts first: where this process has no gloo reference yet, it is made
-    while Ray starts.)"""
+    while Ray starts. The launcher's other paths run on a shared Ray in ``test_launch_ray.py``.)"""
     pytest.importorskip("ray.train.torch", reason="needs ray[train]: pip install -e '.[ray]'")
-    out = tmp_path / "s"
-    with Background([sys.executable, "-m", "launchers.ray", "--num-workers", "2", MNIST, "--hpu", "--use_lazy_mode",
-                     "--distributed", "--data-path", str(mnist_data), "--summary", str(out)], timeout=200) as job:
+    out, launch_summary = tmp_path / "s", tmp_path / "launch.json"
+    with Background([sys.executable, "-m", "launchers.ray", "--num-workers", "2", "--summary", str(launch_summary),
+                     MNIST, "--hpu", "--use_lazy_mode", "--distributed", "--data-path", str(mnist_data),
+                     "--summary", str(out)], timeout=200) as job:
         gloo_reference = request.getfixturevalue("gloo_reference")
         proc = job.result()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "Test set: Average loss" in proc.stdout
     _assert_same_training(_summaries(out), gloo_reference)
+    per_rank = json.loads(launch_summary.read_text())["per_rank"]
+    assert [(r["rank"], r["local_rank"]) for r in per_rank] == [(0, 0), (1, 1)]
+    envs = [r["env"] for r in per_rank]
+    assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"]) for e in envs] == [
+        ("0", "2", "2", "127.0.0.1"), ("1", "2", "2", "127.0.0.1")]
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert re.search(r"job finished: start-up [\d.]+ s, wall [\d.]+ s", proc.stdout)
+    pids = rank_pids(proc.stderr)
+    assert sorted(pids) == [0, 1]
+    assert_all_gone(list(pids.values()))
 
 
 def _sgd_reference(lr: float = 0.2, per_rank: int = 32, epochs: int = 2) -> np.ndarray:

@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +29,17 @@ from tests.integration.launch_helpers import Background, run as _run, shm_names 
 from tests.integration.launch_helpers import free_port, torchrun_cmd as _torchrun_cmd
 
 
-def _ray(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _ray_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launchers.ray", "--cpus-per-worker", "0.5", *args]
+
+
+def _ray_env() -> dict[str, str]:
     # a driver joining by address uses token authentication only when told (Ray >= 2.5x)
-    auth = {"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]} if "RAY_AUTH_MODE" in os.environ else {}
-    return _run([sys.executable, "-m", "launchers.ray", "--cpus-per-worker", "0.5", *args], timeout, auth)
+    return {"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]} if "RAY_AUTH_MODE" in os.environ else {}
+
+
+def _ray(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return _run(_ray_cmd(*args), timeout, _ray_env())
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +68,6 @@ def ray_address() -> Iterator[str]:
             yield ctx.address_info["gcs_address"]
         finally:
             ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def torchrun_params(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], list[float]]]:
-    """Final parameters of the tiny job under torchrun (2 ranks), the reference: the job starts
-    at set-up (ask for this fixture before ``ray_address``, so that it runs while Ray starts)
-    and the returned function waits for it."""
-    out = tmp_path_factory.mktemp("torchrun") / "params.json"
-    with Background(_torchrun_cmd(2, TINY, "--out", str(out)), timeout=150) as job:
-        def params() -> list[float]:
-            proc = job.result()
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            return json.loads(out.read_text())["params"]
-
-        yield params
 
 
 # --- pure parts: no Ray needed ---------------------------------------------------------
@@ -184,63 +176,47 @@ def test_missing_ray_says_what_to_install() -> None:
 # --- real jobs on the module's Ray ------------------------------------------------------
 
 
-@pytest.mark.timeout(180)
-def test_ray_gives_torchruns_parameters(torchrun_params: Callable[[], list[float]], ray_address: str,
-                                        tmp_path: Path) -> None:
-    """The tiny job (runpy path) on 2 Ray Train workers ends with bitwise torchrun's parameters;
-    every rank saw torchrun's variables; the workers' output reaches the driver; no worker
-    process outlives the job."""
-    out, summary = tmp_path / "ray.json", tmp_path / "summary.json"
-    proc = _ray("--address", ray_address, "--num-workers", "2", "--summary", str(summary), TINY, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["params"] == torchrun_params()
-    per_rank = json.loads(summary.read_text())["per_rank"]
-    assert [(r["rank"], r["local_rank"]) for r in per_rank] == [(0, 0), (1, 1)]
-    envs = [r["env"] for r in per_rank]
-    assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"]) for e in envs] == [
-        ("0", "2", "2", "127.0.0.1"), ("1", "2", "2", "127.0.0.1")]
-    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
-    assert "tiny_ddp rank=1 world=2" in proc.stdout
-    assert re.search(r"job finished: start-up [\d.]+ s, wall [\d.]+ s", proc.stdout)
-    _assert_all_gone(list(_rank_pids(proc.stderr).values()))
+@pytest.mark.timeout(200)
+def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_address: str) -> None:
+    """Three failing jobs, side by side on the module's Ray (a job under Ray mostly waits on
+    Ray's start-up, so they overlap; 2 + 2 of its 4 "HPU", the third can never be placed):
 
+    - SIGKILL of rank 1's worker mid-run (hccl): exit 1, rank 1 named as dead, no worker process
+      or shared-memory segment left (hccl's: the job starts no MPI, and an mpiexec test may run
+      beside it);
+    - a job still running at ``--timeout`` ends there (each rank's watchdog) with exit 1 and the
+      ranks named (both, or the first Ray Train saw die), not after its 300 steps of 1 s;
+    - 5 workers on a cluster with 4 "HPU" (and CPUs for 6 workers): exit 2 within the
+      placement timeout, naming the resource to add. (The fifth worker can never be placed:
+      any placement timeout ends the same way, so the shortest allowed keeps the test short.)
 
-@pytest.mark.timeout(180)
-def test_killed_worker_fails_the_job_naming_the_rank(ray_address: str) -> None:
-    """SIGKILL of rank 1's worker mid-run (hccl): exit 1, rank 1 named as dead, no worker
-    process or shared-memory segment left (hccl's: the job starts no MPI, and an mpiexec test
-    may run beside it)."""
+    The torchrun-equal success path runs on an embedded Ray in ``test_gaudi_scripts.py``."""
     shm_before = _shm_names(("hccl_",))
-    proc = _ray("--address", ray_address, "--num-workers", "2", "--timeout", "90", TINY, "--backend", "hccl",
-                "--die-rank", "1", "--die-mode", "kill", "--steps", "50")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert re.search(r"job failed: rank 1 died", proc.stderr), proc.stderr[-3000:]
-    pids = _rank_pids(proc.stderr)
-    assert sorted(pids) == [0, 1]
-    _assert_all_gone(list(pids.values()))
+    kill = _ray_cmd("--address", ray_address, "--num-workers", "2", "--timeout", "90", TINY, "--backend", "hccl",
+                    "--die-rank", "1", "--die-mode", "kill", "--steps", "50")
+    overrun = _ray_cmd("--address", ray_address, "--num-workers", "2", "--timeout", "20", TINY, "--steps", "300",
+                       "--step-sleep", "1")
+    unplaceable = _ray_cmd("--address", ray_address, "--num-workers", "5", "--placement-timeout", "1", TINY)
+    with Background(kill, timeout=150, env=_ray_env()) as killed, \
+            Background(overrun, timeout=150, env=_ray_env()) as late, \
+            Background(unplaceable, timeout=150, env=_ray_env()) as too_many:
+        proc = killed.result()
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert re.search(r"job failed: rank 1 died", proc.stderr), proc.stderr[-3000:]
+        pids = _rank_pids(proc.stderr)
+        assert sorted(pids) == [0, 1]
+        _assert_all_gone(list(pids.values()))
+
+        proc = late.result()
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert re.search(r"job failed: ranks \[[01, ]+\] did not finish within --timeout 20 s", proc.stderr), \
+            proc.stderr[-3000:]
+        _assert_all_gone(list(_rank_pids(proc.stderr).values()))
+
+        proc = too_many.result()
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "cannot start 5 workers" in proc.stderr and "within 1 s" in proc.stderr and '"HPU"' in proc.stderr
     _assert_no_new_shm(shm_before, prefixes=("hccl_",))
-
-
-@pytest.mark.timeout(150)
-def test_timeout_ends_the_job_naming_the_ranks(ray_address: str) -> None:
-    """A job still running at --timeout ends there (each rank's watchdog) with exit 1 and the
-    ranks named (both, or the first Ray Train saw die), not after its 300 steps of 1 s."""
-    proc = _ray("--address", ray_address, "--num-workers", "2", "--timeout", "20", TINY,
-                "--steps", "300", "--step-sleep", "1", timeout=140)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert re.search(r"job failed: ranks \[[01, ]+\] did not finish within --timeout 20 s", proc.stderr), \
-        proc.stderr[-3000:]
-    _assert_all_gone(list(_rank_pids(proc.stderr).values()))
-
-
-@pytest.mark.timeout(120)
-def test_too_few_hpus_is_a_launch_error(ray_address: str) -> None:
-    """5 workers on a cluster with 4 "HPU" (and CPUs for 6 workers): exit 2 within the
-    placement timeout, naming the resource to add. (The fifth worker can never be placed: any
-    placement timeout ends the same way, so the shortest allowed keeps the test short.)"""
-    proc = _ray("--address", ray_address, "--num-workers", "5", "--placement-timeout", "1", TINY, timeout=100)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "cannot start 5 workers" in proc.stderr and "within 1 s" in proc.stderr and '"HPU"' in proc.stderr
 
 
 @pytest.mark.timeout(300)

@@ -53,26 +53,20 @@ def _run_nodes(nnodes: int, nproc: int, target: list[str], timeout: float = 120)
 @pytest.mark.timeout(300)
 def test_two_node_torchrun_is_one_job(tmp_path):
     """2 nodes x 2 ranks = the 4-rank single-node job: same loss and accuracy (float tolerance);
-    the simulated timeline is deterministic and charges cross-host traffic on scale-out."""
-    single = tmp_path / "single.json"
+    the simulated timeline charges cross-host traffic on scale-out. (That a timeline is the same
+    run after run is tests/distributed/test_ddp.py's.)"""
+    single, two = tmp_path / "single.json", tmp_path / "two_node.json"
     (res,) = _run_nodes(1, 4, ["-m", "models.train", "--epochs", "1", "--max-steps", "6", "--summary", str(single)])
     assert res.returncode == 0, res.stderr[-3000:]
-    summaries = []
-    for i in range(2):
-        path = tmp_path / f"two_node_{i}.json"
-        results = _run_nodes(2, 2, ["-m", "models.train", "--epochs", "1", "--max-steps", "6", "--summary", str(path)])
-        for r in results:
-            assert r.returncode == 0, r.stderr[-3000:]
-        summaries.append(json.loads(path.read_text()))
-    one = json.loads(single.read_text())
-    assert summaries[0]["config"]["world_size"] == 4
-    e1, e2a, e2b = one["epochs"][0], summaries[0]["epochs"][0], summaries[1]["epochs"][0]
-    assert e2a["train_loss"] == pytest.approx(e1["train_loss"], rel=1e-5)
-    assert e2a["test_accuracy"] == pytest.approx(e1["test_accuracy"], abs=1e-6)
-    sim = [k for k in e2a if k.startswith("sim_")]
-    assert {k: e2a[k] for k in sim} == {k: e2b[k] for k in sim}, "simulated timeline not deterministic"
+    for r in _run_nodes(2, 2, ["-m", "models.train", "--epochs", "1", "--max-steps", "6", "--summary", str(two)]):
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, both = json.loads(single.read_text()), json.loads(two.read_text())
+    assert both["config"]["world_size"] == 4
+    e1, e2 = one["epochs"][0], both["epochs"][0]
+    assert e2["train_loss"] == pytest.approx(e1["train_loss"], rel=1e-5)
+    assert e2["test_accuracy"] == pytest.approx(e1["test_accuracy"], abs=1e-6)
     # two hosts = two boxes: the allreduce crosses the scale-out ports and takes longer
-    assert e2a["sim_comm_ns_mean"] > e1["sim_comm_ns_mean"]
+    assert e2["sim_comm_ns_mean"] > e1["sim_comm_ns_mean"]
 
 
 @pytest.mark.timeout(200)

@@ -1,4 +1,5 @@
-"""How launchers.ray_train names a failed job from Ray Train's error (no Ray cluster needed)."""
+"""How launchers.ray_train names a failed job from Ray Train's error, and what an embedded Ray is
+started with (no Ray cluster needed)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,27 @@ def test_dead_workers_before_the_deadline_are_named_as_dead():
     err = _job_failed(exc, _config(), deadline_unix=time.time() + 600)
     assert str(err) == ("rank 1 died (its worker process exited): RayActorError: exited; "
                         "rank 0 failed: ValueError: bad input")
+
+
+class _RecordingRay:
+    """Stands in for the ``ray`` module: records what ``init`` was asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def init(self, **kwargs) -> None:
+        self.calls.append(kwargs)
+
+
+def test_an_embedded_ray_has_the_cores_to_start_its_workers_at_once(monkeypatch) -> None:
+    """Ray starts at most ``min(cores, logical CPUs)`` worker processes at once
+    (``ray/_private/services.py``, ``maximum_startup_concurrency``): the embedded Ray declares at
+    least the machine's cores, and more where the workers and trial drivers need them; its "HPU"
+    count is the job's ranks either way."""
+    from launchers.ray_cluster import start_ray
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    ray = _RecordingRay()
+    assert start_ray(ray, None, 2, 0.5) is True  # 1 CPU of work: 2, the cores
+    assert start_ray(ray, None, 8, 1.0, trials=4) is True  # 8 + 4 trial drivers x 0.05 = 8.2: 9
+    assert [(c["num_cpus"], c["resources"]) for c in ray.calls] == [(2, {"HPU": 2}), (9, {"HPU": 8})]
