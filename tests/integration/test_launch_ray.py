@@ -176,7 +176,7 @@ def test_missing_ray_says_what_to_install() -> None:
 # --- real jobs on the module's Ray ------------------------------------------------------
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(270)
 def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_address: str) -> None:
     """Three failing jobs, side by side on the module's Ray (a job under Ray mostly waits on
     Ray's start-up, so they overlap; 2 + 2 of its 4 "HPU", the third can never be placed):
@@ -197,9 +197,9 @@ def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_addres
     overrun = _ray_cmd("--address", ray_address, "--num-workers", "2", "--timeout", "20", TINY, "--steps", "300",
                        "--step-sleep", "1")
     unplaceable = _ray_cmd("--address", ray_address, "--num-workers", "5", "--placement-timeout", "1", TINY)
-    with Background(kill, timeout=150, env=_ray_env()) as killed, \
-            Background(overrun, timeout=150, env=_ray_env()) as late, \
-            Background(unplaceable, timeout=150, env=_ray_env()) as too_many:
+    with Background(kill, timeout=220, env=_ray_env()) as killed, \
+            Background(overrun, timeout=220, env=_ray_env()) as late, \
+            Background(unplaceable, timeout=220, env=_ray_env()) as too_many:
         proc = killed.result()
         assert proc.returncode == 1, proc.stderr[-3000:]
         assert re.search(r"job failed: rank 1 died", proc.stderr), proc.stderr[-3000:]
