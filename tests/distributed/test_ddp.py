@@ -72,20 +72,22 @@ def check_ddp_matches_gloo(results: list[dict]) -> None:
     assert results[0]["default"]["buckets"] == 1
 
 
-def _timeline(rank: int, world: int) -> list:
+def _timeline(rank: int, world: int, hidden: int = 1024, batch: int = 4096, bucket_cap_mb: float = 1) -> list:
+    """Three DDP steps of the MLP on the simulated card: each step's simulated times, and every
+    collective's kind, bytes and simulated start and end (ns). The default is wide enough that
+    the device, not the host, bounds the backward pass."""
     import hpu_runtime as hpu
     from models.registry import build_model
 
     dev = hpu.reset_device("gaudi2")
     torch.manual_seed(0)
-    # wide enough that the device, not the host, bounds the backward pass
-    ddp = DDP(build_model("mlp", hidden=1024).to("hpu"), bucket_cap_mb=1)
+    ddp = DDP(build_model("mlp", hidden=hidden).to("hpu"), bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
     dev.begin_step()
     steps = []
     for _ in range(3):
-        loss = ddp(torch.randn(4096, 64, generator=g).to("hpu")).square().mean()
+        loss = ddp(torch.randn(batch, 64, generator=g).to("hpu")).square().mean()
         loss.backward()
         hpu.mark_step()
         opt.step()

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from tests.dist_utils import run_ranks
 from tests.distributed.test_collectives import _all_collectives
-from tests.distributed.test_ddp import _compare_backends, check_ddp_matches_gloo
+from tests.distributed.test_ddp import _compare_backends, _timeline, check_ddp_matches_gloo
 
 TWO_HOSTS = {"RANKS_PER_HOST": "2", "HCCL_HOST_ID": "host{host}", "HCCL_SHM_BUFFER_MB": "0.25"}
 
@@ -42,37 +42,13 @@ def test_ddp_across_two_hosts_matches_gloo():
     check_ddp_matches_gloo(run_ranks(_compare_backends, 4, timeout=220, env=TWO_HOSTS))
 
 
-def _steps_and_records(rank: int, world: int) -> list:
-    """Three DDP steps of a small MLP on the simulated card: each step's simulated times and
-    every collective's simulated start and end (ns)."""
-    import hpu_runtime as hpu
-    from models.registry import build_model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dev = hpu.reset_device("gaudi2")
-    torch.manual_seed(0)
-    ddp = DDP(build_model("mlp", hidden=256).to("hpu"), bucket_cap_mb=0.1)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
-    dev.begin_step()
-    steps = []
-    for _ in range(3):
-        ddp(torch.randn(256, 64, generator=g).to("hpu")).square().mean().backward()
-        hpu.mark_step()
-        opt.step()
-        opt.zero_grad()
-        t = dev.end_step()
-        steps.append((t.step_ns, t.compute_ns, t.comm_ns, t.exposed_comm_ns, t.host_ns))
-    return [steps, [(r.kind, r.nbytes, r.start_ns, r.end_ns) for r in dist.group.WORLD.history]]
-
-
 @pytest.mark.timeout(240)
 def test_two_host_simulated_timeline_is_the_same_run_after_run():
     """4 ranks on 2 emulated hosts, twice: the same simulated steps and collective records on
     every rank (the TCP transport's wall-clock never reaches simulated time); DDP's buckets
     crossed the hosts (allreduces recorded, scale-out charged: some comm in every step)."""
-    first = run_ranks(_steps_and_records, 4, timeout=200, env=TWO_HOSTS)
-    second = run_ranks(_steps_and_records, 4, timeout=200, env=TWO_HOSTS)
+    first = run_ranks(_timeline, 4, 256, 256, 0.1, timeout=200, env=TWO_HOSTS)  # a small MLP, small buckets
+    second = run_ranks(_timeline, 4, 256, 256, 0.1, timeout=200, env=TWO_HOSTS)
     assert first == second
     steps, records = first[0]
     assert all(s[2] > 0 for s in steps)
