@@ -142,13 +142,19 @@ def _log(kind: str, what: str) -> None:
         _log_file.flush()
 
 
+def _device_kwarg_to_hpu(kwargs: dict, name: str) -> None:
+    """``kwargs["device"]`` set to ``"hpu"`` where it names a CUDA device (logged as a call of
+    ``name``)."""
+    device = kwargs.get("device")
+    if device is not None and _is_cuda(device):
+        kwargs["device"] = "hpu"
+        _log("hpu_match", f"{name}(device={device}) --> {name}(device=hpu)")
+
+
 def _map_device_kwarg(fn: Callable, name: str) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        device = kwargs.get("device")
-        if device is not None and _is_cuda(device):
-            kwargs["device"] = "hpu"
-            _log("hpu_match", f"{name}(device={device}) --> {name}(device=hpu)")
+        _device_kwarg_to_hpu(kwargs, name)
         return fn(*args, **kwargs)
 
     wrapper.__gpu_migration_wrapped__ = fn
@@ -161,10 +167,7 @@ def _wrap_tensor_to(fn: Callable) -> Callable:
         if args and _is_cuda(args[0]):
             _log("hpu_match", f"torch.Tensor.to({args[0]}) --> torch.Tensor.to(hpu)")
             args = ("hpu", *args[1:])
-        device = kwargs.get("device")
-        if device is not None and _is_cuda(device):
-            _log("hpu_match", f"torch.Tensor.to(device={device}) --> torch.Tensor.to(device=hpu)")
-            kwargs["device"] = "hpu"
+        _device_kwarg_to_hpu(kwargs, "torch.Tensor.to")
         return fn(self, *args, **kwargs)
 
     to.__gpu_migration_wrapped__ = fn
