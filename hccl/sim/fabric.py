@@ -36,7 +36,13 @@ NOTE [sampled contention at scale]
     flows partly stay inside a pod (``k < H`` or ``k > B - H``, ``H`` = :data:`SAMPLE_SHIFTS`
     rounded up to whole pods) are hashed exactly; a shift in between reuses the contention of
     shift ``H + (k - H) mod H``, which has the same offset inside a pod (same pod pairs per
-    destination leaf) and a different hash. Deterministic; exact below ``3H`` boxes.
+    destination leaf) and a different hash. Deterministic; exact below ``3H`` boxes. Since a
+    sampled shift stands for many, each of which collides on other cards, it is charged as a
+    distribution, not as one hash: every card's message in it is slowed by the mean of the
+    sample's per-card slowdowns. Pipelined box iterations (NOTE [HCL's pairwise box
+    iterations]) see many shifts per card in turn, so a card's pace over them is about that
+    mean; and the iterations of every card keep one pace, which lets the planner apply runs of
+    them at once (NOTE [repeated phases] in :mod:`hccl.sim.planner`).
 """
 
 from __future__ import annotations
@@ -280,4 +286,30 @@ def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None):
     if topo.fabric is None and not topo.faults or k == 0:
         one = np.ones(cols, dtype=np.int64)
         return one, one
+    if _sampled(topo, shift):
+        return _shift_pooled(topo, k, qp_set, cols)
     return _shift_exact(topo, k, qp_set, cols)
+
+
+def _sampled(topo, shift: int) -> bool:
+    """Whether box shift ``shift`` is in the sampled range (NOTE [sampled contention at scale])."""
+    B = topo.world_size // topo.cards_per_box
+    k = shift % B
+    P = topo.boxes_per_leaf
+    H = -(-SAMPLE_SHIFTS // P) * P
+    return B >= 3 * H and H <= k <= B - H
+
+
+_POOL_UNIT = 1 << 16
+
+
+@functools.lru_cache(maxsize=4096)
+def _shift_pooled(topo, shift: int, qp_set: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sampled shift's slowdown, the same for every card: the mean over the cards of the
+    sample's per-card slowdowns, rounded up to 1/65,536 (NOTE [sampled contention at scale])."""
+    num, den = _shift_exact(topo, shift, qp_set, cols)
+    q = -(-num * _POOL_UNIT // den)
+    mean = -(-int(q.sum()) // q.size)
+    a, b = np.full(cols, mean, dtype=np.int64), np.full(cols, _POOL_UNIT, dtype=np.int64)
+    a.flags.writeable = b.flags.writeable = False
+    return a, b

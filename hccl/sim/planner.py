@@ -8,12 +8,13 @@ numpy buffers so schedules can be checked against numpy references.
 NOTE [timing rules]
     - A rank starts the sends of a phase when it has finished the previous phase of the
       same slice (its receives of that phase arrived and were reduced); slice 0 phase 0
-      starts at ``ready_ns[rank]``.
+      starts at ``ready_ns[rank]``. A block may name narrower dependencies instead (NOTE
+      [block dependencies]: HCL's pipelined box iterations).
     - Each message: ``tx_start = max(phase start, egress port free)``; ``arrival =
       max(tx_start + latency, ingress port free) + serialization`` (scale-up links are
       point-to-point, so their egress and ingress are the same resource).
     - A reducing receive then occupies the rank's reduction engine for
-      ``bytes / reduce_bytes_per_ns``.
+      ``bytes / reduce_bytes_per_ns`` (the receives of blocks tagged ``"out"``, a second one).
     - Local copies cost 0 ns. A rank's collective ends when its last send has left and
       its last receive is done.
     - A scale-out message's serialization is stretched by its slowest flow's share of the
@@ -200,8 +201,11 @@ class _Engine:
         self.eg_free = np.zeros(T, dtype=np.int64)
         self.in_free = np.zeros(T, dtype=np.int64)
         self.red_free = np.zeros(T, dtype=np.int64)
+        self.red_side = np.zeros(T, dtype=np.int64)  # NOTE [block dependencies]: scale-out reductions
         self.ready = ready[:T].copy()
         self.clocks: dict[int, np.ndarray] = {}
+        self.anchor: dict[int, np.ndarray] = {}  # NOTE [block dependencies]
+        self.history: dict[int, list[dict[str, np.ndarray]]] = {}
         self.last = self.ready.copy()
         self.messages = 0
         self.up_bytes = 0
@@ -252,10 +256,24 @@ class _Engine:
         return np.where(out, -(-ser * num // den), ser)
 
     def phase(self, s: int, ph) -> None:
-        """Run phase ``ph`` (a :data:`~hccl.sim.schedule.Phase`) of slice ``s``."""
+        """Run phase ``ph`` (a :data:`~hccl.sim.schedule.Phase`) of slice ``s``.
+
+        NOTE [block dependencies]
+            By default a rank starts a block's sends when every receive of the slice's previous
+            phase is in (and reduced). A block with ``after`` set waits only for what it names:
+            the receives of the blocks tagged ``tag`` ``back`` phases earlier in the slice, and
+            never starts before the slice's *anchor*, the start of its last phase that had a
+            default block (the slice's start, at first). HCL's pairwise box iterations use it
+            (NOTE [HCL's pairwise box iterations] in :mod:`hccl.sim.algorithms.pairwise`): a
+            scale-out send waits for the in-box reduction that produced its chunk and for a free
+            receive buffer, not for the previous iteration's arrival. The engine remembers the
+            tagged receives of the last :data:`_HISTORY` phases of each slice; a phase's clock
+            is the latest of its blocks' starts and receives, as before.
+        """
         t0 = self.clocks.get(s)
         if t0 is None:
             t0 = self.ready
+        gated = None
         new = t0.copy()
         blocks = None
         if self.T < self.n and hasattr(ph, "fold"):  # the phase builds ranks 0 .. T-1 itself
@@ -265,17 +283,50 @@ class _Engine:
             trusted = True
         else:
             blocks, trusted = ph(), False
+        hist = self.history.setdefault(s, [])
+        rec: dict[str, np.ndarray] = {}
         for blk in blocks:
             if blk.dst.size == 0:
                 continue
+            if blk.after is None and blk.tag is None:
+                start, out = t0, new
+                gated = False
+            else:
+                if blk.after is None:
+                    start = t0
+                    gated = False
+                else:
+                    if gated is None:
+                        gated = True
+                    start = self.anchor.get(s, self.ready).copy()
+                    for tag, back in blk.after:
+                        got = hist[-back].get(tag) if 0 < back <= len(hist) else None
+                        if got is not None:
+                            np.maximum(start, got, out=start)
+                out = start.copy()
+            side = blk.tag == "out"  # scale-out receives reduce on their own engine
+            if side:
+                self.red_free, self.red_side = self.red_side, self.red_free
             if self.T < self.n:
                 if not trusted and not _periodic(blk, self.n, self.T):
                     raise _NoSymmetry
-                self._dense(blk, t0, new)
+                self._dense(blk, start, out)
             elif blk.dense and bool((blk.dst >= 0).all()):
-                self._dense(blk, t0, new)
+                self._dense(blk, start, out)
             else:
-                self._sparse(blk, t0, new)
+                self._sparse(blk, start, out)
+            if side:
+                self.red_free, self.red_side = self.red_side, self.red_free
+            if out is not new:
+                np.maximum(new, out, out=new)
+                if blk.tag is not None:
+                    prev = rec.get(blk.tag)
+                    rec[blk.tag] = out if prev is None else np.maximum(prev, out)
+        if gated is not True:  # a default block ran (or none was gated): the slice's anchor moves here
+            self.anchor[s] = t0
+        if rec or hist:
+            hist.append(rec)
+            del hist[:-_HISTORY]
         self.clocks[s] = new
 
     def _account(self, nbytes, out) -> None:
@@ -458,10 +509,23 @@ class _Engine:
 
     # -- NOTE [repeated phases] ---------------------------------------------------------------
     def snapshot(self) -> tuple:
-        """The state (ports, clocks, counters) as copies, for :meth:`advance`."""
-        arrays = [self.up_free.ravel(), self.eg_free, self.in_free, self.red_free, self.last]
-        arrays += [self.clocks[k] for k in sorted(self.clocks)]
-        return np.concatenate(arrays), (self.messages, self.up_bytes, self.out_bytes), tuple(sorted(self.clocks))
+        """The state (ports, clocks, anchors, remembered receives, counters) as copies, for
+        :meth:`advance`; its third item names the arrays, in order."""
+        arrays = [self.up_free.ravel(), self.eg_free, self.in_free, self.red_free, self.red_side, self.last]
+        names: list = []
+        for k in sorted(self.clocks):
+            arrays.append(self.clocks[k])
+            names.append(("clock", k))
+        for k in sorted(self.anchor):
+            arrays.append(self.anchor[k])
+            names.append(("anchor", k))
+        for k in sorted(self.history):
+            for i, rec in enumerate(self.history[k]):
+                for tag in sorted(rec):
+                    arrays.append(rec[tag])
+                    names.append(("history", k, i, tag))
+            names.append(("history", k, len(self.history[k])))
+        return np.concatenate(arrays), (self.messages, self.up_bytes, self.out_bytes), tuple(names)
 
     @staticmethod
     def period_step(a: tuple, b: tuple, c: tuple):
@@ -485,11 +549,20 @@ class _Engine:
         ``d`` (and the counters as from ``b`` to ``c``)."""
         x = c[0] + np.where(moved, d * times, 0)
         T, L = self.up_free.shape
-        parts = np.split(x, np.cumsum([T * L, T, T, T, T] + [T] * (len(c[2]) - 1)))
+        names = [nm for nm in c[2] if len(nm) != 3 or nm[0] != "history"]
+        parts = np.split(x, np.cumsum([T * L, T, T, T, T, T] + [T] * (len(names) - 1)))
         self.up_free = parts[0].reshape(T, L).copy()
-        self.eg_free, self.in_free, self.red_free, self.last = (p.copy() for p in parts[1:5])
-        for k, arr in zip(c[2], parts[5:]):
-            self.clocks[k] = arr.copy()
+        self.eg_free, self.in_free, self.red_free, self.red_side, self.last = (p.copy() for p in parts[1:6])
+        history: dict[int, list[dict[str, np.ndarray]]] = {
+            nm[1]: [{} for _ in range(nm[2])] for nm in c[2] if nm[0] == "history" and len(nm) == 3}
+        for nm, arr in zip(names, parts[6:]):
+            if nm[0] == "clock":
+                self.clocks[nm[1]] = arr.copy()
+            elif nm[0] == "anchor":
+                self.anchor[nm[1]] = arr.copy()
+            else:
+                history[nm[1]][nm[2]][nm[3]] = arr.copy()
+        self.history = history
         self.messages, self.up_bytes, self.out_bytes = (
             z + (z - y) * times for y, z in zip(b[1], c[1]))
 
@@ -505,6 +578,8 @@ _FOLD = True
 _SKIP = True
 """Apply runs of repeated phases at once (NOTE [repeated phases]); tests turn it off to compare."""
 _MAX_PERIOD = 64
+_HISTORY = 16
+"""Phases of each slice whose tagged receives the engine remembers (NOTE [block dependencies])."""
 
 
 def _run_phases(eng: _Engine, phases) -> None:
@@ -520,6 +595,11 @@ def _run_phases(eng: _Engine, phases) -> None:
         moved every entry they changed by the same ``d``, the next ``m`` periods move them by
         ``m x d``: they are applied at once, with the same integers as running them (tested
         against running every phase). Only used on the folded ranks with one slice in flight.
+        On an ECMP fabric the pipelined box iterations (NOTE [block dependencies]) of cards
+        whose flows collide would keep a slower pace than the others', and no period would
+        move every entry alike; the sampled shifts in the middle of a many-box collective are
+        charged every card alike (NOTE [sampled contention at scale] in :mod:`hccl.sim.fabric`),
+        so their runs are skipped as on an ideal fabric.
     """
     keys = [getattr(ph, "key", None) for _, ph in phases]
     n = len(phases)

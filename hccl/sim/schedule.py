@@ -126,12 +126,21 @@ class Block:
         shift: for a one-row block whose every card sends to the same card of box ``b + shift``
             (a pairwise box iteration), that shift (lets the fabric time it without the rows
             of every rank); None otherwise.
+        after: what a rank waits for before it sends this block's messages (NOTE [block
+            dependencies] in :mod:`hccl.sim.planner`). None: every receive of the slice's
+            previous phase (the default rule). Otherwise pairs ``(tag, back)``: the receives
+            of the block tagged ``tag`` in the phase ``back`` phases earlier in the same
+            slice (absent phases or tags are skipped), never earlier than the start of the
+            slice's last phase with a default block.
+        tag: a name under which this block's receives are remembered for later blocks'
+            ``after`` (None: not remembered).
     """
 
-    __slots__ = ("src", "dst", "count", "send_off", "recv_off", "reduce", "copies", "dense", "qp_set", "shift")
+    __slots__ = ("src", "dst", "count", "send_off", "recv_off", "reduce", "copies", "dense", "qp_set", "shift",
+                 "after", "tag")
 
     def __init__(self, src, dst, count, send_off, recv_off, *, reduce: bool, copies=None, dense=False, qp_set=0,
-                 shift=None):
+                 shift=None, after: tuple[tuple[str, int], ...] | None = None, tag: str | None = None):
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         shape = self.dst.shape
@@ -146,6 +155,8 @@ class Block:
         self.dense = dense
         self.qp_set = qp_set
         self.shift = shift
+        self.after = after
+        self.tag = tag
 
 
 Phase = Callable[[], Sequence[Block]]

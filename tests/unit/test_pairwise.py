@@ -20,72 +20,121 @@ from .test_timing import OUT_LAT, TINY, UP_LAT, red, ser
 
 
 @pytest.fixture
+def window(monkeypatch):
+    """Set HCL's scale-out buffers for one test, with the planner's and timing's memos cleared."""
+    from hccl.sim import planner
+
+    def set_(w: int) -> None:
+        monkeypatch.setattr(pairwise, "SCALE_OUT_BUFFERS", w)
+        planner._simulate_cached.cache_clear()
+        timing._memo.clear()
+
+    yield set_
+    planner._simulate_cached.cache_clear()
+    timing._memo.clear()
+
+
+@pytest.fixture
 def tiny(tmp_path):
     path = tmp_path / "tiny.toml"
     path.write_text(TINY)
     return lambda n: load_topology(str(path), world_size=n)
 
 
-def _pairwise_allreduce_by_hand(B: int, c: int) -> list[int]:
-    """Every rank's end of a pairwise all-reduce on B boxes of 2 cards, chunks of c bytes, from 0.
+def _pairwise_allreduce_by_hand(B: int, c: int, W: int) -> list[int]:
+    """Every rank's end of a pairwise all-reduce on B boxes of 2 cards, chunks of c bytes, from 0,
+    with W scale-out buffers.
 
     Phases (NOTE [HCL's pairwise box iterations]): reduce-scatter j = 0..B: in-box part for
     box b + j (j < B), scale-out part of iteration j - 1 (j >= 2); all-gather j = 0..B-1:
-    in-box part for box b + j, scale-out part of iteration j + 1 (j + 1 < B). A rank starts a
-    phase when its receives of the previous one are in (and reduced); a message leaves when
-    its port is free; a scale-out message also waits for the receiver's ingress port; a
-    reduction waits for the card's previous one.
+    in-box part for box b + j, scale-out part of iteration j + 1 (j + 1 < B). What each part
+    waits for before it sends (NOTE [block dependencies]): reduce-scatter in-box parts after the
+    first, the scale-out receives of phase j - W (and their links); reduce-scatter scale-out part of phase j, the in-box receives of phase
+    j - 1 and the scale-out receives of phase j - W; the all-gather's first phase, every
+    receive of the reduce-scatter; its later in-box parts, the scale-out receive of the phase
+    before; its later scale-out parts, the scale-out receives W phases before. A message leaves
+    when its port is free; a scale-out message also waits for the receiver's ingress port; a
+    reduction waits for the previous one on its engine (in-box and scale-out reductions have
+    one engine each).
     """
     n = 2 * B
-    clock = [0] * n
-    up_free, eg_free, in_free, red_free, last = ([0] * n for _ in range(5))
+    clock, anchor = [0] * n, [0] * n
+    up_free, eg_free, in_free, red_up, red_out, last = ([0] * n for _ in range(6))
+    history: list[dict] = []  # per phase: tag -> each rank's start, raised to its receives' end
 
-    def phase(up: bool, shift: int | None, reduce: bool):
-        nonlocal clock
+    def waited(after, r):
+        t = anchor[r]
+        for tag, back in after:
+            if back <= len(history) and tag in history[-back]:
+                t = max(t, history[-back][tag][r])
+        return t
+
+    def phase(up, shift, reduce, up_after, out_after):
+        nonlocal clock, anchor
         new = list(clock)
+        rec = {}
+        starts = {}
+        for tag, after in (("up", up_after), ("out", out_after)):
+            starts[tag] = [clock[r] if after is None else waited(after, r) for r in range(n)]
+        if up_after is None or (shift is not None and out_after is None):
+            anchor = list(clock)
         if up:  # to the other card of the box
+            start = starts["up"]
+            got = list(start)
             for r in range(n):
-                tx = max(clock[r], up_free[r])
+                tx = max(start[r], up_free[r])
                 up_free[r] = tx + ser(c)
                 last[r] = max(last[r], up_free[r])
                 d = r ^ 1
                 arr = tx + UP_LAT + ser(c)
-                done = max(arr, red_free[d]) + red(c) if reduce else arr
+                done = max(arr, red_up[d]) + red(c) if reduce else arr
                 if reduce:
-                    red_free[d] = done
-                new[d] = max(new[d], done)
+                    red_up[d] = done
+                got[d] = max(got[d], done)
                 last[d] = max(last[d], done)
+            rec["up"] = got
         if shift is not None:  # to the same card of box b + shift
+            start = starts["out"]
+            got = list(start)
             for r in range(n):
-                tx = max(clock[r], eg_free[r])
+                tx = max(start[r], eg_free[r])
                 eg_free[r] = tx + ser(c)
                 last[r] = max(last[r], eg_free[r])
                 d = ((r // 2 + shift) % B) * 2 + r % 2
                 arr = max(tx + OUT_LAT, in_free[d]) + ser(c)
                 in_free[d] = arr
-                done = arr + red(c) if reduce else arr
+                done = max(arr, red_out[d]) + red(c) if reduce else arr
                 if reduce:
-                    red_free[d] = done
-                new[d] = max(new[d], done)
+                    red_out[d] = done
+                got[d] = max(got[d], done)
                 last[d] = max(last[d], done)
+            rec["out"] = got
+        for got in rec.values():
+            new = [max(a, b) for a, b in zip(new, got)]
+        history.append(rec)
         clock = new
 
     for j in range(B + 1):
-        phase(j < B, j - 1 if j >= 2 else None, reduce=True)
+        phase(j < B, j - 1 if j >= 2 else None, True, None if j == 0 else (("out", W),), (("up", 1), ("out", W)))
     for j in range(B):
-        phase(True, -(j + 1) if j + 1 < B else None, reduce=False)
+        phase(True, -(j + 1) if j + 1 < B else None, False, None if j == 0 else (("out", 1),),
+              None if j == 0 else (("out", W),))
     return [max(clock[r], last[r]) for r in range(n)]
 
 
-@pytest.mark.parametrize("B", [2, 3, 4])
-def test_pairwise_allreduce_by_hand(tiny, B):
+@pytest.mark.parametrize("W", [1, 8])
+@pytest.mark.parametrize("B", [2, 3, 4, 12])
+def test_pairwise_allreduce_by_hand(tiny, window, B, W):
     """Each rank's end equals the hand timeline; the slowest member starts everyone."""
+    window(W)
     c = 1000
     n = 2 * B
-    want = _pairwise_allreduce_by_hand(B, c)
+    want = _pairwise_allreduce_by_hand(B, c, W)
     if B == 2:
-        # on paper: RS 1600 | 3200 | 5250 (3200+550+1000+500) ; AG 6800 (5250+550+1000) | 7900
-        assert want == [7900] * 4
+        # on paper: RS in-box 1600 (0+100+1000+500) | 2600 (link free at 1000) ; RS scale-out
+        # 4650 (2600+550+1000+500) ; AG 6200 (4650+550+1000) | 7300 (6200+100+1000): the in-box
+        # part of the second iteration did not wait for a scale-out arrival
+        assert want == [7300] * 4
     ready = [0] * n
     ready[-1] = 700  # the last rank is late: everyone starts at 700
     for r in range(n):
@@ -93,18 +142,36 @@ def test_pairwise_allreduce_by_hand(tiny, B):
         assert (t.start_ns, t.end_ns, t.algorithm) == (700, 700 + want[r], "pairwise"), (r, t, want)
 
 
-def test_pairwise_step_count_and_latency_term(tiny, monkeypatch):
-    """A slice is 2B + 1 phases; its latency grows by two scale-out crossings per added box."""
+def test_scale_out_buffers_hide_the_latency_of_box_iterations(tiny, window):
+    """With one scale-out buffer every box iteration pays a crossing; with HCL's 8, iterations
+    overlap and a many-box all-reduce runs at its ports' pace."""
+    B, c = 12, 1000
+    times = {}
+    for W in (1, 8):
+        window(W)
+        times[W] = simulate("all_reduce", 2 * B * c, tiny(2 * B), world_size=2 * B, algorithm="pairwise").duration_ns
+    # per-iteration crossings of the scale-out latency are gone from the reduce-scatter and all-gather
+    assert times[1] - times[8] >= (B - 2) * OUT_LAT
+    # at least the bytes: 2 (B - 1) scale-out messages of c bytes through one port
+    assert times[8] >= 2 * (B - 1) * ser(c)
+
+
+def test_pairwise_step_count_and_latency_term(tiny, monkeypatch, window):
+    """A slice is 2B + 1 phases; with W scale-out buffers its latency grows by two scale-out
+    crossings per W added boxes, and not at all while the boxes fit in the buffers."""
     monkeypatch.setattr(pairwise, "HCL_SLICE_BYTES", 400)  # 100 floats per rank per slice
+    window(8)
     for B in (2, 3, 5):
         n = 2 * B
         res = simulate("all_reduce", n * 400 * 3, tiny(n), world_size=n, algorithm="pairwise")
         assert res.phases == 3 * (2 * B + 1)
         assert res.scale_out_bytes == n * 3 * 2 * (B - 1) * 400  # per slice, 2(B-1) sends of 400 B
     small = {B: simulate("all_reduce", 8 * 2 * B, tiny(2 * B), world_size=2 * B, algorithm="pairwise").duration_ns
-             for B in (2, 4, 8)}
-    for B in (2, 4):  # each extra box adds a reduce-scatter and an all-gather crossing
-        assert small[2 * B] - small[B] >= 2 * B * OUT_LAT
+             for B in (2, 4, 8, 16, 32)}
+    for B in (2, 4):  # up to 8 boxes: the iterations overlap, each adds a few ns of bytes
+        assert small[2 * B] - small[B] < OUT_LAT
+    for B in (8, 16):  # beyond: every 8 more boxes add a reduce-scatter and an all-gather crossing
+        assert 2 * (B // 8) * OUT_LAT <= small[2 * B] - small[B] < 2 * (B // 8) * 2 * OUT_LAT
 
 
 def test_hcl_slice_is_per_rank(tiny, monkeypatch):

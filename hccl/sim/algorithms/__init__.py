@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Sequence
 
 import numpy as np
 

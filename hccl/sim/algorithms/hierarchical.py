@@ -1,6 +1,6 @@
 """Hierarchical scale-out: a frictionless shape of HCL's multi-box all-reduce, kept for comparison.
 
-HCL itself runs sequential pairwise box iterations slice by slice (:mod:`.pairwise`, the
+HCL itself runs pairwise box iterations slice by slice (:mod:`.pairwise`, the
 default for all-reduce, reduce-scatter, all-gather and barrier); this one exchanges with every
 other box in one phase, so its latency hardly grows with the number of boxes. It is still
 the default for reduce, broadcast and all2all across boxes (``HCCL_ALGO=hierarchical`` forces it).

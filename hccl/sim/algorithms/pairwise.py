@@ -1,4 +1,4 @@
-"""HCL's multi-box algorithm: sequential pairwise box iterations, slice by slice.
+"""HCL's multi-box algorithm: pairwise box iterations, pipelined, slice by slice.
 
 NOTE [HCL's pairwise box iterations]
     How HabanaAI/HCL (1.21, ``hcl/src/platform/gen2_arch_common/hcl_collective_routines.cpp``,
@@ -19,9 +19,27 @@ NOTE [HCL's pairwise box iterations]
       scale-up part of iteration ``k + 1`` runs in the same phase as the scale-out part of
       iteration ``k`` (reduce-scatter phase ``j`` = scale-up ``j`` + scale-out ``j - 1``;
       all-gather phase ``j`` = scale-up ``j`` + scale-out ``j + 1``), so a slice is
-      ``2B + 1`` phases and iterations stay sequential: a card starts iteration ``k + 1``
-      only when its receive of iteration ``k`` is in (and reduced). The latency term is
-      therefore ``~2B x (scale-out latency)`` per slice, growing with the number of boxes;
+      ``2B + 1`` phases;
+    - box iterations in flight at once. Each iteration is its own ``hclCollectiveCall``,
+      queued on the scale-up and scale-out engines and ordered only by sync objects and
+      credits (``calcRequiredCreditAmount``, ``hcl_collective_routines_utils.cpp``): a
+      reduce-scatter's scale-out receives land in ``HCL_SCALEOUT_BUFFER_FACTOR`` = 8 buffers
+      (:data:`SCALE_OUT_BUFFERS`; ``hcl_global_conf.cpp``, ``collective_states.cpp``) that are
+      reduced into the card's chunk as they fill, so a card does not wait for iteration
+      ``k``'s arrival before it sends iteration ``k + 1``. Modelled (NOTE [block
+      dependencies] in :mod:`hccl.sim.planner`): a reduce-scatter's scale-out part waits for
+      the in-box reduction that produced its chunk (phase ``j - 1``) and for the scale-out
+      receive 8 iterations back (its buffer free again); its in-box parts stay within 8
+      iterations of the scale-out receives (an ASSUMPTION standing for HCL's credits and its
+      static intermediate buffers, whose exact bound is not modelled); an all-gather's in-box
+      part waits for the scale-out arrival it spreads (phase ``j - 1``), its scale-out parts
+      send the card's own reduced chunk, 8 arrivals in flight. Scale-out reductions run on
+      their own engine (HCL's memcpy-with-reduction on the scale-out buffers) beside the
+      in-box ones. The latency term is therefore about ``2 x (scale-out latency)`` per 8
+      boxes per slice, where iterations that waited for each other paid it per box: a
+      many-box all-reduce runs at its ports' pace (Intel's Network Configuration page: the
+      multi-box peak of Allreduce is the box's scale-out bandwidth), and what slows it is the
+      fabric (:mod:`hccl.sim.fabric`);
     - slices of ``HCL_SLICE_SIZE`` (512 KB, ``hcl_global_conf.cpp``) per rank: a slice
       covers ``n x 512 KB`` of the buffer (``CommonState::calcMaxSliceCounts``: the count per
       rank is cut into ``optimalBufferCount`` pieces); slices are software pipelined as every
@@ -31,9 +49,9 @@ NOTE [HCL's pairwise box iterations]
       Gaudi2 and 2,049 on Gaudi3, else 1; ``hcl_dynamic_communicator.cpp``), which the fabric
       hashes onto uplinks (:mod:`hccl.sim.fabric`).
 
-    Not modelled: HCL's credits and sync-object waits (a phase boundary stands for them), its
-    bounded pool of scale-out receive buffers (no limit on slices in flight here), the
-    collective counter's part in the queue-pair set (a step's buckets all start at set 0),
+    Not modelled: HCL's credits and sync-object waits beyond the dependencies above, the
+    reduction of the scale-out buffers in batches of 8 (each arrival is reduced as it lands),
+    a bound on slices in flight, the collective counter's part in the queue-pair set (a step's buckets all start at set 0),
     the slice-size optimisation (``HCL_OPT_SLICE_SIZE``: near-equal slices; here the last
     slice is the short one), Gaudi-direct / host-NIC variants and the reduce and broadcast
     box logic (reduce and broadcast run the base compositions over these primitives).
@@ -47,10 +65,14 @@ from hccl.sim import fabric
 from hccl.sim.algorithms._base import Ctx, WholeBoxes, even_table
 from hccl.sim.schedule import Block, Phase
 
-__all__ = ["Pairwise", "HCL_SLICE_BYTES", "qp_sets"]
+__all__ = ["Pairwise", "HCL_SLICE_BYTES", "SCALE_OUT_BUFFERS", "qp_sets"]
 
 HCL_SLICE_BYTES = 512 * 1024
 """``HCL_SLICE_SIZE`` default, bytes per rank per slice (HabanaAI/HCL ``hcl/src/hcl_global_conf.cpp``)."""
+
+SCALE_OUT_BUFFERS = 8
+"""``HCL_SCALEOUT_BUFFER_FACTOR`` default (``hcl_global_conf.cpp``): scale-out receive buffers of
+a reduce-scatter, so box iterations in flight at once (NOTE [HCL's pairwise box iterations])."""
 
 _QP_SETS = 4
 """``HCL_GNIC_SCALE_OUT_QP_SETS`` default (``hcl_global_conf.cpp``)."""
@@ -69,13 +91,14 @@ class _BoxPhase:
     for ranks ``0 .. T-1`` only, which the planner's rank-symmetry fold uses (NOTE [rank
     symmetry] in :mod:`hccl.sim.planner`): every part is invariant under a shift by one box."""
 
-    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set", "key")
+    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set", "key", "up_after", "out_after")
 
     def __init__(self, topo, n, L, table, *, gather: bool, up_shift: int | None, out_shift: int | None,
-                 qp_set: int):
+                 qp_set: int, up_after, out_after, gate: int):
         self.n, self.L, self.table, self.gather = n, L, table, gather
         self.up_shift, self.out_shift, self.qp_set = up_shift, out_shift, qp_set
-        self.key = _timing_key(topo, n // L, gather, up_shift, out_shift, qp_set)
+        self.up_after, self.out_after = up_after, out_after
+        self.key = (gate, _timing_key(topo, n // L, gather, up_shift, out_shift, qp_set))
         """Phases with equal keys are timed alike on the folded ranks (NOTE [repeated phases]
         in :mod:`hccl.sim.planner`)."""
 
@@ -105,14 +128,15 @@ class _BoxPhase:
             if chunk.shape != dst.shape:
                 chunk = np.broadcast_to(chunk, dst.shape)
             off = start[chunk]
-            out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense))
+            out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense,
+                             after=self.up_after, tag="up"))
         if self.out_shift is not None and B > 1:
             k = -self.out_shift if self.gather else self.out_shift
             dst = (((b + k) % B) * L + l)[None, :]
             chunk = r[None, :] if self.gather else dst
             off = start[chunk]
             out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense,
-                             qp_set=self.qp_set, shift=k))
+                             qp_set=self.qp_set, shift=k, after=self.out_after, tag="out"))
         return out
 
 
@@ -171,16 +195,26 @@ class Pairwise(WholeBoxes):
         L, B = self._dims(ctx)
         qp = ctx.slice_index % qp_sets(ctx.n, ctx.topo.generation)
         table = _Table(table)
+        W = SCALE_OUT_BUFFERS
+        # phase j: the in-box part of iteration j waits for its links and stays within W
+        # iterations of the scale-out engine; the scale-out part of iteration j - 1 waits for the
+        # in-box reduction of phase j - 1 and a free receive buffer
         return [_BoxPhase(ctx.topo, ctx.n, L, table, gather=False, up_shift=j if j < B else None,
-                          out_shift=j - 1 if j >= 2 else None, qp_set=qp)
+                          out_shift=j - 1 if j >= 2 else None, qp_set=qp,
+                          up_after=None if j == 0 else (("out", W),), out_after=(("up", 1), ("out", W)),
+                          gate=0 if j == 0 else 1 if j < W + 2 else 2)
                 for j in range(B + 1 if B > 1 else 1)]
 
     def all_gather(self, ctx: Ctx, table) -> list[Phase]:
         L, B = self._dims(ctx)
         qp = ctx.slice_index % qp_sets(ctx.n, ctx.topo.generation)
         table = _Table(table)
+        W = SCALE_OUT_BUFFERS
+        # phase j: the in-box part spreads the chunk that arrived in phase j - 1; the scale-out
+        # part of iteration j + 1 sends this card's reduced chunk, which is ready since phase 0
         return [_BoxPhase(ctx.topo, ctx.n, L, table, gather=True, up_shift=j, out_shift=j + 1 if j + 1 < B else None,
-                          qp_set=qp)
+                          qp_set=qp, up_after=None if j == 0 else (("out", 1),),
+                          out_after=None if j == 0 else (("out", W),), gate=0 if j == 0 else 2)
                 for j in range(B)]
 
     def all_reduce(self, ctx: Ctx, s0: int, s1: int) -> list[Phase]:
