@@ -264,16 +264,23 @@ def _shift_exact(topo, shift: int, qp_set: int, cols: int) -> tuple[np.ndarray, 
     return num, den
 
 
-def sampled_shift(topo, shift: int) -> int:
-    """The box shift whose contention stands for ``shift`` (NOTE [sampled contention at scale]),
-    in ``0 .. B-1``; ``shift mod B`` itself when it is hashed exactly."""
+def _sampling(topo, shift: int) -> tuple[int, bool]:
+    """The box shift whose contention stands for ``shift``, in ``0 .. B-1``, and whether that is
+    a sample (NOTE [sampled contention at scale]): ``(shift mod B, False)`` when it is hashed
+    exactly."""
     B = topo.world_size // topo.cards_per_box
     k = shift % B
     P = topo.boxes_per_leaf
     H = -(-SAMPLE_SHIFTS // P) * P
     if H <= k <= B - H and B >= 3 * H:
-        k = H + (k - H) % H
-    return k
+        return H + (k - H) % H, True
+    return k, False
+
+
+def sampled_shift(topo, shift: int) -> int:
+    """The box shift whose contention stands for ``shift`` (NOTE [sampled contention at scale]),
+    in ``0 .. B-1``; ``shift mod B`` itself when it is hashed exactly."""
+    return _sampling(topo, shift)[0]
 
 
 def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None):
@@ -282,22 +289,13 @@ def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None):
     for many boxes (NOTE [sampled contention at scale]). Returns read-only arrays."""
     n = topo.world_size
     cols = n if cols is None else cols
-    k = sampled_shift(topo, shift)
+    k, sampled = _sampling(topo, shift)
     if topo.fabric is None and not topo.faults or k == 0:
         one = np.ones(cols, dtype=np.int64)
         return one, one
-    if _sampled(topo, shift):
+    if sampled:
         return _shift_pooled(topo, k, qp_set, cols)
     return _shift_exact(topo, k, qp_set, cols)
-
-
-def _sampled(topo, shift: int) -> bool:
-    """Whether box shift ``shift`` is in the sampled range (NOTE [sampled contention at scale])."""
-    B = topo.world_size // topo.cards_per_box
-    k = shift % B
-    P = topo.boxes_per_leaf
-    H = -(-SAMPLE_SHIFTS // P) * P
-    return B >= 3 * H and H <= k <= B - H
 
 
 _POOL_UNIT = 1 << 16

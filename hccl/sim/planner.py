@@ -273,7 +273,6 @@ class _Engine:
         t0 = self.clocks.get(s)
         if t0 is None:
             t0 = self.ready
-        gated = None
         new = t0.copy()
         blocks = None
         if self.T < self.n and hasattr(ph, "fold"):  # the phase builds ranks 0 .. T-1 itself
@@ -285,25 +284,22 @@ class _Engine:
             blocks, trusted = ph(), False
         hist = self.history.setdefault(s, [])
         rec: dict[str, np.ndarray] = {}
+        default_ran = gated_ran = False
         for blk in blocks:
             if blk.dst.size == 0:
                 continue
-            if blk.after is None and blk.tag is None:
-                start, out = t0, new
-                gated = False
+            if blk.after is None:
+                start, default_ran = t0, True
             else:
-                if blk.after is None:
-                    start = t0
-                    gated = False
-                else:
-                    if gated is None:
-                        gated = True
-                    start = self.anchor.get(s, self.ready).copy()
-                    for tag, back in blk.after:
-                        got = hist[-back].get(tag) if 0 < back <= len(hist) else None
-                        if got is not None:
-                            np.maximum(start, got, out=start)
-                out = start.copy()
+                start, gated_ran = self.anchor.get(s, self.ready).copy(), True
+                for tag, back in blk.after:
+                    if not 0 < back <= _HISTORY:
+                        raise ValueError(f"a block waits for the phase {back} back; the engine remembers 1 .. "
+                                         f"{_HISTORY} (NOTE [block dependencies])")
+                    got = hist[-back].get(tag) if back <= len(hist) else None
+                    if got is not None:
+                        np.maximum(start, got, out=start)
+            out = new if blk.after is None and blk.tag is None else start.copy()
             side = blk.tag == "out"  # scale-out receives reduce on their own engine
             if side:
                 self.red_free, self.red_side = self.red_side, self.red_free
@@ -322,7 +318,7 @@ class _Engine:
                 if blk.tag is not None:
                     prev = rec.get(blk.tag)
                     rec[blk.tag] = out if prev is None else np.maximum(prev, out)
-        if gated is not True:  # a default block ran (or none was gated): the slice's anchor moves here
+        if default_ran or not gated_ran:  # the slice's anchor moves here
             self.anchor[s] = t0
         if rec or hist:
             hist.append(rec)

@@ -130,8 +130,8 @@ class Block:
             dependencies] in :mod:`hccl.sim.planner`). None: every receive of the slice's
             previous phase (the default rule). Otherwise pairs ``(tag, back)``: the receives
             of the block tagged ``tag`` in the phase ``back`` phases earlier in the same
-            slice (absent phases or tags are skipped), never earlier than the start of the
-            slice's last phase with a default block.
+            slice (``back`` from 1 to 16; absent phases or tags are skipped), never earlier
+            than the start of the slice's last phase with a default block.
         tag: a name under which this block's receives are remembered for later blocks'
             ``after`` (None: not remembered).
     """

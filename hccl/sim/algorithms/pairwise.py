@@ -51,8 +51,8 @@ NOTE [HCL's pairwise box iterations]
 
     Not modelled: HCL's credits and sync-object waits beyond the dependencies above, the
     reduction of the scale-out buffers in batches of 8 (each arrival is reduced as it lands),
-    a bound on slices in flight, the collective counter's part in the queue-pair set (a step's buckets all start at set 0),
-    the slice-size optimisation (``HCL_OPT_SLICE_SIZE``: near-equal slices; here the last
+    a bound on slices in flight, the collective counter's part in the queue-pair set (a step's
+    buckets all start at set 0), the slice-size optimisation (``HCL_OPT_SLICE_SIZE``: near-equal slices; here the last
     slice is the short one), Gaudi-direct / host-NIC variants and the reduce and broadcast
     box logic (reduce and broadcast run the base compositions over these primitives).
 """
