@@ -573,9 +573,23 @@ _FOLD = True
 """Use the rank-symmetry fast path (NOTE [rank symmetry]); tests turn it off to compare."""
 _SKIP = True
 """Apply runs of repeated phases at once (NOTE [repeated phases]); tests turn it off to compare."""
-_MAX_PERIOD = 64
+_MAX_KEY_PERIOD = 64
+"""Longest period of phase keys looked for (NOTE [repeated phases])."""
+_MAX_MULTIPLE = 48
+"""Most key periods one period of the state may span (NOTE [repeated phases])."""
 _HISTORY = 16
 """Phases of each slice whose tagged receives the engine remembers (NOTE [block dependencies])."""
+
+
+def _key_period(ids: np.ndarray, i: int) -> int:
+    """The shortest ``p`` <= :data:`_MAX_KEY_PERIOD` with the keys of the two runs of ``p``
+    phases before ``i`` equal; 0 if none."""
+    for p in range(1, _MAX_KEY_PERIOD + 1):
+        if i - 2 * p < 0:
+            return 0
+        if np.array_equal(ids[i - p:i], ids[i - 2 * p:i - p]):
+            return p
+    return 0
 
 
 def _run_phases(eng: _Engine, phases) -> None:
@@ -583,49 +597,73 @@ def _run_phases(eng: _Engine, phases) -> None:
 
     NOTE [repeated phases]
         Pairwise box iterations on thousands of boxes are thousands of phases that, once the
-        folded ranks see every iteration cross the spine, repeat with a short period: phases
-        with equal ``key`` (a phase attribute: its timing class, e.g. the box shift modulo
-        the fold and the sampled contention) are timed alike. Each phase maps the state
-        (port and reduction-engine free times, clocks) by maxima and sums, so shifting every
-        entry by ``d`` shifts the result by ``d``. When two consecutive periods of equal keys
+        folded ranks see every iteration cross the spine, repeat: phases with equal ``key`` (a
+        phase attribute: its timing class, e.g. the box shift modulo the fold and the sampled
+        contention) are timed alike. Each phase maps the state (port and reduction-engine free
+        times, clocks, remembered receives) by maxima and sums, so shifting every entry by ``d``
+        shifts the result by ``d``. When two consecutive periods of ``P`` phases with equal keys
         moved every entry they changed by the same ``d``, the next ``m`` periods move them by
         ``m x d``: they are applied at once, with the same integers as running them (tested
         against running every phase). Only used on the folded ranks with one slice in flight.
-        On an ECMP fabric the pipelined box iterations (NOTE [block dependencies]) of cards
-        whose flows collide would keep a slower pace than the others', and no period would
-        move every entry alike; the sampled shifts in the middle of a many-box collective are
-        charged every card alike (NOTE [sampled contention at scale] in :mod:`hccl.sim.fabric`),
-        so their runs are skipped as on an ideal fabric.
+
+        The state's period is a multiple of the keys' period ``p`` but may be many of them: a
+        max-plus map repeated is periodic only with its cyclicity. With HCL's pipelined box
+        iterations (NOTE [block dependencies]) the latency-bound regime (many boxes, little data
+        per box: a barrier, or 256 MB on thousands of boxes) is such a case: on hls2, keys
+        repeat every 16 box shifts (the fold's boxes) while the state repeats only every 288
+        phases (18 key periods; found on 16,384 ranks). So the candidates are ``c x p`` for
+        ``c`` up to :data:`_MAX_MULTIPLE`, tried every ``p`` phases; the state is remembered at
+        those phases only. On an ECMP fabric the pipelined box iterations of cards whose flows
+        collide would keep a slower pace than the others', and no period would move every
+        entry alike; the sampled shifts in the middle of a many-box collective are charged
+        every card alike (NOTE [sampled contention at scale] in :mod:`hccl.sim.fabric`), so
+        their runs are skipped as on an ideal fabric.
     """
-    keys = [getattr(ph, "key", None) for _, ph in phases]
     n = len(phases)
     skip = _SKIP and eng.T < eng.n and len({s for s, _ in phases}) == 1 and n > 4 * 8
+    if not skip:
+        for s, ph in phases:
+            eng.phase(s, ph)
+        return
+    intern: dict = {}
+    ids = np.array([-1 - i if (k := getattr(ph, "key", None)) is None else intern.setdefault(k, len(intern))
+                    for i, (_, ph) in enumerate(phases)], dtype=np.int64)  # a None key equals none
     snaps: dict[int, tuple] = {}
+    p = 0
     i = 0
     while i < n:
         s, ph = phases[i]
         eng.phase(s, ph)
         i += 1
-        if not skip or keys[i - 1] is None:
+        if ids[i - 1] < 0:
+            snaps.clear()
+            p = 0
+            continue
+        if p == 0 or not np.array_equal(ids[i - p:i], ids[i - 2 * p:i - p]):
+            p = _key_period(ids, i)
+            snaps.clear()
+        if p == 0 or i % p:  # the state is remembered every p phases
             continue
         snaps[i] = eng.snapshot()
-        snaps.pop(i - 2 * _MAX_PERIOD - 1, None)
-        for P in range(1, _MAX_PERIOD + 1):
-            if i - 2 * P < 0 or i + P > n:
+        snaps.pop(i - 2 * _MAX_MULTIPLE * p, None)
+        for c in range(1, _MAX_MULTIPLE + 1):
+            P = c * p
+            if i - 2 * P not in snaps or i + P > n:
                 break
-            if keys[i - P:i] != keys[i - 2 * P:i - P] or keys[i:i + P] != keys[i - P:i]:
-                continue
-            if (i - 2 * P) not in snaps:
+            if not np.array_equal(ids[i - 2 * P:i], np.tile(ids[i - p:i], 2 * c)):
+                break
+            if not np.array_equal(ids[i:i + P], ids[i - P:i]):
                 break
             found = eng.period_step(snaps[i - 2 * P], snaps[i - P], snaps[i])
             if found is None:
                 continue
             m = 1
-            while i + (m + 1) * P <= n and keys[i + m * P:i + (m + 1) * P] == keys[i - P:i]:
+            while i + (m + 1) * P <= n and np.array_equal(ids[i + m * P:i + (m + 1) * P], ids[i - P:i]):
                 m += 1
             eng.advance(snaps[i - P], snaps[i], *found, m)
             i += m * P
             snaps.clear()
+            p = 0
             break
 
 

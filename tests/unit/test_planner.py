@@ -256,6 +256,24 @@ def test_repeated_phases_skip_equals_running_them(monkeypatch, fabric, nbytes):
     assert skipped_run < 800 and len(ran) - skipped_run == 1025  # the skip did run fewer phases
 
 
+def test_a_state_period_of_many_key_periods_is_skipped_exactly(monkeypatch):
+    """A barrier on 16,384 Gaudi2 ranks (2,048 boxes, every box iteration latency-bound): the keys
+    repeat every 16 box shifts, the state only every 18 x 16 phases (NOTE [repeated phases]); the
+    skip finds that period and gives the integers of running every phase."""
+    ran = []
+    real = planner._Engine.phase
+    monkeypatch.setattr(planner._Engine, "phase", lambda self, *a: ran.append(1) or real(self, *a))
+    planner._simulate_cached.cache_clear()
+    fast = simulate("barrier", 0, HLS2, world_size=16384)
+    skipped_run = len(ran)
+    monkeypatch.setattr(planner, "_SKIP", False)
+    planner._simulate_cached.cache_clear()
+    slow = simulate("barrier", 0, HLS2, world_size=16384)
+    planner._simulate_cached.cache_clear()
+    assert fast == slow and fast.phases == 4097 and fast.algorithm == "pairwise"
+    assert skipped_run < 3500 and len(ran) - skipped_run == 4097
+
+
 def test_a_large_group_that_does_not_fill_whole_leaves_is_named(caplog):
     """Planning every rank one by one grows with ranks x boxes (12,000 ranks of hls2: 15 s here,
     12,032: 0.7 s), so a large world size that is not a whole number of leaves says why, once,
