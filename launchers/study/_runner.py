@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_CAP_MB", "trace_key", "trace_steps", "run_points", "write_files", "save_figure", "study_topology"]
+__all__ = ["DEFAULT_CAP_MB", "POINT_TIMEOUT_S", "cores", "trace_key", "trace_steps", "run_points", "write_files", "save_figure", "study_topology"]
 
 DEFAULT_CAP_MB = 25.0
 """DDP's default ``bucket_cap_mb``."""
@@ -68,20 +68,43 @@ def study_topology(name: str, world_size: int, fabric: str = "topology"):
     return ideal(topo) if fabric == "ideal" else topo
 
 
+POINT_TIMEOUT_S = 600.0
+"""Wall seconds a study waits for its next point to be planned (locally or on Ray) before it
+gives up with TimeoutError."""
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces: dict,
                plan: Callable[[object, object], dict], *, progress: bool = True, desc: str = "planning",
-               use_ray: bool = False, ray_address: str | None = None) -> list[dict]:
+               use_ray: bool = False, ray_address: str | None = None, jobs: int = 1,
+               cost: Callable[[object], float] | None = None) -> list[dict]:
     """``plan(traces[trace_of(point)], point)`` for every point, in order; the rows.
 
     Args:
         trace_of: a point's key in ``traces``.
-        plan: a module-level function (it is pickled for Ray) returning one row.
+        plan: a module-level function (it is pickled for Ray and for worker processes)
+            returning one row.
         progress: a progress bar (tqdm) on stderr.
         use_ray: plan the points as Ray tasks, on ``ray_address`` or an embedded cluster.
+        jobs: without Ray, plan in this many worker processes (spawned; each gets the traces
+            once) when there is more than one point; 1 plans in this process. The rows are
+            the same either way: the planner is deterministic.
+        cost: a point's relative planning cost; the costliest points start first.
+
+    Raises:
+        TimeoutError: no point was planned for :data:`POINT_TIMEOUT_S` wall seconds.
     """
     from tqdm import tqdm
 
     if not use_ray:
+        if jobs > 1 and len(points) > 1:
+            return _run_in_processes(points, trace_of, traces, plan, jobs=jobs, cost=cost,
+                                     bar=tqdm(total=len(points), desc=desc, unit="point", disable=not progress,
+                                              file=sys.stderr))
         return [plan(traces[trace_of(p)], p)
                 for p in tqdm(points, desc=desc, unit="point", disable=not progress, file=sys.stderr)]
     import ray
@@ -103,9 +126,9 @@ def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces:
         with tqdm(total=len(pending), desc=f"{desc} on Ray", unit="point", disable=not progress,
                   file=sys.stderr) as bar:
             while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=600)
+                done, pending = ray.wait(pending, num_returns=1, timeout=POINT_TIMEOUT_S)
                 if not done:
-                    raise TimeoutError("Ray study tasks made no progress for 600 s")
+                    raise TimeoutError(f"Ray study tasks made no progress for {POINT_TIMEOUT_S:.0f} s")
                 for ref in done:
                     rows[order[ref]] = ray.get(ref)
                     bar.update(1)
@@ -118,6 +141,52 @@ def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces:
 def _call(plan, trace, point) -> dict:
     """A Ray task: ``plan(trace, point)`` (``ray.remote`` wants a plain function)."""
     return plan(trace, point)
+
+
+_worker_traces: dict = {}
+
+
+def _set_traces(traces: dict) -> None:
+    """A worker process's initializer: the traces every point of the study is planned from."""
+    _worker_traces.clear()
+    _worker_traces.update(traces)
+
+
+def _plan_in_worker(plan, key, point) -> dict:
+    return plan(_worker_traces[key], point)
+
+
+def _portable(traces, portable):
+    """A trace, or a dict of them, as :func:`hpu_runtime.tools.tracing.portable` ships them."""
+    return {k: portable(t) for k, t in traces.items()} if isinstance(traces, dict) else portable(traces)
+
+
+def _run_in_processes(points: Sequence, trace_of, traces: dict, plan, *, jobs: int, cost, bar) -> list[dict]:
+    """:func:`run_points` on ``jobs`` spawned worker processes (spawned, not forked: the parent
+    has run torch's thread pools while tracing)."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    from hpu_runtime.tools.tracing import portable
+
+    order = sorted(range(len(points)), key=lambda i: -cost(points[i])) if cost else list(range(len(points)))
+    rows: list = [None] * len(points)
+    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(points)), mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_set_traces, initargs=({k: _portable(t, portable) for k, t in traces.items()},))
+    try:
+        with bar:
+            futures = {pool.submit(_plan_in_worker, plan, trace_of(points[i]), points[i]): i for i in order}
+            pending = set(futures)
+            while pending:
+                done, pending = cf.wait(pending, timeout=POINT_TIMEOUT_S, return_when=cf.FIRST_COMPLETED)
+                if not done:
+                    raise TimeoutError(f"no study point was planned for {POINT_TIMEOUT_S:.0f} s")
+                for f in done:
+                    rows[futures[f]] = f.result()  # a worker's error is raised here
+                    bar.update(1)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return rows
 
 
 def write_files(out_dir: str | Path, *, rows: list[dict], fields: Sequence[str], config: dict, extra: dict,

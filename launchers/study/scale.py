@@ -43,7 +43,7 @@ from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
 from hpu_runtime.cli_args import count, real
 
 from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, mb, ranks
-from ._runner import run_points, save_figure, study_topology, trace_key, trace_steps, write_files
+from ._runner import cores, run_points, save_figure, study_topology, trace_key, trace_steps, write_files
 
 __all__ = ["ScaleConfig", "add_parser", "scale_main", "run_scale", "plan_world_size", "print_result", "CAUSES"]
 
@@ -181,8 +181,23 @@ def _plan(cfg: ScaleConfig, traces: dict, n: int) -> dict:
     return plan_world_size(cfg, traces, n)
 
 
-def run_scale(cfg: ScaleConfig, *, progress: bool = True) -> list[dict]:
-    """Validate, trace, plan every world size; the rows with efficiency and its causes."""
+PARALLEL_FROM_RANKS = 4096
+"""``--jobs auto`` plans the world sizes in worker processes when the largest is at least this:
+below, a point plans in about a second or less here, less than a spawned worker takes to
+import torch (about 3 s)."""
+
+
+def auto_jobs(world_sizes) -> int:
+    """``--jobs auto``: one worker per core when some world size is at least
+    :data:`PARALLEL_FROM_RANKS`, else 1 (plan in this process)."""
+    return cores() if max(world_sizes) >= PARALLEL_FROM_RANKS else 1
+
+
+def run_scale(cfg: ScaleConfig, *, progress: bool = True, jobs: int | None = None) -> list[dict]:
+    """Validate, trace, plan every world size; the rows with efficiency and its causes.
+
+    ``jobs``: worker processes planning the world sizes side by side (None: :func:`auto_jobs`);
+    the rows do not depend on it."""
     validate(cfg)
     batches = sorted({cfg.batch_at(n) for n in cfg.world_sizes})
     # compile mode: the step compiled as under DDP with this cap (DDPOptimizer's graph breaks)
@@ -192,7 +207,7 @@ def run_scale(cfg: ScaleConfig, *, progress: bool = True) -> list[dict]:
     by_batch = {b: traces[keys[b]] for b in batches}
     sizes = sorted(cfg.world_sizes)
     rows = run_points(sizes, lambda n: "all", {"all": by_batch}, functools.partial(_plan, cfg), progress=progress,
-                      desc="world sizes")
+                      desc="world sizes", jobs=auto_jobs(sizes) if jobs is None else jobs, cost=lambda n: n)
     n0 = sizes[0]
     base = rows[0]
     base_at: dict[int, int] = {base["batch_size"]: base["ideal_step_ns"]}
@@ -322,6 +337,13 @@ def add_parser(sub) -> None:
     cluster.add_arguments(s, variability="on")
     s.add_argument("--out", required=True, metavar="DIR", help="study.csv, study.json, study.png, summary.md")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--jobs", type=_jobs, default=None, metavar="N|auto",
+                   help="worker processes planning world sizes side by side (default auto: one per core when a "
+                        f"world size reaches {PARALLEL_FROM_RANKS:,}, else 1); the rows do not depend on it")
+
+
+def _jobs(text: str) -> int | None:
+    return None if text.strip().lower() == "auto" else count(1, 1024, "jobs")(text)
 
 
 def scale_main(args: argparse.Namespace) -> dict:
@@ -339,7 +361,7 @@ def scale_main(args: argparse.Namespace) -> dict:
                       precision=args.precision, bucket_cap_mb=args.bucket_cap_mb, first_bucket_mb=args.first_bucket_mb,
                       condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps,
                       pg_timeout_s=args.pg_timeout, recipe_cache=args.recipe_cache)
-    rows = run_scale(cfg, progress=not args.no_progress)
+    rows = run_scale(cfg, progress=not args.no_progress, jobs=args.jobs)
     for r in rows:
         r.pop("graphs", None)
     wall = time.perf_counter() - t0

@@ -15,8 +15,9 @@ def test_scale_study_end_to_end(tmp_path, capsys):
     """A debug model from 8 to 512 cards: every file, one row per world size, efficiency 1 at the
     smallest, and the loss's causes adding up to 100 x (1 - efficiency)."""
     out = tmp_path / "scale"
-    rc = study.main(["scale", "--model", "resnet50:debug", "--batch-size", "4", "--world-sizes", "8,64,512",
-                     "--topology", "hls2", "--steps", "4", "--out", str(out), "--no-progress"])
+    argv = ["scale", "--model", "resnet50:debug", "--batch-size", "4", "--world-sizes", "8,64,512",
+            "--topology", "hls2", "--steps", "4", "--no-progress"]
+    rc = study.main([*argv, "--out", str(out), "--jobs", "1"])
     assert rc == 0, capsys.readouterr().err
     for name in ("study.csv", "study.json", "study.png", "summary.md"):
         assert (out / name).stat().st_size > 0
@@ -33,6 +34,9 @@ def test_scale_study_end_to_end(tmp_path, capsys):
     assert rows[-1]["step_p99_ns"] > rows[-1]["step_median_ns"]  # variability on: the sampled steps differ
     text = (out / "summary.md").read_text()
     assert "variability: seed 0" in text and "what-ifs: none" in text and "512 |" in text
+    # the same study planned by two worker processes (--jobs, as large studies run by default)
+    assert study.main([*argv, "--out", str(tmp_path / "jobs2"), "--jobs", "2"]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "jobs2" / "study.json").read_text())["rows"] == rows
 
 
 @pytest.mark.timeout(60)
@@ -50,3 +54,12 @@ def test_scale_study_refuses_bad_input(tmp_path, capsys, argv, match):
     assert study.main(args) == 2
     assert match in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_scale_study_refuses_zero_jobs(tmp_path, capsys):
+    """``--jobs 0`` is a usage error naming the flag (argparse's exit code 2), before any work."""
+    with pytest.raises(SystemExit) as exc:
+        study.main(["scale", "--model", "mlp:debug", "--batch-size", "8", "--world-sizes", "8", "--jobs", "0",
+                    "--out", str(tmp_path / "scale"), "--no-progress"])
+    assert exc.value.code == 2 and "argument --jobs: 0 is not in [1, 1,024] jobs" in capsys.readouterr().err
+    assert not (tmp_path / "scale").exists()
