@@ -33,6 +33,7 @@ __all__ = [
     "check_address",
     "import_ray",
     "is_loopback",
+    "prestart_train_coordinator",
     "quiet_worker_logs",
     "start_ray",
     "worker_runtime_env",
@@ -202,6 +203,7 @@ def start_ray(
                 "version the cluster's? A cluster with token authentication needs "
                 "RAY_AUTH_MODE=token here and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token)"
             ) from None
+        prestart_train_coordinator()
         return False
     needed = math.ceil(num_workers * cpus_per_worker + trials * TRIAL_CPUS - 1e-9)
     num_cpus = max(os.cpu_count() or 1, needed)
@@ -212,4 +214,29 @@ def start_ray(
         log_to_driver=True,
         runtime_env=runtime_env,
     )
+    prestart_train_coordinator()
     return True
+
+
+def prestart_train_coordinator() -> None:
+    """Start Ray Train's resource coordinator now, so that a job's controller finds it running.
+
+    Ray Train (v2) asks a detached ``AutoscalingCoordinator`` actor for the job's resources as
+    its controller starts, and waits at most 5 s for the answer
+    (``ray/train/v2/_internal/execution/scaling_policy/autoscaling_coordinator_client.py``,
+    ``AUTOSCALING_REQUESTS_GET_TIMEOUT_S``); the actor's process is only started then, and it
+    imports ``ray.data`` (about 4 s here). On a fresh cluster the wait timed out: every
+    launcher job on an embedded Ray lost 5 s and printed a traceback ("Failed to send resource
+    request"). Created here (``get_if_exists``: one per cluster) as soon as Ray is up, it
+    starts while the driver builds the trainer. A Ray without it (another version) is left as is.
+    """
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:
+        return
+    try:
+        get_or_create_autoscaling_coordinator()
+    except Exception as exc:  # noqa: BLE001 - Train creates it itself later; only the head start is lost
+        logging.getLogger(__name__).debug("could not prestart Ray Train's AutoscalingCoordinator: %s", exc)

@@ -54,7 +54,7 @@ def ray_address() -> Iterator[str]:
     and 0.05 for its trial driver)."""
     pytest.importorskip("ray.train.torch", reason="needs ray[train]: pip install -e '.[ray]'")
     with pytest.MonkeyPatch.context() as mp:
-        from launchers.ray_cluster import RAY_TRAIN_DEFAULTS, worker_runtime_env
+        from launchers.ray_cluster import RAY_TRAIN_DEFAULTS, prestart_train_coordinator, worker_runtime_env
 
         for key, value in RAY_TRAIN_DEFAULTS.items():
             mp.setenv(key, value)
@@ -64,6 +64,7 @@ def ray_address() -> Iterator[str]:
 
         ctx = ray.init(num_cpus=3, resources={"HPU": 4}, include_dashboard=False, log_to_driver=False,
                        runtime_env=worker_runtime_env())
+        prestart_train_coordinator()  # as launchers.ray's embedded Ray does
         try:
             yield ctx.address_info["gcs_address"]
         finally:
