@@ -203,7 +203,7 @@ def start_ray(
                 "version the cluster's? A cluster with token authentication needs "
                 "RAY_AUTH_MODE=token here and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token)"
             ) from None
-        prestart_train_coordinator()
+        prestart_train_coordinator(ray)
         return False
     needed = math.ceil(num_workers * cpus_per_worker + trials * TRIAL_CPUS - 1e-9)
     num_cpus = max(os.cpu_count() or 1, needed)
@@ -214,11 +214,11 @@ def start_ray(
         log_to_driver=True,
         runtime_env=runtime_env,
     )
-    prestart_train_coordinator()
+    prestart_train_coordinator(ray)
     return True
 
 
-def prestart_train_coordinator() -> None:
+def prestart_train_coordinator(ray: Any) -> None:
     """Start Ray Train's resource coordinator now, so that a job's controller finds it running.
 
     Ray Train (v2) asks a detached ``AutoscalingCoordinator`` actor for the job's resources as
@@ -228,8 +228,12 @@ def prestart_train_coordinator() -> None:
     imports ``ray.data`` (about 4 s here). On a fresh cluster the wait timed out: every
     launcher job on an embedded Ray lost 5 s and printed a traceback ("Failed to send resource
     request"). Created here (``get_if_exists``: one per cluster) as soon as Ray is up, it
-    starts while the driver builds the trainer. A Ray without it (another version) is left as is.
+    starts while the driver builds the trainer. A Ray without it (another version), or one this
+    process has not joined (``ray.is_initialized()`` false: creating an actor would start one), is
+    left as is.
     """
+    if not getattr(ray, "is_initialized", lambda: False)():
+        return
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,

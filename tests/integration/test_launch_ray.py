@@ -64,7 +64,7 @@ def ray_address() -> Iterator[str]:
 
         ctx = ray.init(num_cpus=3, resources={"HPU": 4}, include_dashboard=False, log_to_driver=False,
                        runtime_env=worker_runtime_env())
-        prestart_train_coordinator()  # as launchers.ray's embedded Ray does
+        prestart_train_coordinator(ray)  # as launchers.ray's embedded Ray does
         try:
             yield ctx.address_info["gcs_address"]
         finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from launchers.ray_train import RayJobConfig, _job_failed
 from launchers.target import Target
 
@@ -67,3 +69,7 @@ def test_an_embedded_ray_has_the_cores_to_start_its_workers_at_once(monkeypatch)
     assert start_ray(ray, None, 2, 0.5) is True  # 1 CPU of work: 2, the cores
     assert start_ray(ray, None, 8, 1.0, trials=4) is True  # 8 + 4 trial drivers x 0.05 = 8.2: 9
     assert [(c["num_cpus"], c["resources"]) for c in ray.calls] == [(2, {"HPU": 2}), (9, {"HPU": 8})]
+    # the coordinator prestart (prestart_train_coordinator) creates no actor, and so starts no
+    # real Ray in this process, when the Ray it was given is not up
+    real = pytest.importorskip("ray")
+    assert not real.is_initialized()
