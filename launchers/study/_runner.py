@@ -15,7 +15,8 @@ import sys
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_CAP_MB", "POINT_TIMEOUT_S", "cores", "trace_key", "trace_steps", "run_points", "write_files", "save_figure", "study_topology"]
+__all__ = ["DEFAULT_CAP_MB", "POINT_TIMEOUT_S", "cores", "trace_key", "trace_steps", "run_points", "write_files",
+           "save_figure", "study_topology"]
 
 DEFAULT_CAP_MB = 25.0
 """DDP's default ``bucket_cap_mb``."""
@@ -156,9 +157,14 @@ def _plan_in_worker(plan, key, point) -> dict:
     return plan(_worker_traces[key], point)
 
 
-def _portable(traces, portable):
-    """A trace, or a dict of them, as :func:`hpu_runtime.tools.tracing.portable` ships them."""
-    return {k: portable(t) for k, t in traces.items()} if isinstance(traces, dict) else portable(traces)
+def _portable(obj):
+    """``obj`` ready to ship to a worker process: a traced step (also inside dicts) as
+    :func:`hpu_runtime.tools.tracing.portable` makes it; anything else as it is."""
+    from hpu_runtime.tools.tracing import StepTrace, portable
+
+    if isinstance(obj, dict):
+        return {k: _portable(v) for k, v in obj.items()}
+    return portable(obj) if isinstance(obj, StepTrace) else obj
 
 
 def _run_in_processes(points: Sequence, trace_of, traces: dict, plan, *, jobs: int, cost, bar) -> list[dict]:
@@ -167,12 +173,11 @@ def _run_in_processes(points: Sequence, trace_of, traces: dict, plan, *, jobs: i
     import concurrent.futures as cf
     import multiprocessing
 
-    from hpu_runtime.tools.tracing import portable
-
     order = sorted(range(len(points)), key=lambda i: -cost(points[i])) if cost else list(range(len(points)))
     rows: list = [None] * len(points)
+    shipped = _portable(traces)
     pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(points)), mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=_set_traces, initargs=({k: _portable(t, portable) for k, t in traces.items()},))
+                                  initializer=_set_traces, initargs=(shipped,))
     try:
         with bar:
             futures = {pool.submit(_plan_in_worker, plan, trace_of(points[i]), points[i]): i for i in order}
@@ -184,8 +189,13 @@ def _run_in_processes(points: Sequence, trace_of, traces: dict, plan, *, jobs: i
                 for f in done:
                     rows[futures[f]] = f.result()  # a worker's error is raised here
                     bar.update(1)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        # a stuck or failing point must not keep the study waiting on the others: end the workers
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return rows
 
 
