@@ -43,6 +43,7 @@ __all__ = [
     "combine_out",
     "finish",
     "transport_threads",
+    "affinity_cores",
     "capped_threads",
 ]
 
@@ -207,11 +208,15 @@ def transport_threads(local_ranks: int) -> int:
     """
     if local_ranks < 1:
         raise ValueError(f"hccl: local_ranks must be at least 1, got {local_ranks}")
+    return max(1, affinity_cores() // local_ranks)
+
+
+def affinity_cores() -> int:
+    """Cores in this process's CPU affinity (the machine's count where there is no affinity)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // local_ranks)
+        return os.cpu_count() or 1
 
 
 class capped_threads:  # noqa: N801 - used like a function: `with capped_threads(n):`

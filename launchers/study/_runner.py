@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_CAP_MB", "POINT_TIMEOUT_S", "cores", "trace_key", "trace_steps", "run_points", "write_files",
+__all__ = ["DEFAULT_CAP_MB", "POINT_TIMEOUT_S", "trace_key", "trace_steps", "run_points", "write_files",
            "save_figure", "study_topology"]
 
 DEFAULT_CAP_MB = 25.0
@@ -72,11 +72,6 @@ def study_topology(name: str, world_size: int, fabric: str = "topology"):
 POINT_TIMEOUT_S = 600.0
 """Wall seconds a study waits for its next point to be planned (locally or on Ray) before it
 gives up with TimeoutError."""
-
-
-def cores() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run_points(points: Sequence, trace_of: Callable[[object], Hashable], traces: dict,

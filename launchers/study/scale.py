@@ -39,11 +39,12 @@ from pathlib import Path
 from hccl.sim import cluster
 from hccl.sim.cluster import Cluster
 from hccl.sim.variability import DEFAULT as DEFAULT_VARIABILITY
+from hccl.transport.reduce_ops import affinity_cores
 
 from hpu_runtime.cli_args import count, real
 
 from ._args import add_fabric_arg, add_model_args, env_mode, first_mb, list_of, mb, ranks
-from ._runner import cores, run_points, save_figure, study_topology, trace_key, trace_steps, write_files
+from ._runner import run_points, save_figure, study_topology, trace_key, trace_steps, write_files
 
 __all__ = ["ScaleConfig", "add_parser", "scale_main", "run_scale", "plan_world_size", "print_result", "CAUSES"]
 
@@ -190,7 +191,7 @@ import torch (about 3 s)."""
 def auto_jobs(world_sizes) -> int:
     """``--jobs auto``: one worker per core when some world size is at least
     :data:`PARALLEL_FROM_RANKS`, else 1 (plan in this process)."""
-    return cores() if max(world_sizes) >= PARALLEL_FROM_RANKS else 1
+    return affinity_cores() if max(world_sizes) >= PARALLEL_FROM_RANKS else 1
 
 
 def run_scale(cfg: ScaleConfig, *, progress: bool = True, jobs: int | None = None) -> list[dict]:
