@@ -36,13 +36,27 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
+def _box_of_card(device_spec: str | None) -> str:
+    """The default ``HCCL_TOPOLOGY``: the box ``HPU_DEVICE_SPEC``'s cards come in (Gaudi 3 cards
+    in an ``hls3``), else ``hls2``. A device name the runtime refuses is left to it to report."""
+    if device_spec is None:
+        return "hls2"
+    from .sim.topology import device_and_topology
+
+    try:
+        return device_and_topology(device_spec, None)[1]
+    except ValueError:
+        return "hls2"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HcclConfig:
     """The backend's configuration (see the README's environment table)."""
 
     topology: str = "hls2"
     """``HCCL_TOPOLOGY``: ``hls1``, ``hls2``, ``hls3`` or a TOML topology file (loaded, and
-    checked against the world size, when a group is created)."""
+    checked against the world size and the card's generation, when a group is created); unset,
+    the box of ``HPU_DEVICE_SPEC``'s cards, else ``hls2``."""
     algorithm: str | None = None
     """``HCCL_ALGO``: a registered algorithm forced on every collective; None: the selection rule."""
     slice_size_mb: float = DEFAULT_SLICE_SIZE_MB
@@ -138,7 +152,7 @@ class HcclConfig:
         if lazy not in _TRUE + _FALSE:
             raise ValueError(f"PT_HPU_ENABLE_LAZY_COLLECTIVES={lazy!r} must be true or false")
         return cls(
-            topology=text("HCCL_TOPOLOGY") or "hls2",
+            topology=text("HCCL_TOPOLOGY") or _box_of_card(text("HPU_DEVICE_SPEC")),
             algorithm=text("HCCL_ALGO"),
             slice_size_mb=number("PT_HCCL_SLICE_SIZE_MB", DEFAULT_SLICE_SIZE_MB),
             transport=(text("HCCL_TRANSPORT") or "shm").lower(),

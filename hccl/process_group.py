@@ -56,7 +56,7 @@ from .sim.placement import place_group
 from .sim.variability import rank_slowdown
 from .sim.whatif import link_faults
 from .sim.timing import AUTO, collective_times, host_topology, p2p_times
-from .sim.topology import Topology
+from .sim.topology import GENERATION_BOX, Topology
 from .transport.reduce_ops import capped_threads, transport_threads
 from .transport.shm import HcclTimeoutError
 from .transport.tcp import ConnectionLost
@@ -185,10 +185,19 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
                                      slice_bytes=self.config.slice_bytes)
 
     def _load_topology(self, world_size: int, ranks_per_host: int) -> Topology:
+        """The job's system; its boxes must hold this process's card (every rank agreed on
+        both settings at the rendezvous, so all raise alike)."""
         try:
-            return host_topology(self.config.topology, world_size, ranks_per_host)
+            topo = host_topology(self.config.topology, world_size, ranks_per_host)
         except ValueError as exc:
             raise ValueError(f"hccl: HCCL_TOPOLOGY={self.config.topology!r}: {exc}") from None
+        card, held = self._device.spec.name, topo.generation
+        if card in GENERATION_BOX and held in GENERATION_BOX and card != held:  # a box holds one generation
+            given = os.environ.get("HPU_DEVICE_SPEC", "").strip()
+            raise ValueError(f"hccl: this process's card is a {card} (HPU_DEVICE_SPEC={given or 'unset'}), but "
+                             f"HCCL_TOPOLOGY={self.config.topology!r} is a box of {held} cards: set "
+                             f"HPU_DEVICE_SPEC={held}, or name a topology of {card} boxes")
+        return topo
 
     # ---- the timing seam: this group's placement and frozen configuration ---------------------
     def _plan(self, req):

@@ -49,6 +49,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
 from hccl.sim import cluster
+from hccl.sim.topology import device_and_topology
 from hpu_runtime.bridge.config import RuntimeConfig
 from hpu_runtime.cli_args import count, real
 from hpu_runtime.files import atomic_open
@@ -106,12 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autocast", action="store_true",
                    help="forward and loss under torch.autocast('hpu', dtype=torch.bfloat16), as Habana's recipes"
                         " (see PT_HPU_AUTOCAST_FP32_ON_HOST to compute those regions in fp32 on this CPU)")
-    p.add_argument("--device-spec", default="gaudi2", help=f"simulated device: {', '.join(sorted(DEVICE_SPECS))}")
+    p.add_argument("--device-spec", default=None,
+                   help=f"simulated device: {', '.join(sorted(DEVICE_SPECS))} (default: HPU_DEVICE_SPEC, else the"
+                        " generation of the topology's boxes, else gaudi2)")
     p.add_argument(
         "--topology",
         default=None,
         help="network topology for the simulated collectives: hls1, hls2, hls3 or a topology file"
-        " (sets HCCL_TOPOLOGY; default: HCCL_TOPOLOGY or hls2)",
+        " (sets HCCL_TOPOLOGY; default: HCCL_TOPOLOGY, else the box of the device's generation, else hls2)",
     )
     p.add_argument("--backend", default="hccl", choices=["hccl", "gloo"], help="process-group backend")
     p.add_argument("--mode", default=None, choices=MODES,
@@ -233,8 +236,12 @@ def main(argv: list[str] | None = None) -> dict:
         elif args.dataset != kind.dataset:
             raise ValueError(f"model {args.model!r} ({kind.kind}, {kind.task}) trains on dataset {kind.dataset!r},"
                              f" not {args.dataset!r}")
-    if args.topology:
-        os.environ["HCCL_TOPOLOGY"] = args.topology
+    # a box holds cards of one generation: either setting follows the other, and they must agree
+    args.device_spec, os.environ["HCCL_TOPOLOGY"] = device_and_topology(
+        args.device_spec or os.environ.get("HPU_DEVICE_SPEC", "").strip() or None,
+        args.topology or os.environ.get("HCCL_TOPOLOGY", "").strip() or None,
+        device_from="--device-spec" if args.device_spec else "HPU_DEVICE_SPEC",
+        topology_from="--topology" if args.topology else "HCCL_TOPOLOGY")
     condition = cluster.from_args(args)  # flags given here override a launcher's HCCL_SIM_* variables
     os.environ.update(condition.env())
     condition = cluster.from_env()  # what every rank's process group reads

@@ -35,7 +35,8 @@ from typing import Any
 
 from hccl.sim.fabric import Fabric
 
-__all__ = ["Topology", "load_topology", "builtin_topologies"]
+__all__ = ["Topology", "load_topology", "builtin_topologies", "GENERATION_BOX", "topology_generation",
+           "device_and_topology"]
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,63 @@ class Topology:
 def builtin_topologies() -> tuple[str, ...]:
     """Names accepted by :func:`load_topology` besides file paths."""
     return _BUILTIN
+
+
+GENERATION_BOX = {"gaudi": "hls1", "gaudi2": "hls2", "gaudi3": "hls3"}
+"""The server a Gaudi generation's cards come in, when only the generation is named: HLS-1,
+HLS-Gaudi2 and HLS-3, eight cards of that generation each (the built-in topology files, whose
+``generation`` and ``source`` fields say so and where from)."""
+
+
+def topology_generation(name_or_path: str) -> str:
+    """The Gaudi generation whose cards a topology's boxes hold: its ``generation`` field,
+    ``gaudi``, ``gaudi2`` or ``gaudi3``, or ``custom`` (a file that names none: any card).
+
+    Raises:
+        ValueError: an unknown name, a missing or malformed file, or a ``generation`` that is
+            not a string.
+    """
+    data, origin = _read(name_or_path)
+    gen = data.get("generation", "custom")
+    if not isinstance(gen, str):
+        raise ValueError(f"{origin}: generation must be a string (gaudi, gaudi2, gaudi3 or custom), got {gen!r}")
+    return gen
+
+
+def device_and_topology(device: str | None, topology: str | None, *, device_from: str = "HPU_DEVICE_SPEC",
+                        topology_from: str = "HCCL_TOPOLOGY") -> tuple[str, str]:
+    """A card and a system that belong together, as on real hardware, where a box holds cards
+    of one generation: the one not given follows the other (a device's box is
+    :data:`GENERATION_BOX`'s; a topology's card is its :func:`topology_generation`, Gaudi 2
+    for a ``custom`` file), and neither given is Gaudi 2 in an HLS-Gaudi2 box.
+
+    Args:
+        device: a device name (``gaudi2``, ``hls3``... as
+            :func:`~hpu_runtime.device.spec.get_device_spec` takes), or None.
+        topology: a built-in topology name or a topology file, or None.
+        device_from, topology_from: where each came from, for the error message (a flag or
+            an environment variable).
+
+    Returns:
+        ``(generation, topology)``: the device's canonical generation name and the topology.
+
+    Raises:
+        ValueError: an unknown device or topology, or a device of another generation than the
+            topology's boxes hold, naming both.
+    """
+    from hpu_runtime.device.spec import get_device_spec
+
+    if topology is None:
+        gen = get_device_spec(device).name if device is not None else "gaudi2"
+        return gen, GENERATION_BOX[gen]
+    held = topology_generation(topology)
+    if device is None:
+        return (held if held in GENERATION_BOX else "gaudi2"), topology
+    gen = get_device_spec(device).name
+    if held in GENERATION_BOX and held != gen:
+        raise ValueError(f"{device_from}={device!r} is a {gen} card, but {topology_from}={topology!r} is a box of "
+                         f"{held} cards: give one of them (the other follows) or both of one generation")
+    return gen, topology
 
 
 _FIELDS = {f.name for f in dataclasses.fields(Topology) if not f.name.startswith("_")} - {"faults"}

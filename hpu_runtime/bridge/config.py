@@ -68,6 +68,18 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+def _card_of_topology(env: Mapping[str, str]) -> str:
+    """The default ``HPU_DEVICE_SPEC``: the generation of the server ``HCCL_TOPOLOGY`` names
+    (an ``hls3`` system has Gaudi 3 cards: :func:`get_device_spec` knows the built-in
+    topologies' names), else ``gaudi2``. A topology file's cards are not read here (the bridge
+    does not import hccl): a group on a file whose boxes hold other cards says to set
+    ``HPU_DEVICE_SPEC``."""
+    try:
+        return get_device_spec(env.get("HCCL_TOPOLOGY", "")).name
+    except ValueError:
+        return "gaudi2"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RecipeCacheConfig:
     """Parsed ``PT_HPU_RECIPE_CACHE_CONFIG``."""
@@ -165,7 +177,8 @@ class RuntimeConfig:
     """``PT_HPU_MAX_COMPOUND_OP_SIZE``: launch the pending graph at this many ops (0 = no limit)."""
     device_spec: str = "gaudi2"
     """``HPU_DEVICE_SPEC``: the simulated generation (``gaudi``, ``gaudi2``, ``gaudi3``, or a
-    server name such as ``hls2``)."""
+    server name such as ``hls2``); unset, the generation of the built-in server ``HCCL_TOPOLOGY``
+    names, else ``gaudi2``."""
     recipe_cache: RecipeCacheConfig | None = None
     """``PT_HPU_RECIPE_CACHE_CONFIG=path,clear_at_start,size_MB``: the disk recipe cache
     (None: memory only, also for an empty path)."""
@@ -229,7 +242,7 @@ class RuntimeConfig:
         return cls(
             lazy=mode == 1,
             max_compound_ops=_int(env, "PT_HPU_MAX_COMPOUND_OP_SIZE", 0),
-            device_spec=env.get("HPU_DEVICE_SPEC", "").strip() or "gaudi2",
+            device_spec=env.get("HPU_DEVICE_SPEC", "").strip() or _card_of_topology(env),
             recipe_cache=parse_recipe_cache_config(recipe_value) if recipe_value else None,
             place_on_cpu=frozenset(n for n in names if n),
             log_fallback=level <= 1 and _bool(env, "ENABLE_CONSOLE", False),

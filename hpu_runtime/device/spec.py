@@ -303,7 +303,8 @@ DEVICE_SPECS: Mapping[str, DeviceSpec] = types.MappingProxyType(
 
 # Server names used in the Gaudi docs (HLS-1, HLS-Gaudi2/HLS-2, HLS-3) map to the card.
 _ALIASES: Mapping[str, str] = types.MappingProxyType({
-    "gaudi": "gaudi", "gaudi1": "gaudi", "hls1": "gaudi", "hls-1": "gaudi",
+    "gaudi": "gaudi", "gaudi1": "gaudi", "hls1": "gaudi", "hls-1": "gaudi", "hls1h": "gaudi", "hls-1h": "gaudi",
+    "dl1": "gaudi",
     "gaudi2": "gaudi2", "hls2": "gaudi2", "hls-2": "gaudi2", "hls-gaudi2": "gaudi2",
     "gaudi3": "gaudi3", "hls3": "gaudi3", "hls-3": "gaudi3",
 })
@@ -313,8 +314,9 @@ def get_device_spec(name: str) -> DeviceSpec:
     """Return the spec of a Gaudi generation.
 
     Args:
-        name: "gaudi", "gaudi2", "gaudi3" or a server name "hls1", "hls2", "hls3"
-            (case-insensitive; "gaudi1" and hyphenated "hls-1" forms are accepted too).
+        name: "gaudi", "gaudi2", "gaudi3" or a server name "hls1", "hls2", "hls3", "hls1h",
+            "dl1" (the built-in topologies; case-insensitive; "gaudi1" and hyphenated "hls-1"
+            forms are accepted too).
 
     Returns:
         The shared, frozen ``DeviceSpec``. Use ``dataclasses.replace`` to vary a field.

@@ -94,6 +94,8 @@ class StudyConfig:
     """Execution modes (:data:`hpu_runtime.tools.tracing.MODES`); compile mode traces one step
     per DDP cap (:func:`trace_key`)."""
     device_specs: tuple[str, ...] = ("gaudi2",)
+    """Devices; empty: each topology's own card (:func:`hccl.sim.topology.device_and_topology`).
+    A point pairs a topology with each device its boxes can hold (:func:`topology_devices`)."""
     precision: str = "bf16"
     """``bf16`` (autocast, as Habana's recipes) or ``fp32``."""
     optimizer: str = "sgd"
@@ -172,6 +174,7 @@ def validate(cfg: StudyConfig) -> None:
             raise ValueError(f"unknown comm hook {h!r}; known: {', '.join(COMM_HOOKS)}")
     for d in cfg.device_specs:
         get_device_spec(d)
+    topology_devices(cfg)
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
     if cfg.optimizer not in OPTIMIZERS or cfg.optimizer == "none":
@@ -192,6 +195,35 @@ def _model_name(spec: str) -> str:
     return spec.partition(":")[0]
 
 
+def topology_devices(cfg: StudyConfig) -> list[tuple[str, str]]:
+    """The (topology, device) pairs the study plans: each topology with every device of
+    ``cfg.device_specs`` its boxes hold (a box holds cards of one generation), or with its own
+    card when no device is given.
+
+    Raises:
+        ValueError: a topology none of the devices fits, or a device no topology holds, naming them.
+    """
+    from hccl.sim.topology import device_and_topology
+
+    if not cfg.device_specs:
+        return [(t, device_and_topology(None, t)[0]) for t in cfg.topologies]
+
+    def fits(dev: str, topo: str) -> bool:
+        try:
+            device_and_topology(dev, topo)
+        except ValueError:
+            return False
+        return True
+
+    pairs = [(t, d) for t in cfg.topologies for d in cfg.device_specs if fits(d, t)]
+    lonely = [f"--topology {t}" for t in cfg.topologies if all(pt != t for pt, _ in pairs)]
+    lonely += [f"--device-spec {d}" for d in cfg.device_specs if all(pd != d for _, pd in pairs)]
+    if lonely:
+        raise ValueError(f"{', '.join(lonely)}: no box of the other setting holds that card (a box holds cards of one "
+                         "generation: give the topologies alone and each brings its own card, or the devices alone)")
+    return pairs
+
+
 def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
     """The sweep's points plus the settings in the wild (``grad_mb``: the model's gradient MiB)."""
     caps: list[tuple[str, float | None, float | None]] = [("sweep", c, f) for c in cfg.bucket_caps_mb
@@ -202,10 +234,10 @@ def study_points(cfg: StudyConfig, grad_mb: float) -> list[Point]:
             if models is None or model in models:
                 caps.append((label, cap, first))
         caps.append(("one bucket for all gradients", float(int(grad_mb) + 1), None))
-    axes = itertools.product(cfg.world_sizes, cfg.topologies, cfg.comm_hooks, cfg.lazy_collectives,
-                             cfg.gradient_as_bucket_view, cfg.static_graph, cfg.modes, cfg.device_specs)
+    axes = itertools.product(cfg.world_sizes, topology_devices(cfg), cfg.comm_hooks, cfg.lazy_collectives,
+                             cfg.gradient_as_bucket_view, cfg.static_graph, cfg.modes)
     return [Point(label, n, topo, cap, first, hook, lazy, gabv, static, mode, dev)
-            for (n, topo, hook, lazy, gabv, static, mode, dev), (label, cap, first) in itertools.product(axes, caps)]
+            for (n, (topo, dev), hook, lazy, gabv, static, mode), (label, cap, first) in itertools.product(axes, caps)]
 
 
 def plan_point(trace, point: Point, model: str, batch_size: int, cfg: StudyConfig | None = None) -> dict:
@@ -265,7 +297,7 @@ def run_study(cfg: StudyConfig, *, ray_address: str | None = None, use_ray: bool
     """
     validate(cfg)
     trace_kw = dict(seq_len=cfg.seq_len, image_size=cfg.image_size, precision=cfg.precision, optimizer=cfg.optimizer)
-    probe = (cfg.batch_size, *trace_key(cfg.modes[0], cfg.device_specs[0], cfg.bucket_caps_mb[0],
+    probe = (cfg.batch_size, *trace_key(cfg.modes[0], topology_devices(cfg)[0][1], cfg.bucket_caps_mb[0],
                                         cfg.first_bucket_mb[0]))
     traces = trace_steps(cfg.model, [probe], **trace_kw)
     grad_mb = sum(p.nbytes for p in traces[probe].params) / _MB
@@ -488,7 +520,7 @@ def add_parser(sub) -> None:
     b.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), default=(8,))
     b.add_argument("--bucket-cap-mb", type=list_of(mb, "--bucket-cap-mb"),
                    default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
-    b.add_argument("--topology", type=list_of(str, "--topology"), default=("hls2",),
+    b.add_argument("--topology", type=list_of(str, "--topology"), default=None,
                    help="hls1, hls2, hls3 or topology files, comma-separated")
     b.add_argument("--first-bucket-mb", type=list_of(first_mb, "--first-bucket-mb"), default=(None,),
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB ('default' = 1 MB); torch 2.13 uses it"
@@ -501,8 +533,9 @@ def add_parser(sub) -> None:
     b.add_argument("--static-graph", type=list_of(boolean, "--static-graph"), nargs="?", const=(True,), default=(False,))
     b.add_argument("--mode", type=list_of(str, "--mode"), default=None,
                    help=f"{', '.join(MODES)} (default: PT_HPU_LAZY_MODE); compile traces one step per cap")
-    b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=("gaudi2",),
-                   help=f"{', '.join(sorted(DEVICE_SPECS))}")
+    b.add_argument("--device-spec", type=list_of(str, "--device-spec"), default=None,
+                   help=f"{', '.join(sorted(DEVICE_SPECS))} (default: each topology's own card; a topology holds"
+                        " only cards of its generation)")
     b.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     b.add_argument("--optimizer", default="sgd", choices=[o for o in OPTIMIZERS if o != "none"],
                    help="torch's momentum SGD (default) or Gaudi's fused hpex optimizers (one kernel per group)")
@@ -522,6 +555,14 @@ def add_parser(sub) -> None:
     b.add_argument("--no-progress", action="store_true")
 
 
+def _boxes_of(devices: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The default ``--topology``: the box of each ``--device-spec`` card (HLS-Gaudi2 without one)."""
+    from hccl.sim.topology import device_and_topology
+
+    return tuple(dict.fromkeys(device_and_topology(d, None, device_from="--device-spec")[1]
+                               for d in devices or ("gaudi2",)))
+
+
 def bucket_main(args: argparse.Namespace) -> dict:
     """Run the ``bucket`` command; returns ``{"rows", "recommendation", "paths"}``.
 
@@ -532,10 +573,11 @@ def bucket_main(args: argparse.Namespace) -> dict:
     cfg = StudyConfig(
         model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size,
         world_sizes=args.world_sizes,
-        bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology, first_bucket_mb=args.first_bucket_mb,
+        bucket_caps_mb=args.bucket_cap_mb, topologies=args.topology or _boxes_of(args.device_spec),
+        first_bucket_mb=args.first_bucket_mb,
         comm_hooks=args.comm_hook, lazy_collectives=args.lazy_collectives,
         gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
-        modes=args.mode or (env_mode(),), device_specs=args.device_spec, precision=args.precision,
+        modes=args.mode or (env_mode(),), device_specs=args.device_spec or (), precision=args.precision,
         optimizer=args.optimizer,
         in_the_wild=not args.sweep_only, condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps)
     rows = run_study(cfg, use_ray=args.ray is not None, ray_address=args.ray or None,

@@ -104,7 +104,7 @@ def validate(cfg: ScaleConfig) -> None:
     """
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import MODES
-    from hccl.sim.topology import load_topology
+    from hccl.sim.topology import device_and_topology, load_topology
     from models.zoo import resolve_factory
 
     if (cfg.batch_size is None) == (cfg.global_batch is None):
@@ -128,6 +128,7 @@ def validate(cfg: ScaleConfig) -> None:
     if cfg.mode not in MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}; known: {', '.join(MODES)}")
     get_device_spec(cfg.device_spec)
+    device_and_topology(cfg.device_spec, cfg.topology, device_from="--device-spec", topology_from="--topology")
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
     if cfg.fabric not in ("topology", "ideal"):
@@ -324,8 +325,9 @@ def add_parser(sub) -> None:
     s.add_argument("--global-batch", type=count(1, 1 << 30, "samples"), default=None,
                    help="keep the global batch instead: the per-card batch is GLOBAL / cards")
     s.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), required=True)
-    s.add_argument("--topology", default="hls2", help="hls1, hls2, hls3, hls1h, dl1 or a topology file")
-    s.add_argument("--device-spec", default="gaudi2")
+    s.add_argument("--topology", default=None,
+                   help="hls1, hls2, hls3, hls1h, dl1 or a topology file (default: the --device-spec card's box, hls2)")
+    s.add_argument("--device-spec", default=None, help="gaudi, gaudi2, gaudi3 (default: the topology's card, gaudi2)")
     s.add_argument("--mode", default=None, help="lazy, eager or compile (default: PT_HPU_LAZY_MODE)")
     s.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     s.add_argument("--bucket-cap-mb", type=mb, default=256.0)
@@ -355,10 +357,14 @@ def scale_main(args: argparse.Namespace) -> dict:
     """
     import time
 
+    from hccl.sim.topology import device_and_topology
+
     t0 = time.perf_counter()
+    device, topology = device_and_topology(args.device_spec, args.topology, device_from="--device-spec",
+                                           topology_from="--topology")  # a box holds cards of one generation
     cfg = ScaleConfig(model=args.model, batch_size=args.batch_size, global_batch=args.global_batch,
                       seq_len=args.seq_len, image_size=args.image_size, world_sizes=args.world_sizes,
-                      topology=args.topology, mode=args.mode or env_mode(), device_spec=args.device_spec,
+                      topology=topology, mode=args.mode or env_mode(), device_spec=device,
                       precision=args.precision, bucket_cap_mb=args.bucket_cap_mb, first_bucket_mb=args.first_bucket_mb,
                       condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps,
                       pg_timeout_s=args.pg_timeout, recipe_cache=args.recipe_cache)

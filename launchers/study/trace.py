@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
 
     t = sub.add_parser("trace", help="trace one training step without data; print a summary, write JSON")
     add_model_args(t)
-    t.add_argument("--device-spec", default="gaudi2", choices=sorted(DEVICE_SPECS))
+    t.add_argument("--device-spec", default=None, choices=sorted(DEVICE_SPECS),
+                   help="default: the --topology's card, else gaudi2")
     t.add_argument("--mode", default=None, choices=MODES, help="default: PT_HPU_LAZY_MODE (1 lazy, 0 eager);"
                    " compile with --bucket-cap-mb: the graph broken at DDP's buckets, as under DDP")
     t.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS),
@@ -55,7 +56,8 @@ def add_parser(sub) -> None:
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB (torch uses it only with the default cap)")
     t.add_argument("--gradient-as-bucket-view", action="store_true")
     t.add_argument("--world-size", type=ranks, default=8, help="ranks for the planned DDP step")
-    t.add_argument("--topology", default="hls2", help="hls1, hls2, hls3 or a topology file")
+    t.add_argument("--topology", default=None,
+                   help="hls1, hls2, hls3 or a topology file (default: the --device-spec card's box, else hls2)")
     t.add_argument("--json", default=None, metavar="PATH", help="write the JSON here")
 
 
@@ -66,11 +68,15 @@ def trace_json(args: argparse.Namespace) -> dict:
         ValueError: a bad model spec, size, topology or world size (message names it).
     """
     from hccl.sim.ddp_plan import ddp_buckets, plan_ddp_step
+    from hccl.sim.topology import device_and_topology
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.replay import summarize
     from hpu_runtime.tools.tracing import trace_step
     from models.zoo import resolve_factory
 
+    # a box holds cards of one generation: the setting not given follows the other
+    args.device_spec, args.topology = device_and_topology(args.device_spec, args.topology, device_from="--device-spec",
+                                                          topology_from="--topology")
     kwargs = {k: v for k, v in (("seq_len", args.seq_len), ("image_size", args.image_size)) if v is not None}
     factory = resolve_factory(args.model, **kwargs)
     mode = args.mode or env_mode()

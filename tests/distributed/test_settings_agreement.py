@@ -96,3 +96,56 @@ def test_every_rank_names_the_setting_and_each_value(env, tmp_path):
         assert r["after"] == [2.0] * 4
     for name in _EXPECTED:  # the same message on every rank
         assert res[0][name].split(": ", 1)[1] == res[1][name].split(": ", 1)[1], name
+
+
+def _card_of_another_generation(rank: int, world: int, tmp: str) -> dict:
+    """Every rank asks for Gaudi 2 cards in HLS-3 boxes (settings that agree across ranks but
+    not with each other); then a topology file of Gaudi 3 boxes with no card named (the bridge
+    reads no topology file: its card stays Gaudi 2); then the HLS-3 box alone, whose card
+    follows it."""
+    import hpu_runtime
+
+    def new_group(case: str) -> None:
+        t0 = time.monotonic()
+        try:
+            dist.new_group(backend="hccl")
+            out[case] = "no error"
+        except Exception as exc:  # noqa: BLE001 - the test reads the text
+            out[case] = f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {exc}"
+
+    out = {}
+    os.environ.update(HPU_DEVICE_SPEC="gaudi2", HCCL_TOPOLOGY="hls3")
+    hpu_runtime.reset_device("gaudi2")
+    new_group("both given")
+    del os.environ["HPU_DEVICE_SPEC"]
+    topo = os.path.join(tmp, f"g3-{rank}.toml")
+    with open(topo, "w") as f:
+        f.write('generation = "gaudi3"\ncards_per_box = 8\nscale_out_line_rate_gbps = 200.0\n')
+    os.environ["HCCL_TOPOLOGY"] = topo
+    out["file card"] = hpu_runtime.reset_device(None).spec.name
+    new_group("file")
+    os.environ["HCCL_TOPOLOGY"] = "hls3"
+    out["card"] = hpu_runtime.reset_device(None).spec.name  # the device follows the built-in server's name
+    g = dist.new_group(backend="hccl")
+    t = torch.ones(4)
+    dist.all_reduce(t, group=g)
+    out["after"] = t.tolist()
+    del os.environ["HCCL_TOPOLOGY"]
+    hpu_runtime.reset_device("gaudi2")
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_card_the_topologys_boxes_do_not_hold_is_refused_on_every_rank(tmp_path):
+    """A box holds cards of one generation: a group on boxes of another generation than the
+    card fails on every rank within seconds, naming both and what to set."""
+    res = run_ranks(_card_of_another_generation, 2, str(tmp_path), pg_timeout=60, timeout=110)
+    for r in res:
+        for case, given, box, fix in (("both given", "gaudi2", "'hls3'", ""),
+                                      ("file", "unset", "g3-", "set HPU_DEVICE_SPEC=gaudi3")):
+            text = r[case]
+            assert text.startswith("ValueError after "), text
+            assert float(text.split("after ", 1)[1].split("s:", 1)[0]) < 10, text
+            assert f"card is a gaudi2 (HPU_DEVICE_SPEC={given})" in text and "is a box of gaudi3 cards" in text, text
+            assert box in text and fix in text, text
+        assert r["file card"] == "gaudi2" and r["card"] == "gaudi3" and r["after"] == [2.0] * 4

@@ -170,6 +170,7 @@ def _one_box_topology(tmp_path) -> str:
     (["--mode", "turbo"], "unknown mode"),
     (["--mode", "compile", "--bucket-cap-mb", "0.5"], "DDPOptimizer refuses"),
     (["--comm-hook", "int4"], "unknown comm hook"),
+    (["--topology", "hls2,hls3", "--device-spec", "gaudi2"], "--topology hls3: no box of the other setting holds"),
 ])
 def test_bucket_study_bad_input_fails_before_work(args, message, tmp_path, capsys):
     base = {"--model": "resnet50:debug", "--batch-size": "4", "--world-sizes": "8", "--bucket-cap-mb": "25",
@@ -194,3 +195,15 @@ def test_bucket_study_world_size_the_topology_cannot_place(tmp_path, capsys):
                      "--topology", topo, "--out", str(tmp_path / "never"), "--no-progress"])
     assert rc == 2
     assert "cannot hold world size 16" in capsys.readouterr().err
+
+
+def test_bucket_study_pairs_each_topology_with_its_own_cards():
+    """A box holds cards of one generation: with topologies alone each brings its own card; with
+    devices too, each topology is paired with the devices it holds (hccl.sim.topology)."""
+    from launchers.study.bucket import StudyConfig, topology_devices
+
+    cfg = StudyConfig(model="mlp:debug", batch_size=4, topologies=("hls2", "hls3", "dl1"), device_specs=())
+    assert topology_devices(cfg) == [("hls2", "gaudi2"), ("hls3", "gaudi3"), ("dl1", "gaudi")]
+    cfg = StudyConfig(model="mlp:debug", batch_size=4, topologies=("hls1", "hls1h", "hls3"),
+                      device_specs=("gaudi", "gaudi3"))
+    assert topology_devices(cfg) == [("hls1", "gaudi"), ("hls1h", "gaudi"), ("hls3", "gaudi3")]

@@ -46,6 +46,7 @@ def test_scale_study_end_to_end(tmp_path, capsys):
     (["--world-sizes", "8", "--global-batch", "12"], "one of them"),
     (["--world-sizes", "8", "--slow-card", "9:2"], "outside the job"),
     (["--world-sizes", "8", "--variability", "jitter=2"], "jitter"),
+    (["--world-sizes", "8", "--device-spec", "gaudi2", "--topology", "hls3"], "is a box of gaudi3 cards"),
 ])
 def test_scale_study_refuses_bad_input(tmp_path, capsys, argv, match):
     """Bad input: exit code 2 and a message naming it, before any work (no output files)."""
@@ -63,3 +64,17 @@ def test_scale_study_refuses_zero_jobs(tmp_path, capsys):
                     "--out", str(tmp_path / "scale"), "--no-progress"])
     assert exc.value.code == 2 and "argument --jobs: 0 is not in [1, 1,024] jobs" in capsys.readouterr().err
     assert not (tmp_path / "scale").exists()
+
+
+@pytest.mark.timeout(120)
+def test_scale_study_plans_the_cards_its_topology_holds(tmp_path, capsys):
+    """``--topology hls3`` alone plans Gaudi 3 cards (an HLS-3 box holds nothing else), and
+    ``--device-spec gaudi`` alone plans them in an HLS-1 box."""
+    for flags, device, topology in ((["--topology", "hls3"], "gaudi3", "hls3"),
+                                    (["--device-spec", "gaudi"], "gaudi", "hls1")):
+        out = tmp_path / device
+        rc = study.main(["scale", "--model", "mlp:debug", "--batch-size", "8", "--world-sizes", "8", "--steps", "1",
+                         "--no-progress", "--jobs", "1", "--out", str(out), *flags])
+        assert rc == 0, capsys.readouterr().err
+        config = json.loads((out / "study.json").read_text())["config"]
+        assert (config["device_spec"], config["topology"]) == (device, topology)

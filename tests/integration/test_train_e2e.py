@@ -77,3 +77,22 @@ def test_train_modes_compute_the_same_numbers(monkeypatch):
     assert g["sim_steps"][-1]["host_ns"] < e["sim_steps"][-1]["host_ns"]
 
 
+
+
+@pytest.mark.timeout(120)
+def test_the_card_follows_the_topology_and_a_mismatch_is_refused(tmp_path):
+    """``HCCL_TOPOLOGY=hls3`` alone trains on Gaudi 3 cards (an HLS-3 box holds nothing else);
+    ``--device-spec gaudi2 --topology hls3`` stops before training, naming both."""
+    summary = tmp_path / "summary.json"
+    base = [sys.executable, "-m", "models.train", "--model", "mlp", "--dataset", "digits", "--epochs", "1",
+            "--max-steps", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("HPU_DEVICE_SPEC", "HCCL_TOPOLOGY")}
+    proc = subprocess.run([*base, "--summary", str(summary)], cwd=ROOT, capture_output=True, text=True, timeout=100,
+                          env={**env, "HCCL_TOPOLOGY": "hls3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(summary.read_text())["device_spec"]["name"] == "gaudi3"
+    proc = subprocess.run([*base, "--device-spec", "gaudi2", "--topology", "hls3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=100, env=env)
+    assert proc.returncode != 0
+    assert "--device-spec='gaudi2' is a gaudi2 card, but --topology='hls3' is a box of gaudi3 cards" in proc.stderr
+    assert "epoch 0" not in proc.stdout + proc.stderr

@@ -93,3 +93,84 @@ def test_custom_file_roundtrip(tmp_path):
     t = load_topology(str(f), world_size=6, oversubscription=2.0)
     assert isinstance(t, Topology) and t.num_boxes == 3 and t.oversubscription == 2.0
     assert len(t.ports(0, 1)) == 2
+
+
+@pytest.mark.parametrize("device, topology, want", [
+    (None, None, ("gaudi2", "hls2")),
+    ("gaudi3", None, ("gaudi3", "hls3")),
+    ("HLS-1", None, ("gaudi", "hls1")),
+    (None, "hls3", ("gaudi3", "hls3")),
+    (None, "dl1", ("gaudi", "dl1")),
+    (None, "hls1h", ("gaudi", "hls1h")),
+    ("gaudi", "hls1h", ("gaudi", "hls1h")),
+])
+def test_device_and_topology_follow_each_other(device, topology, want):
+    """A box holds cards of one generation: the setting not given follows the other (the
+    built-in files' ``generation``), neither given is Gaudi 2 in an HLS-Gaudi2 box."""
+    from hccl.sim.topology import device_and_topology
+
+    assert device_and_topology(device, topology) == want
+
+
+def test_device_and_topology_of_a_custom_file(tmp_path):
+    """A file naming no generation holds any card (Gaudi 2 when none is given); one naming a
+    generation holds only that one's."""
+    from hccl.sim.topology import device_and_topology, topology_generation
+
+    any_card = tmp_path / "mine.toml"
+    any_card.write_text("cards_per_box = 8\n")
+    assert topology_generation(str(any_card)) == "custom"
+    assert device_and_topology(None, str(any_card)) == ("gaudi2", str(any_card))
+    assert device_and_topology("gaudi3", str(any_card)) == ("gaudi3", str(any_card))
+    first_gen = tmp_path / "first.toml"
+    first_gen.write_text('cards_per_box = 4\ngeneration = "gaudi"\n')
+    assert device_and_topology(None, str(first_gen))[0] == "gaudi"
+    with pytest.raises(ValueError, match="box of gaudi cards"):
+        device_and_topology("gaudi2", str(first_gen))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("generation = 2\n")
+    with pytest.raises(ValueError, match="generation must be a string"):
+        topology_generation(str(bad))
+
+
+def test_device_and_topology_of_two_generations_is_refused_naming_both():
+    from hccl.sim.topology import device_and_topology
+
+    with pytest.raises(ValueError) as err:
+        device_and_topology("gaudi2", "hls3", device_from="--device-spec", topology_from="--topology")
+    msg = str(err.value)
+    assert "--device-spec='gaudi2' is a gaudi2 card" in msg and "--topology='hls3' is a box of gaudi3 cards" in msg
+    with pytest.raises(ValueError, match="unknown Gaudi device 'gaudi9'"):
+        device_and_topology("gaudi9", None)
+    with pytest.raises(ValueError, match="unknown topology 'hls9'"):
+        device_and_topology(None, "hls9")
+
+
+def test_the_environment_pairs_card_and_box():
+    """``HPU_DEVICE_SPEC`` unset: the card of ``HCCL_TOPOLOGY``'s boxes; ``HCCL_TOPOLOGY``
+    unset: the box of ``HPU_DEVICE_SPEC``'s card; both given, both kept (a group refuses them
+    if they disagree); a value either side cannot read leaves the other at its default."""
+    from hccl.config import HcclConfig
+    from hpu_runtime.bridge.config import RuntimeConfig
+
+    assert RuntimeConfig.from_env({"HCCL_TOPOLOGY": "hls3"}).device_spec == "gaudi3"
+    assert RuntimeConfig.from_env({"HCCL_TOPOLOGY": "dl1"}).device_spec == "gaudi"
+    assert RuntimeConfig.from_env({}).device_spec == "gaudi2"
+    assert RuntimeConfig.from_env({"HCCL_TOPOLOGY": "nosuch"}).device_spec == "gaudi2"
+    assert RuntimeConfig.from_env({"HCCL_TOPOLOGY": "/some/file.toml"}).device_spec == "gaudi2"  # a group checks it
+    assert RuntimeConfig.from_env({"HCCL_TOPOLOGY": "hls3", "HPU_DEVICE_SPEC": "gaudi"}).device_spec == "gaudi"
+    assert HcclConfig.from_env({"HPU_DEVICE_SPEC": "gaudi"}).topology == "hls1"
+    assert HcclConfig.from_env({"HPU_DEVICE_SPEC": "hls3"}).topology == "hls3"
+    assert HcclConfig.from_env({}).topology == "hls2"
+    assert HcclConfig.from_env({"HPU_DEVICE_SPEC": "gaudi9"}).topology == "hls2"
+    assert HcclConfig.from_env({"HPU_DEVICE_SPEC": "gaudi", "HCCL_TOPOLOGY": "hls3"}).topology == "hls3"
+
+
+@pytest.mark.parametrize("name", ["hls1", "hls2", "hls3", "hls1h", "dl1"])
+def test_the_device_names_of_the_builtin_servers_are_their_files_generation(name):
+    """The bridge picks the card of a built-in ``HCCL_TOPOLOGY`` by name (it does not import
+    hccl); that name's device is the generation its topology file declares."""
+    from hccl.sim.topology import topology_generation
+    from hpu_runtime.device.spec import get_device_spec
+
+    assert get_device_spec(name).name == topology_generation(name)
