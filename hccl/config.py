@@ -49,6 +49,26 @@ def _box_of_card(device_spec: str | None) -> str:
         return "hls2"
 
 
+def card_and_box(device: str | None = None, topology: str | None = None,
+                 environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The card and the system of a command with ``--device-spec`` / ``--topology`` flags:
+    each flag, else its variable (``HPU_DEVICE_SPEC``, ``HCCL_TOPOLOGY``), else it follows the
+    other (:func:`hccl.sim.topology.device_and_topology`); ``(generation, topology)``.
+
+    Raises:
+        ValueError: an unknown device or topology, or two of different generations, naming
+            each and where it came from.
+    """
+    from .sim.topology import device_and_topology
+
+    env = os.environ if environ is None else environ
+    env_device = env.get("HPU_DEVICE_SPEC", "").strip() or None
+    env_topology = env.get("HCCL_TOPOLOGY", "").strip() or None
+    return device_and_topology(device or env_device, topology or env_topology,
+                               device_from="--device-spec" if device else "HPU_DEVICE_SPEC",
+                               topology_from="--topology" if topology else "HCCL_TOPOLOGY")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HcclConfig:
     """The backend's configuration (see the README's environment table)."""

@@ -49,7 +49,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import hpu_runtime as hpu
 from hccl.sim import cluster
-from hccl.sim.topology import device_and_topology
+from hccl.config import card_and_box
 from hpu_runtime.bridge.config import RuntimeConfig
 from hpu_runtime.cli_args import count, real
 from hpu_runtime.files import atomic_open
@@ -237,11 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"model {args.model!r} ({kind.kind}, {kind.task}) trains on dataset {kind.dataset!r},"
                              f" not {args.dataset!r}")
     # a box holds cards of one generation: either setting follows the other, and they must agree
-    args.device_spec, os.environ["HCCL_TOPOLOGY"] = device_and_topology(
-        args.device_spec or os.environ.get("HPU_DEVICE_SPEC", "").strip() or None,
-        args.topology or os.environ.get("HCCL_TOPOLOGY", "").strip() or None,
-        device_from="--device-spec" if args.device_spec else "HPU_DEVICE_SPEC",
-        topology_from="--topology" if args.topology else "HCCL_TOPOLOGY")
+    args.device_spec, os.environ["HCCL_TOPOLOGY"] = card_and_box(args.device_spec, args.topology)
     condition = cluster.from_args(args)  # flags given here override a launcher's HCCL_SIM_* variables
     os.environ.update(condition.env())
     condition = cluster.from_env()  # what every rank's process group reads

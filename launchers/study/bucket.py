@@ -521,7 +521,8 @@ def add_parser(sub) -> None:
     b.add_argument("--bucket-cap-mb", type=list_of(mb, "--bucket-cap-mb"),
                    default=(1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0))
     b.add_argument("--topology", type=list_of(str, "--topology"), default=None,
-                   help="hls1, hls2, hls3 or topology files, comma-separated")
+                   help="hls1, hls2, hls3 or topology files, comma-separated (default: the boxes of the"
+                        " --device-spec cards, else hls2)")
     b.add_argument("--first-bucket-mb", type=list_of(first_mb, "--first-bucket-mb"), default=(None,),
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB ('default' = 1 MB); torch 2.13 uses it"
                         " only with DDP's default cap")

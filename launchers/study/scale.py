@@ -325,9 +325,10 @@ def add_parser(sub) -> None:
     s.add_argument("--global-batch", type=count(1, 1 << 30, "samples"), default=None,
                    help="keep the global batch instead: the per-card batch is GLOBAL / cards")
     s.add_argument("--world-sizes", type=list_of(ranks, "--world-sizes"), required=True)
-    s.add_argument("--topology", default=None,
-                   help="hls1, hls2, hls3, hls1h, dl1 or a topology file (default: the --device-spec card's box, hls2)")
-    s.add_argument("--device-spec", default=None, help="gaudi, gaudi2, gaudi3 (default: the topology's card, gaudi2)")
+    s.add_argument("--topology", default=None, help="hls1, hls2, hls3, hls1h, dl1 or a topology file (default:"
+                   " the box of the --device-spec cards, else hls2)")
+    s.add_argument("--device-spec", default=None, help="gaudi, gaudi2, gaudi3 (default: the --topology's card, else"
+                   " gaudi2)")
     s.add_argument("--mode", default=None, help="lazy, eager or compile (default: PT_HPU_LAZY_MODE)")
     s.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     s.add_argument("--bucket-cap-mb", type=mb, default=256.0)

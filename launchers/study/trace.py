@@ -56,8 +56,8 @@ def add_parser(sub) -> None:
                    help="dist._DEFAULT_FIRST_BUCKET_BYTES in MB (torch uses it only with the default cap)")
     t.add_argument("--gradient-as-bucket-view", action="store_true")
     t.add_argument("--world-size", type=ranks, default=8, help="ranks for the planned DDP step")
-    t.add_argument("--topology", default=None,
-                   help="hls1, hls2, hls3 or a topology file (default: the --device-spec card's box, else hls2)")
+    t.add_argument("--topology", default=None, help="hls1, hls2, hls3 or a topology file (default: the box of the"
+                   " --device-spec card, else hls2)")
     t.add_argument("--json", default=None, metavar="PATH", help="write the JSON here")
 
 

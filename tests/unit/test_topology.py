@@ -174,3 +174,18 @@ def test_the_device_names_of_the_builtin_servers_are_their_files_generation(name
     from hpu_runtime.device.spec import get_device_spec
 
     assert get_device_spec(name).name == topology_generation(name)
+
+
+def test_a_commands_flags_come_before_the_environment():
+    """``models.train``'s pair: each flag, else its variable, else it follows the other; a
+    mismatch names where each value came from."""
+    from hccl.config import card_and_box
+
+    assert card_and_box(None, None, {}) == ("gaudi2", "hls2")
+    assert card_and_box(None, None, {"HCCL_TOPOLOGY": "hls3"}) == ("gaudi3", "hls3")
+    assert card_and_box(None, "hls1", {"HPU_DEVICE_SPEC": "gaudi"}) == ("gaudi", "hls1")
+    assert card_and_box("gaudi3", None, {"HCCL_TOPOLOGY": "hls3"}) == ("gaudi3", "hls3")
+    with pytest.raises(ValueError, match="HPU_DEVICE_SPEC='gaudi2' is a gaudi2 card, but --topology='hls3'"):
+        card_and_box(None, "hls3", {"HPU_DEVICE_SPEC": "gaudi2"})
+    with pytest.raises(ValueError, match="--device-spec='gaudi' is a gaudi card, but HCCL_TOPOLOGY='hls2'"):
+        card_and_box("gaudi", None, {"HCCL_TOPOLOGY": "hls2"})
