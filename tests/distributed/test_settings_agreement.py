@@ -20,6 +20,16 @@ scale_out_line_rate_gbps = {rate}
 """
 
 
+def _try_new_group() -> str:
+    """Create an hccl group: "no error", or the error's type, how long it took and its text."""
+    t0 = time.monotonic()
+    try:
+        dist.new_group(backend="hccl")
+        return "no error"
+    except Exception as exc:  # noqa: BLE001 - the test reads the text
+        return f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {exc}"
+
+
 def _disagree(rank: int, world: int, tmp: str) -> dict:
     """Create one group per setting, with rank 0 configured apart; return each rank's error."""
     import hpu_runtime
@@ -49,12 +59,8 @@ def _disagree(rank: int, world: int, tmp: str) -> dict:
             os.environ[name] = value
         if name == "HPU_DEVICE_SPEC":  # the device is read once per process: start it afresh
             hpu_runtime.reset_device(value or "gaudi2")
-        t0 = time.monotonic()
         try:
-            dist.new_group(backend="hccl")
-            out[case] = "no error"
-        except Exception as exc:  # noqa: BLE001 - the test reads the text
-            out[case] = f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {exc}"
+            out[case] = _try_new_group()
         finally:
             if saved is None:
                 os.environ.pop(name, None)
@@ -105,25 +111,17 @@ def _card_of_another_generation(rank: int, world: int, tmp: str) -> dict:
     follows it."""
     import hpu_runtime
 
-    def new_group(case: str) -> None:
-        t0 = time.monotonic()
-        try:
-            dist.new_group(backend="hccl")
-            out[case] = "no error"
-        except Exception as exc:  # noqa: BLE001 - the test reads the text
-            out[case] = f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {exc}"
-
     out = {}
     os.environ.update(HPU_DEVICE_SPEC="gaudi2", HCCL_TOPOLOGY="hls3")
     hpu_runtime.reset_device("gaudi2")
-    new_group("both given")
+    out["both given"] = _try_new_group()
     del os.environ["HPU_DEVICE_SPEC"]
     topo = os.path.join(tmp, f"g3-{rank}.toml")
     with open(topo, "w") as f:
         f.write('generation = "gaudi3"\ncards_per_box = 8\nscale_out_line_rate_gbps = 200.0\n')
     os.environ["HCCL_TOPOLOGY"] = topo
     out["file card"] = hpu_runtime.reset_device(None).spec.name
-    new_group("file")
+    out["file"] = _try_new_group()
     os.environ["HCCL_TOPOLOGY"] = "hls3"
     out["card"] = hpu_runtime.reset_device(None).spec.name  # the device follows the built-in server's name
     g = dist.new_group(backend="hccl")
