@@ -60,7 +60,7 @@ from .data import dataset_names, load_dataset
 from .registry import build_model, model_kind, model_names
 from .zoo import TrainingStep, check_sizes, resolve_factory, split_batch, task_loss
 
-__all__ = ["MODES", "build_parser", "main", "DEAD_RANK_EXIT", "FACTORY_EPOCH_STEPS"]
+__all__ = ["MODES", "build_parser", "main", "UsageError", "DEAD_RANK_EXIT", "FACTORY_EPOCH_STEPS"]
 
 DEAD_RANK_EXIT = 43
 """Exit status of a process killed by ``--dead-rank``."""
@@ -208,16 +208,18 @@ def _dataset_steps(loader: DataLoader, task: str) -> Iterator[tuple[tuple, Calla
         yield inputs, functools.partial(task_loss, task, targets=targets)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train; return the summary dict (rank 0 also writes it to ``--summary``).
+class UsageError(ValueError):
+    """Bad flags or variables, found before any work: ``python -m models.train`` prints the
+    message and exits with status 2, as argparse does for a malformed flag."""
+
+
+def _check(args: argparse.Namespace) -> tuple:
+    """Validate ``args`` and settle what they leave open (dataset, sizes, card and system, mode,
+    the cluster's condition), before any work; ``(factory, kind, condition, dead)``.
 
     Raises:
-        ValueError: bad flag values (unknown device spec or model, non-positive sizes, a
-            compile-mode bucket cap below torch's first bucket, a flag that does not apply to a
-            model factory, a factory that does not return ``(model, inputs, loss_fn)``).
+        ValueError: naming the flag or variable at fault.
     """
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -247,7 +249,25 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mode == "compile":  # torch's DDPOptimizer refuses a cap below its first bucket: say so now
         ddp_graph_split(args.bucket_cap_mb)
     os.environ["PT_HPU_LAZY_MODE"] = "1" if args.mode in ("lazy", "hpu_graphs") else "0"
-    device = hpu.reset_device(args.device_spec)
+    return factory, kind, condition, dead
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train; return the summary dict (rank 0 also writes it to ``--summary``).
+
+    Raises:
+        UsageError: (a ``ValueError``) bad flag values, before any work (unknown device spec or
+            model, a card the topology's boxes do not hold, non-positive sizes, a compile-mode
+            bucket cap below torch's first bucket, a flag that does not apply to a model
+            factory, a factory that does not return ``(model, inputs, loss_fn)``).
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+    try:
+        factory, kind, condition, dead = _check(args)
+        device = hpu.reset_device(args.device_spec)  # a malformed PT_HPU_* / HPU_* variable raises here
+    except ValueError as exc:  # bad input, found before any work: the command line's error
+        raise UsageError(str(exc)) from exc
     if args.trace:
         device.enable_trace()
     rank, world = _init_distributed(args.backend, args.pg_timeout)
@@ -394,4 +414,7 @@ def _bucket_count(ddp: DDP) -> int | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UsageError as exc:  # as argparse reports a bad flag: the message and exit code 2, no traceback
+        build_parser().exit(2, f"python -m models.train: error: {exc}\n")
