@@ -329,6 +329,6 @@ def get_device_spec(name: str) -> DeviceSpec:
     if canonical is None:
         raise ValueError(
             f"unknown Gaudi device {name!r}; valid names: gaudi, gaudi2, gaudi3 "
-            f"(or hls1, hls2, hls3)")
+            f"(or the servers hls1, hls2, hls3, hls1h, dl1)")
     return DEVICE_SPECS[canonical]
 

@@ -102,7 +102,6 @@ def validate(cfg: ScaleConfig) -> None:
         ValueError: no batch or both, a global batch that does not divide, a bad world size,
             topology, mode, device, precision, fabric or what-if.
     """
-    from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import MODES
     from hccl.sim.topology import device_and_topology, load_topology
     from models.zoo import resolve_factory
@@ -127,7 +126,7 @@ def validate(cfg: ScaleConfig) -> None:
     resolve_factory(cfg.model, **kwargs)
     if cfg.mode not in MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}; known: {', '.join(MODES)}")
-    get_device_spec(cfg.device_spec)
+    # an unknown device, or one the topology's boxes do not hold, is refused here
     device_and_topology(cfg.device_spec, cfg.topology, device_from="--device-spec", topology_from="--topology")
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"precision {cfg.precision!r} must be bf16 or fp32")
