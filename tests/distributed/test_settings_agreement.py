@@ -78,7 +78,7 @@ def _disagree(rank: int, world: int, tmp: str) -> dict:
 _EXPECTED = {
     "HCCL_ALGO": ["ring on rank(s) 0", "(the selection rule) on rank(s) 1"],
     "PT_HCCL_SLICE_SIZE_MB": ["8 on rank(s) 0", "16 on rank(s) 1"],
-    "HCCL_SHM_BUFFER_MB": ["1 on rank(s) 0", "16 on rank(s) 1"],
+    "HCCL_SHM_BUFFER_MB": ["1 on rank(s) 0", "2 on rank(s) 1"],
     "HCCL_TOPOLOGY": ["topo.toml (content "],
     "HPU_DEVICE_SPEC": ["gaudi3 (content ", "gaudi2 (content "],
     "HCCL_SIM_*": ["variability=off;whatif=[('HCCL_SIM_SLOW_CARD', '1:2')] on rank(s) 0", "variability=off;whatif=[] on rank(s) 1"],
