@@ -37,14 +37,16 @@ TRANSPORTS = ("shm", "mpi")
 # A large collective crosses shared memory one slice at a time, a slice being at most one
 # staging region (``HCCL_SHM_BUFFER_MB``): each rank copies its slice in, then reads every
 # rank's copy and writes the result (hccl/transport/shm_engine.py). At 2 MiB a slice's copies
-# (a few MiB per rank) stay in the processor's caches between the copy and the reduction; at the
-# former 16 MiB they went out to DRAM and back. ``python -m hccl.tools.bench_transport`` on a
-# 2-core VM (wall-clock allreduce bus bandwidth, 16 / 64 MB, 2 ranks): idle 2.6-3.5 GB/s with
-# 16 MiB regions against 3.9-6.2 with 1-2 MiB; beside one busy process (``--load 1``) 1.5-2.0
-# against 2.2-3.1 (gloo 0.7-1.2). Regions of 0.5, 1 and 2 MiB measured alike with 2 ranks; with
-# 4 ranks on the 2 cores (two rounds per slice) 2 MiB did best (16 / 64 MB: 2.3-2.9 / 2.9-3.0
-# GB/s; 1 MiB 1.3-2.4 / 2.3-2.9; 16 MiB 2.1 / 2.2). Smaller slices also mean more rounds, and
-# each round a rank may wait for a peer that lost its core.
+# stay in the processor's caches between the copy and the reduction; at the former 16 MiB a
+# slice's three buffers per rank (its copy, the peer's, the result: 48 MiB per rank on 2 ranks)
+# overflowed the last-level cache (32 MiB on the 2-core VM measured here, 1 MiB L2 per core) and
+# went out to DRAM and back. ``python -m hccl.tools.bench_transport`` on that VM (wall-clock
+# allreduce bus bandwidth, 16 / 64 MB, 2 ranks): idle 2.6-3.5 GB/s with 16 MiB regions against
+# 3.6-6.2 with 1-2 MiB; beside one busy process (``--load 1``) 1.5-2.0 against 2.2-3.1 (gloo
+# 0.7-1.2). Regions of 0.5, 1 and 2 MiB measured alike with 2 ranks; with 4 ranks on the 2
+# cores (two rounds per slice) 2 MiB did best (16 / 64 MB: 2.3-2.9 / 2.9-3.0 GB/s; 1 MiB
+# 1.3-2.4 / 2.3-2.9; 16 MiB 2.1 / 2.2). Smaller slices also mean more rounds, and each round a
+# rank may wait for a peer that lost its core.
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")

@@ -9,10 +9,11 @@ from hccl.config import HcclConfig
 
 
 def test_defaults():
-    """No variable set: hls2, selection rule, 16 MB slices, shared memory, eager collectives."""
+    """No variable set: hls2, selection rule, 16 MB slices, shared memory with 2 MiB staging
+    regions, eager collectives."""
     c = HcclConfig.from_env({})
     assert (c.topology, c.algorithm, c.slice_bytes, c.transport) == ("hls2", None, 16 << 20, "shm")
-    assert c.shm_buffer_bytes == 16 << 20 and c.lazy_collectives is False and c.comm_id is None
+    assert c.shm_buffer_bytes == 2 << 20 and c.lazy_collectives is False and c.comm_id is None
 
 
 def test_reads_every_variable():
