@@ -41,7 +41,10 @@ NOTE [failure]
     ``--placement-timeout``. Ray Train reports every failed rank
     (``WorkerGroupError.worker_failures``); :class:`JobFailedError` names them, dead
     workers first (the usual root cause: a peer blocked in a collective fails only because
-    of it). ``--timeout`` is enforced in each worker (a rank still running its target at
+    of it). Ray Train may end the run on the peer's failure before it has seen the worker
+    die (a race; one full test run in two dozen named only "rank 0 failed: PeerFailure"):
+    a failure that is an hccl ``PeerFailure`` with a ``dead_rank`` names that rank as dead
+    too, from the pid check the peer made. ``--timeout`` is enforced in each worker (a rank still running its target at
     the deadline exits with code 124, which Ray Train sees as a dead worker) and, as a
     backstop, by the driver.
 
@@ -313,12 +316,20 @@ def _job_failed(exc: Any, config: RayJobConfig, deadline_unix: float) -> JobFail
         # a rank's watchdog fired before Ray Train had the worker group up (a loaded machine):
         # the controller fails with no per-worker failures; every rank was past the deadline
         died = dict.fromkeys(range(config.num_workers), exc)
+    # a dead worker Ray Train had not reported yet when a peer's failure ended the run: the peer's
+    # hccl PeerFailure names it (its ``dead_rank``), and it is the root cause
+    seen_dead: dict[int, int] = {}
+    for r, e in sorted(failed.items()):
+        dead = getattr(e, "dead_rank", None)
+        if isinstance(dead, int) and dead not in died and dead not in failed:
+            seen_dead.setdefault(dead, r)
     if died and expired:
         lines = [f"ranks {sorted(died)} did not finish within --timeout {config.timeout_s:g} s"]
     else:
         lines = [f"rank {r} died (its worker process exited): {_error_text(e)}" for r, e in sorted(died.items())]
+    lines += [f"rank {d} died (rank {r} found its process gone)" for d, r in sorted(seen_dead.items())]
     lines += [f"rank {r} failed: {_error_text(e)}" for r, e in sorted(failed.items())]
-    return JobFailedError("; ".join(lines) or _error_text(exc), [*sorted(died), *sorted(failed)])
+    return JobFailedError("; ".join(lines) or _error_text(exc), [*sorted(died), *sorted(seen_dead), *sorted(failed)])
 
 
 def _fit(trainer: Any, limit_s: float) -> Any:

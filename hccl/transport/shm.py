@@ -96,7 +96,21 @@ class HcclTimeoutError(RuntimeError):
 
 
 class PeerFailure(RuntimeError):
-    """A peer died or aborted while this rank waited for it."""
+    """A peer died or aborted while this rank waited for it.
+
+    Attributes:
+        dead_rank: the rank whose process was found gone (the root cause a launcher names), or
+            None where the failure is not a death seen by a pid check (an abort, a message out
+            of order). Kept through pickling (``BaseException`` pickles its ``__dict__``), so
+            Ray's driver reads it from a worker's failure.
+    """
+
+    dead_rank: int | None = None
+
+    def __init__(self, message: str, dead_rank: int | None = None) -> None:
+        super().__init__(message)
+        if dead_rank is not None:
+            self.dead_rank = dead_rank
 
 
 class ShmSegment:
@@ -411,7 +425,8 @@ class ShmArena:
             if not _pid_alive(pid):
                 raise PeerFailure(
                     f"hccl: rank {self.peer_ranks[i]} (pid {pid}) died while rank"
-                    f" {self.group_ranks[self.rank]} was in {what}"
+                    f" {self.group_ranks[self.rank]} was in {what}",
+                    dead_rank=self.peer_ranks[i],
                 )
 
     def abort(self, reason: str) -> None:

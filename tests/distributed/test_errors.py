@@ -71,7 +71,7 @@ def _dead_peer(rank: int, world: int) -> str:
     try:
         dist.all_reduce(torch.ones(10))
     except RuntimeError as exc:
-        return f"{time.monotonic() - t0:.1f}s {exc}"
+        return f"{time.monotonic() - t0:.1f}s dead_rank={getattr(exc, 'dead_rank', None)} {exc}"
     return "no error"
 
 
@@ -83,6 +83,7 @@ def test_dead_peer_is_named():
     status, msg = res[0]
     assert status == "ok", msg
     elapsed, _, text = msg.partition(" ")
+    assert text.startswith("dead_rank=1 "), text  # what a launcher names (launchers.ray_train)
     assert "rank 1" in text and "died" in text, text
     assert "PeerFailure" in text or "timed out" not in text, text
 

@@ -28,7 +28,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _mpiexec(n: int, mode: str, tmp_path: Path, timeout: float = 50) -> dict[int, dict]:
+def _mpiexec(n: int, mode: str, tmp_path: Path, timeout: float = 90) -> dict[int, dict]:
     # 64 KiB pipelining slices: 70,000-element tensors take several slices of the schedule
     mpiexec = shutil.which("mpiexec")
     cmd = [mpiexec, "-n", str(n), sys.executable, __file__, mode, str(tmp_path / "init")]
@@ -47,7 +47,7 @@ def _needs_mpi() -> None:
         pytest.skip("no mpiexec: pip install -e '.[mpi]'")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(100)
 def test_every_collective_matches_numpy_over_mpi(tmp_path: Path) -> None:
     """3 ranks, HCCL_TRANSPORT=mpi: all collectives x dtypes vs numpy (multi-slice path too),
     allreduce bits equal to the rank-order reduction (what shm gives) and the same on every
@@ -64,11 +64,14 @@ def test_every_collective_matches_numpy_over_mpi(tmp_path: Path) -> None:
     assert "rank 1: 5 elements of float32" in msg
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(100)
 def test_peer_that_never_arrives_times_out(tmp_path: Path) -> None:
-    """MPI has no timeouts: the transport polls, so a missing peer raises within the group's timeout."""
+    """MPI has no timeouts: the transport polls, so a missing peer raises within the group's timeout.
+
+    The job's own limit leaves room for three ranks importing torch beside a full suite: 6 s idle
+    on 2 cores, 21-30 s in full runs (one run of ``pytest -n auto`` hit the old 30 s limit)."""
     _needs_mpi()
-    results = _mpiexec(3, "timeout", tmp_path, timeout=30)
+    results = _mpiexec(3, "timeout", tmp_path, timeout=90)
     assert results[1]["error"] == "no error"
     for rank in (0, 2):
         assert results[rank]["error"] == (

@@ -47,6 +47,32 @@ def test_dead_workers_before_the_deadline_are_named_as_dead():
                         "rank 0 failed: ValueError: bad input")
 
 
+def test_a_death_only_a_peer_saw_is_named_first():
+    """Ray Train ended the run on rank 0's PeerFailure before it saw rank 1's worker die: the
+    failure (pickled, as Ray sends it to the driver) names rank 1 dead, root cause first."""
+    import pickle
+
+    from hccl.transport.shm import PeerFailure
+
+    peer = pickle.loads(pickle.dumps(PeerFailure(
+        "hccl: rank 1 (pid 42) died while rank 0 was in allreduce #7", dead_rank=1)))
+    assert peer.dead_rank == 1
+    err = _job_failed(WorkerGroupError({0: peer}), _config(), deadline_unix=time.time() + 600)
+    assert str(err) == ("rank 1 died (rank 0 found its process gone); "
+                        "rank 0 failed: PeerFailure: hccl: rank 1 (pid 42) died while rank 0 was in allreduce #7")
+    assert err.failed_ranks == [1, 0]
+    # reported by Ray Train itself as well: named once, as Ray saw it
+    err = _job_failed(WorkerGroupError({0: peer, 1: RayActorError("exited")}), _config(),
+                      deadline_unix=time.time() + 600)
+    assert str(err).startswith("rank 1 died (its worker process exited): RayActorError: exited; rank 0 failed")
+    assert err.failed_ranks == [1, 0]
+    # an abort is not a death: no rank is added
+    abort = PeerFailure("hccl: rank 1 aborted while rank 0 was in allreduce #7: boom")
+    assert abort.dead_rank is None
+    err = _job_failed(WorkerGroupError({0: abort}), _config(), deadline_unix=time.time() + 600)
+    assert err.failed_ranks == [0] and str(err).startswith("rank 0 failed: PeerFailure")
+
+
 class _RecordingRay:
     """Stands in for the ``ray`` module: records what ``init`` was asked for."""
 
