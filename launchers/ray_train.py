@@ -42,11 +42,11 @@ NOTE [failure]
     (``WorkerGroupError.worker_failures``); :class:`JobFailedError` names them, dead
     workers first (the usual root cause: a peer blocked in a collective fails only because
     of it). Ray Train may end the run on the peer's failure before it has seen the worker
-    die (a race; one full test run in two dozen named only "rank 0 failed: PeerFailure"):
-    a failure that is an hccl ``PeerFailure`` with a ``dead_rank`` names that rank as dead
-    too, from the pid check the peer made. ``--timeout`` is enforced in each worker (a rank still running its target at
-    the deadline exits with code 124, which Ray Train sees as a dead worker) and, as a
-    backstop, by the driver.
+    die (a race: a full test run under load once named only "rank 0 failed: PeerFailure"),
+    so a failure that is an hccl ``PeerFailure`` with a ``dead_rank`` names that rank as
+    dead too, from the pid check the peer made. ``--timeout`` is enforced in each worker (a
+    rank still running its target at the deadline exits with code 124, which Ray Train sees
+    as a dead worker) and, as a backstop, by the driver.
 
 NOTE [not quite torchrun]
     The target runs on a thread of the worker process (Ray Train's), not its main thread

@@ -237,7 +237,8 @@ class ShmArena:
         segments: every rank's segment, indexed by group rank (``segments[rank]`` is ours).
         rank: this process's index in ``segments``.
         timeout_s: wall seconds any single wait may take before raising.
-        group_ranks: the process-group rank of each segment's owner (default: the index).
+        group_ranks: the rank each segment's owner is named by in errors, its global (job) rank
+            (default: the index).
     """
 
     def __init__(
@@ -246,7 +247,7 @@ class ShmArena:
         self.segments = segments
         self.rank = rank
         self.me = segments[rank]
-        #: the process-group rank of each local index (error messages name group ranks)
+        #: the global rank of each local index (error messages name global ranks)
         self.group_ranks = list(group_ranks) if group_ranks is not None else list(range(len(segments)))
         self.peers = [s for i, s in enumerate(segments) if i != rank]
         self.peer_ranks = [self.group_ranks[i] for i in range(len(segments)) if i != rank]

@@ -88,6 +88,37 @@ def test_dead_peer_is_named():
     assert "PeerFailure" in text or "timed out" not in text, text
 
 
+def _subgroup_failures(rank: int, world: int) -> str:
+    sizes, deaths = dist.new_group([1, 2]), dist.new_group([1, 2])
+    if rank == 0:
+        return "outside"
+    try:
+        dist.all_reduce(torch.ones(4 + (rank == 2)), group=sizes)
+        mismatch = "no error"
+    except RuntimeError as exc:
+        mismatch = str(exc)
+    if rank == 2:
+        os._exit(3)
+    try:
+        dist.all_reduce(torch.ones(10), group=deaths)
+    except RuntimeError as exc:
+        return f"{mismatch}\ndead_rank={getattr(exc, 'dead_rank', None)} {exc}"
+    return f"{mismatch}\nno error"
+
+
+@pytest.mark.timeout(90)
+def test_subgroup_errors_name_global_ranks():
+    """In the subgroup [1, 2] of 3 ranks, a size mismatch and a death are named by the ranks'
+    global numbers (2, not its group rank 1), as the TCP and MPI transports name them."""
+    res = run_ranks(_subgroup_failures, 3, pg_timeout=60, timeout=60, expect_errors=True)
+    assert res[0] == ("ok", "outside") and res[2] == ("missing", 3), res
+    status, msg = res[1]
+    assert status == "ok", msg
+    mismatch, death = msg.split("\n")
+    assert "rank 1: 4 elements of float32" in mismatch and "rank 2: 5 elements of float32" in mismatch, mismatch
+    assert death.startswith("dead_rank=2 ") and "rank 2 (pid" in death and "died while rank 1 " in death, death
+
+
 def _silent_peer(rank: int, world: int) -> str:
     if rank == 1:
         stay_silent()
