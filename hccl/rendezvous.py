@@ -96,7 +96,7 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
         origin = (f"HCCL_SOCKET_ADDR={config.socket_addr!r}" if config.socket_addr else
                   f"the address of HCCL_SOCKET_IFNAME={config.socket_ifname!r}" if config.socket_ifname else "")
         try:
-            mesh = TcpMesh(rank, peers, token, timeout_s, origin=origin,
+            mesh = TcpMesh(rank, peers, token, timeout_s, origin=origin, names=names,
                            address=listen_address(config.socket_addr, config.socket_ifname))
         except ValueError as exc:  # every other rank learns why at once instead of at the timeout
             store.set(f"hccl/tcp/{rank}", f"!{exc}")

@@ -136,6 +136,7 @@ class TcpMesh:
         timeout_s: limit for connecting and for every send/receive, wall seconds.
         address: the address to listen on (:func:`listen_address`; default loopback).
         origin: where ``address`` came from (``HCCL_SOCKET_ADDR='...'``), for errors.
+        names: the global rank of each group rank, which errors name (default: the group ranks).
 
     Raises:
         ValueError: ``address`` cannot be listened on (not an address of this host, or a
@@ -143,10 +144,11 @@ class TcpMesh:
     """
 
     def __init__(self, rank: int, peers: Sequence[int], token: str, timeout_s: float, *,
-                 address: str = "127.0.0.1", origin: str = "") -> None:
+                 address: str = "127.0.0.1", origin: str = "", names: Sequence[int] | None = None) -> None:
         if len(token.encode()) > _TOKEN_LEN:
             raise ValueError("hccl: job token too long")
         self.rank = rank
+        self.names = list(names) if names is not None else None
         self.peers = list(peers)
         self.token = token.encode().ljust(_TOKEN_LEN, b"\0")
         self.timeout_s = timeout_s
@@ -159,11 +161,15 @@ class TcpMesh:
         except OSError as exc:  # socket.gaierror too: a name that does not resolve
             self._listener.close()
             where = f" ({origin})" if origin else ""
-            raise ValueError(f"hccl: rank {rank} cannot listen on {address!r}{where}: {exc}") from None
+            raise ValueError(f"hccl: rank {self.name(rank)} cannot listen on {address!r}{where}: {exc}") from None
         self._listener.listen(max(8, len(self.peers)))
         self._accept_thread: threading.Thread | None = None
         self._accept_error: BaseException | None = None
         self._closed = False
+
+    def name(self, rank: int) -> int:
+        """The global rank errors name for group rank ``rank``."""
+        return self.names[rank] if self.names is not None else rank
 
     @property
     def address(self) -> str:
@@ -184,7 +190,7 @@ class TcpMesh:
             raise self._accept_error
         missing = sorted(lower - set(self.conns))
         if missing:
-            raise HcclTimeoutError(f"hccl: rank {self.rank}: rank(s) {missing} did not connect within {self.timeout_s:.0f} s")
+            raise HcclTimeoutError(f"hccl: rank {self.name(self.rank)}: rank(s) {[self.name(r) for r in missing]} did not connect within {self.timeout_s:.0f} s")
         # keep answering the port: anyone who connects later is refused (and logged)
         threading.Thread(target=self._refuse_loop, daemon=True, name="hccl-tcp-refuse").start()
 
@@ -208,7 +214,7 @@ class TcpMesh:
                 break
             except OSError as exc:
                 if time.monotonic() > deadline:
-                    raise HcclTimeoutError(f"hccl: rank {self.rank} could not connect to rank {peer} at {address}: {exc}") from None
+                    raise HcclTimeoutError(f"hccl: rank {self.name(self.rank)} could not connect to rank {self.name(peer)} at {address}: {exc}") from None
                 time.sleep(0.05)
         s.settimeout(self.timeout_s)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -247,7 +253,7 @@ class TcpMesh:
                 raise PermissionError("bad hello")
         except (OSError, PermissionError, ConnectionError) as exc:
             self.refused += 1
-            log.warning("hccl: rank %d refused a connection from %s (%s): no valid job token", self.rank, addr, exc)
+            log.warning("hccl: rank %d refused a connection from %s (%s): no valid job token", self.name(self.rank), addr, exc)
             conn.close()
             return None
         conn.settimeout(self.timeout_s)
@@ -263,9 +269,9 @@ class TcpMesh:
             if len(payload):
                 sock.sendall(payload)
         except (TimeoutError, socket.timeout):
-            raise HcclTimeoutError(f"hccl: rank {self.rank} timed out sending to rank {peer}") from None
+            raise HcclTimeoutError(f"hccl: rank {self.name(self.rank)} timed out sending to rank {self.name(peer)}") from None
         except OSError as exc:
-            raise ConnectionLost(f"hccl: rank {peer} is unreachable from rank {self.rank}: {exc}") from None
+            raise ConnectionLost(f"hccl: rank {self.name(peer)} is unreachable from rank {self.name(self.rank)}: {exc}") from None
 
     def recv(self, peer: int, tag: bytes, seq: int, into: memoryview) -> None:
         """Receive one framed message from ``peer`` into ``into`` (its size must match)."""
@@ -277,10 +283,10 @@ class TcpMesh:
                 _recv_exact(sock, into, "a message payload")
         except (TimeoutError, socket.timeout):
             raise HcclTimeoutError(
-                f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s waiting for rank {peer}"
+                f"hccl: rank {self.name(self.rank)} timed out after {self.timeout_s:.1f} s waiting for rank {self.name(peer)}"
             ) from None
         except ConnectionError as exc:
-            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {self.rank} ({exc})") from None
+            raise ConnectionLost(f"hccl: rank {self.name(peer)} closed its connection to rank {self.name(self.rank)} ({exc})") from None
 
     def pump(self, tag: bytes, seq: int, sends: dict[int, list[memoryview]],
              recvs: dict[int, list[memoryview]]) -> None:
@@ -317,12 +323,12 @@ class TcpMesh:
         magic, rtag, rseq, nbytes = _HDR.unpack(hdr)
         if magic != _MSG_MAGIC or rtag != tag or rseq != seq:
             raise PeerFailure(
-                f"hccl: rank {self.rank} got message {rtag!r}#{rseq} from rank {peer}, expected {tag!r}#{seq}:"
+                f"hccl: rank {self.name(self.rank)} got message {rtag!r}#{rseq} from rank {self.name(peer)}, expected {tag!r}#{seq}:"
                 " collectives were called in a different order on different hosts"
             )
         if nbytes != expected:
             raise PeerFailure(
-                f"hccl: rank {peer} sent {nbytes} bytes to rank {self.rank}, which expected {expected}:"
+                f"hccl: rank {self.name(peer)} sent {nbytes} bytes to rank {self.name(self.rank)}, which expected {expected}:"
                 " tensor sizes differ across hosts"
             )
         return nbytes
@@ -400,26 +406,26 @@ class TcpPhase:
         if not events:
             if time.monotonic() >= self.deadline:
                 waiting = sorted(self.inbound) or sorted(self.out)
-                names = ", ".join(str(p) for p in waiting)
-                raise HcclTimeoutError(f"hccl: rank {mesh.rank} timed out after {mesh.timeout_s:.1f} s"
+                names = ", ".join(str(mesh.name(p)) for p in waiting)
+                raise HcclTimeoutError(f"hccl: rank {mesh.name(mesh.rank)} timed out after {mesh.timeout_s:.1f} s"
                                        f" waiting for rank(s) {names}")
             return False
         out, inbound = self.out, self.inbound
         for fd, ev in events:
             p = self.fds[fd]
             if ev & select.POLLNVAL or mesh._closed:  # this rank closed the mesh (another thread failed)
-                raise ConnectionLost(f"hccl: rank {mesh.rank}'s connection to rank {p} was closed by this rank")
+                raise ConnectionLost(f"hccl: rank {mesh.name(mesh.rank)}'s connection to rank {mesh.name(p)} was closed by this rank")
             if p in inbound and ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
                 if self._take(p, inbound[p]):
                     del inbound[p]
             elif p in out and ev & (select.POLLHUP | select.POLLERR) and not ev & select.POLLOUT:
-                raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {mesh.rank}: connection closed")
+                raise ConnectionLost(f"hccl: rank {mesh.name(p)} is unreachable from rank {mesh.name(mesh.rank)}: connection closed")
             if p in out and ev & select.POLLOUT:
                 bufs = out[p]
                 try:
                     k = mesh.conns[p].send(bufs[0])
                 except OSError as exc:
-                    raise ConnectionLost(f"hccl: rank {p} is unreachable from rank {mesh.rank}: {exc}") from None
+                    raise ConnectionLost(f"hccl: rank {mesh.name(p)} is unreachable from rank {mesh.name(mesh.rank)}: {exc}") from None
                 if k == len(bufs[0]):
                     bufs.popleft()
                     if not bufs:
@@ -438,10 +444,10 @@ class TcpPhase:
         try:
             k = mesh.conns[peer].recv_into(view[st.got:])
         except OSError as exc:
-            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {mesh.rank} ({exc})") from None
+            raise ConnectionLost(f"hccl: rank {mesh.name(peer)} closed its connection to rank {mesh.name(mesh.rank)} ({exc})") from None
         if k == 0:
             what = "a message payload" if st.view is not None else "a message header"
-            raise ConnectionLost(f"hccl: rank {peer} closed its connection to rank {mesh.rank}"
+            raise ConnectionLost(f"hccl: rank {mesh.name(peer)} closed its connection to rank {mesh.name(mesh.rank)}"
                                  f" (connection closed during {what})")
         st.got += k
         if st.got < len(view):

@@ -237,6 +237,32 @@ def test_a_dead_rank_is_named_on_the_other_host_too():
                        for r in (0, 2, 3)), msg
 
 
+def _subgroup_across_hosts_fails(rank: int, world: int) -> str:
+    sub = dist.new_group([1, 2])  # rank 1 on host 0, rank 2 on host 1: TCP between them
+    if rank not in (1, 2):
+        return "outside"
+    if rank == 2:
+        os._exit(3)
+    try:
+        dist.all_reduce(torch.ones(16), group=sub)
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_subgroup_across_hosts_names_global_ranks():
+    """In the subgroup [1, 2] of 2 hosts x 2 ranks, rank 2 dies: rank 1's error names ranks 2
+    and 1 (the global ranks), not the subgroup's 1 and 0."""
+    res = run_ranks(_subgroup_across_hosts_fails, 4, pg_timeout=60, timeout=100, expect_errors=True,
+                    env=TWO_HOSTS)
+    assert res[0] == res[3] == ("ok", "outside") and res[2] == ("missing", 3), res
+    status, msg = res[1]
+    assert status == "ok", msg
+    assert msg.startswith(("ConnectionLost", "PeerFailure")), msg
+    assert "rank 2 " in msg and "rank 1" in msg and "rank 0" not in msg and "timed out" not in msg, msg
+
+
 def _bad_socket_addr(rank: int, world: int) -> str:
     os.environ["HCCL_SOCKET_ADDR"] = "192.0.2.1" if rank == 0 else "127.0.0.1"  # TEST-NET-1: not ours
     try:
