@@ -75,7 +75,7 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
     if config.transport == "mpi":
         from .transport.mpi import connect
 
-        return Rendezvous(layout, ScheduleCollectives(connect(store, rank, n, timeout_s), planner, names))
+        return Rendezvous(layout, ScheduleCollectives(connect(store, rank, n, timeout_s, names), planner, names))
     local = layout.local_ranks
     capacity = config.shm_buffer_bytes
     mine = ShmSegment(f"hccl_{token[:16]}_{rank}", capacity, create=True, p2p_slots=len(local))

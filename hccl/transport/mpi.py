@@ -90,12 +90,14 @@ class MpiTransport:
         comm: the communicator (owned: freed by :meth:`close`).
         timeout_s: wall seconds any single phase may take before raising.
         MPI: the ``mpi4py.MPI`` module.
+        name: the global rank errors name this rank by (default: its group rank).
     """
 
-    def __init__(self, comm: Any, timeout_s: float, MPI: Any) -> None:
+    def __init__(self, comm: Any, timeout_s: float, MPI: Any, name: int | None = None) -> None:
         self.comm = comm
         self.MPI = MPI
         self.rank = comm.Get_rank()
+        self.name = self.rank if name is None else name
         self.world_size = comm.Get_size()
         self.timeout_s = timeout_s
         self.abort_reason: str | None = None
@@ -130,7 +132,7 @@ class MpiTransport:
                 if now > self.timeout_s:
                     self._pending = True
                     raise HcclTimeoutError(
-                        f"hccl: rank {self.rank} timed out after {self.timeout_s:.1f} s in {what}"
+                        f"hccl: rank {self.name} timed out after {self.timeout_s:.1f} s in {what}"
                         " waiting for its MPI peers (HCCL_TRANSPORT=mpi)"
                     )
                 if not delay and now > _SPIN_S:
@@ -152,13 +154,16 @@ class MpiTransport:
             pass
 
 
-def connect(store: Any, rank: int, world_size: int, timeout_s: float) -> MpiTransport:
+def connect(store: Any, rank: int, world_size: int, timeout_s: float,
+            names: Sequence[int] | None = None) -> MpiTransport:
     """Builds the MPI transport of a process group (every member calls it; see the PG's rendezvous).
 
     The members publish their ``MPI.COMM_WORLD`` rank in ``store``; a group that is the MPI
     world in rank order gets a duplicate of ``COMM_WORLD``, any other group a communicator
     made with ``MPI_Comm_create_group``, which only the group's members call (torch does not
     build the backend on non-members, so a ``Split`` of ``COMM_WORLD`` would wait for them).
+
+    ``names``: the global rank of each group rank, which errors name (default: the group ranks).
 
     Raises:
         MpiUnavailableError: mpi4py/MPI is missing, or this process is not part of an MPI
@@ -186,4 +191,4 @@ def connect(store: Any, rank: int, world_size: int, timeout_s: float) -> MpiTran
     else:
         comm = world.Create_group(world.group.Incl(ranks))
     comm.Set_errhandler(MPI.ERRORS_RETURN)
-    return MpiTransport(comm, timeout_s, MPI)
+    return MpiTransport(comm, timeout_s, MPI, name=None if names is None else names[rank])

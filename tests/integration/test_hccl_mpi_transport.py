@@ -66,7 +66,8 @@ def test_every_collective_matches_numpy_over_mpi(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(100)
 def test_peer_that_never_arrives_times_out(tmp_path: Path) -> None:
-    """MPI has no timeouts: the transport polls, so a missing peer raises within the group's timeout.
+    """MPI has no timeouts: the transport polls, so a missing peer raises within the group's timeout,
+    in the world and in a subgroup (whose error names the global rank).
 
     The job's own limit leaves room for three ranks importing torch beside a full suite: 6 s idle
     on 2 cores, 21-30 s in full runs (one run of ``pytest -n auto`` hit the old 30 s limit)."""
@@ -78,6 +79,12 @@ def test_peer_that_never_arrives_times_out(tmp_path: Path) -> None:
             f"HcclTimeoutError: hccl: rank {rank} timed out after 2.0 s in barrier #0 waiting for its"
             " MPI peers (HCCL_TRANSPORT=mpi)"
         )
+    # in the subgroup [1, 2] rank 2 is named by its global rank, not its group rank 1
+    assert results[2]["sub_error"] == (
+        "HcclTimeoutError: hccl: rank 2 timed out after 2.0 s in allreduce #0 waiting for its"
+        " MPI peers (HCCL_TRANSPORT=mpi)"
+    ), results[2]
+    assert results[0]["sub_error"] == results[1]["sub_error"] == "no error"
 
 
 @pytest.mark.timeout(30)
@@ -141,10 +148,11 @@ def _rank_main(mode: str, init_file: str) -> None:
     result_file = Path(init_file).parent / f"result_{rank}.json"
     dist.init_process_group("hccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=2 if mode == "timeout" else 30))
-    if mode == "timeout":  # rank 1 never joins the barrier
+    if mode == "timeout":  # rank 1 never joins the barrier, nor the subgroup's allreduce
         from tests.dist_utils import giving_up, stay_silent
 
-        error = "no error"
+        sub = dist.new_group([1, 2], timeout=timedelta(seconds=2))
+        error = sub_error = "no error"
         if rank == 1:
             stay_silent()
         else:
@@ -153,7 +161,12 @@ def _rank_main(mode: str, init_file: str) -> None:
                     dist.barrier()
                 except Exception as exc:  # noqa: BLE001 - reported to the test
                     error = f"{type(exc).__name__}: {exc}"
-        result_file.write_text(json.dumps({"error": error}))
+                if rank == 2:
+                    try:
+                        dist.all_reduce(torch.ones(4), group=sub)
+                    except Exception as exc:  # noqa: BLE001 - reported to the test
+                        sub_error = f"{type(exc).__name__}: {exc}"
+        result_file.write_text(json.dumps({"error": error, "sub_error": sub_error}))
         return
     pg = dist.group.WORLD
     out: dict = {"driver": type(pg._coll).__name__}
