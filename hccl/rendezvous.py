@@ -86,7 +86,7 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
         paths = {r: store.get(f"hccl/seg/{r}").decode() for r in local}
         for r in local:
             segments.append(mine if r == rank else ShmSegment(paths[r], capacity, create=False, p2p_slots=len(local)))
-        arena = ShmArena(segments, layout.local_index, timeout_s, group_ranks=[names[r] for r in local])
+        arena = ShmArena(segments, layout.local_index, timeout_s, names=[names[r] for r in local])
         # everyone on this host has mapped everyone: the descriptors are no longer needed
         eng.barrier(arena, meta_words(0, "barrier", 0, 0), "hccl rendezvous")
         mine.unlink()

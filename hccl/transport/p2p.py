@@ -145,7 +145,7 @@ class RecvOp:
                     dt = CODE_DTYPES.get(h_dtype)
                     sent = f"{h_numel} elements of {str(dt).removeprefix('torch.')}"
                     want = f"{self.flat.numel()} elements of {str(self.flat.dtype).removeprefix('torch.')}"
-                    problems.append(f"rank {arena.group_ranks[src]} sent {sent}, the receive expects {want}")
+                    problems.append(f"rank {arena.names[src]} sent {sent}, the receive expects {want}")
                 if h_tag != self.tag:
                     problems.append(f"tag {h_tag} sent, tag {self.tag} expected")
                 if problems:

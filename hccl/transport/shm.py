@@ -105,12 +105,9 @@ class PeerFailure(RuntimeError):
             Ray's driver reads it from a worker's failure.
     """
 
-    dead_rank: int | None = None
-
     def __init__(self, message: str, dead_rank: int | None = None) -> None:
         super().__init__(message)
-        if dead_rank is not None:
-            self.dead_rank = dead_rank
+        self.dead_rank = dead_rank
 
 
 class ShmSegment:
@@ -237,20 +234,20 @@ class ShmArena:
         segments: every rank's segment, indexed by group rank (``segments[rank]`` is ours).
         rank: this process's index in ``segments``.
         timeout_s: wall seconds any single wait may take before raising.
-        group_ranks: the rank each segment's owner is named by in errors, its global (job) rank
-            (default: the index).
+        names: the global (job) rank of each segment's owner, which errors name (default: the
+            index).
     """
 
     def __init__(
-        self, segments: list[ShmSegment], rank: int, timeout_s: float, group_ranks: list[int] | None = None
+        self, segments: list[ShmSegment], rank: int, timeout_s: float, names: list[int] | None = None
     ) -> None:
         self.segments = segments
         self.rank = rank
         self.me = segments[rank]
         #: the global rank of each local index (error messages name global ranks)
-        self.group_ranks = list(group_ranks) if group_ranks is not None else list(range(len(segments)))
+        self.names = list(names) if names is not None else list(range(len(segments)))
         self.peers = [s for i, s in enumerate(segments) if i != rank]
-        self.peer_ranks = [self.group_ranks[i] for i in range(len(segments)) if i != rank]
+        self.peer_ranks = [self.names[i] for i in range(len(segments)) if i != rank]
         self.timeout_s = timeout_s
         self.round = 0
         self.moved = 0
@@ -407,7 +404,7 @@ class ShmArena:
                 if now >= deadline:
                     names = ", ".join(str(self.peer_ranks[i]) for i in late)
                     raise HcclTimeoutError(
-                        f"hccl: rank {self.group_ranks[self.rank]} timed out after {self.timeout_s:.1f} s"
+                        f"hccl: rank {self.names[self.rank]} timed out after {self.timeout_s:.1f} s"
                         f" in {what} waiting for rank(s) {names}"
                     )
 
@@ -415,7 +412,7 @@ class ShmArena:
         for i, seg in enumerate(self.peers):
             if seg.aborted:
                 raise PeerFailure(
-                    f"hccl: rank {self.peer_ranks[i]} aborted while rank {self.group_ranks[self.rank]} was in {what}:"
+                    f"hccl: rank {self.peer_ranks[i]} aborted while rank {self.names[self.rank]} was in {what}:"
                     f" {seg.abort_reason()}"
                 )
 
@@ -426,7 +423,7 @@ class ShmArena:
             if not _pid_alive(pid):
                 raise PeerFailure(
                     f"hccl: rank {self.peer_ranks[i]} (pid {pid}) died while rank"
-                    f" {self.group_ranks[self.rank]} was in {what}",
+                    f" {self.names[self.rank]} was in {what}",
                     dead_rank=self.peer_ranks[i],
                 )
 

@@ -95,7 +95,7 @@ def _gather_meta(arena: ShmArena, mine: list[int], parity: int) -> list[int]:
             bad = True
     if bad:
         rows = [mine if r == arena.rank else seg.meta(parity) for r, seg in enumerate(arena.segments)]
-        raise_mismatch(rows, mine, arena.group_ranks)
+        raise_mismatch(rows, mine, arena.names)
     return ready
 
 
