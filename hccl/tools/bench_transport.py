@@ -13,6 +13,14 @@ processes beside the ranks (and stops them at the end), as a busy laptop or CI r
 have: every column is measured under the same load. These are *wall-clock* figures of the
 emulator's data movement on this machine, not simulated Gaudi times.
 
+Reading the 1 KB row under load: a 1 KB allreduce's latency is the ranks' own CPU work (idle,
+each rank's CPU time per call equals its wall time: the process group, the checks, the timing
+model and the copies, in Python), and the ranks move in lockstep. With 2 ranks and one busy
+process on 2 cores, a fair scheduler gives each of the three processes 2/3 of a core, so the
+loaded latency cannot fall below 1.5x the idle one whatever the waits do, and where the busy
+process stays on one rank's core (which it then halves) not below 2x; the waits decide how
+far above that it lands (a rank that spins or yields spends the shared core's time).
+
 Bus bandwidth follows hccl_demo/nccl-tests: ``busbw = algbw x 2(n-1)/n`` for allreduce,
 ``algbw = bytes / time``.
 """

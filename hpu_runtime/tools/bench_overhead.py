@@ -8,7 +8,9 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 
     python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048] [--breakdown]
 
-``--breakdown`` says where the time goes: the plain step under a dispatch mode that does
+``--breakdown`` says where the time goes: the plain step on ``hpu`` tensors with the bridge
+off (the C++ device type alone: what a bridge with its accounting in C++ would start from),
+the plain step under a dispatch mode that does
 nothing (torch's own cost of a Python mode, which any bridge built on one pays per aten op),
 the bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest is the
 bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
@@ -30,7 +32,9 @@ _WARMUP_STEPS = 3
 """Untimed steps before each timed run (:func:`_time_steps`)."""
 
 
-def _step_fn(hidden: int, *, bridge: bool, batch: int):
+def _step_fn(hidden: int, *, bridge: bool, batch: int, device: str | None = None):
+    """The train job's step on ``device`` (default: ``hpu`` with the bridge, else ``cpu``);
+    ``bridge``: it calls ``mark_step``. The returned function's ``model`` is the MLP it trains."""
     import torch
     import torch.nn.functional as F
 
@@ -38,7 +42,7 @@ def _step_fn(hidden: int, *, bridge: bool, batch: int):
     from models.registry import build_model
 
     torch.manual_seed(0)
-    device = "hpu" if bridge else "cpu"
+    device = device or ("hpu" if bridge else "cpu")
     model = build_model("mlp", hidden=hidden).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     with hpu.bridge_disabled():
@@ -60,6 +64,7 @@ def _step_fn(hidden: int, *, bridge: bool, batch: int):
         if bridge:
             hpu.mark_step()
 
+    step.model = model
     return step
 
 
@@ -125,14 +130,23 @@ def _noop_dispatch_mode():
 
 
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
-    """Median wall seconds per step: plain, under a no-op dispatch mode (the floor of any bridge
-    built on a Python mode), with the bridge, and the bridge's ``mark_step`` calls alone (the
-    launches: graph key, recipe cache, a compile's schedule on a miss)."""
+    """Median wall seconds per step: plain; the same step on ``hpu`` tensors with the bridge off
+    (the C++ device type alone, backward on the calling thread as the bridge runs it: the floor
+    of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
+    (the floor of any bridge built on a Python mode); with the bridge; and the bridge's
+    ``mark_step`` calls alone (the launches: graph key, recipe cache, a compile's schedule on
+    a miss)."""
+    import torch
+
     import hpu_runtime as hpu
 
     plain_step, bridge_step = _steps(hidden, batch)
+    hpu.deactivate()
+    device_step = _step_fn(hidden, bridge=False, batch=batch, device="hpu")
+    hpu.activate()
     mode = _noop_dispatch_mode()
-    times: dict[str, list[float]] = {"plain": [], "no-op dispatch mode": [], "bridge": [], "bridge: mark_step": []}
+    times: dict[str, list[float]] = {"plain": [], "hpu tensors, no bridge": [], "no-op dispatch mode": [],
+                                     "bridge": [], "bridge: mark_step": []}
     launch = hpu.mark_step
     spent = [0.0]
 
@@ -147,6 +161,12 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
         hpu.deactivate()
         try:
             times["plain"].append(_time_steps(plain_step, steps))
+            threads = torch._C._is_multithreading_enabled()
+            torch.autograd.set_multithreading_enabled(False)  # as the bridge runs backward
+            try:
+                times["hpu tensors, no bridge"].append(_time_steps(device_step, steps))
+            finally:
+                torch.autograd.set_multithreading_enabled(threads)
             with mode():
                 times["no-op dispatch mode"].append(_time_steps(plain_step, steps))
         finally:
@@ -168,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=count(1, 1 << 20), default=32)
     parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
     parser.add_argument("--breakdown", action="store_true",
-                        help="also time the plain step under a no-op dispatch mode (the floor of any Python-mode bridge)"
-                        " and the bridge's mark_step calls")
+                        help="also time the step on hpu tensors with the bridge off (the C++ device type alone), the plain"
+                        " step under a no-op dispatch mode (the floor of any Python-mode bridge) and the bridge's"
+                        " mark_step calls")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

@@ -8,8 +8,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_breakdown_names_where_the_time_goes():
-    """``--breakdown`` prints the plain step, the no-op dispatch mode, the bridge and the
-    bridge's mark_step share, each with a positive time; the launches are part of the step."""
+    """``--breakdown`` prints the plain step, the step on hpu tensors without the bridge, the
+    no-op dispatch mode, the bridge and the bridge's mark_step share, each with a positive
+    time; the launches are part of the step."""
     cmd = [sys.executable, "-m", "hpu_runtime.tools.bench_overhead", "--steps", "2", "--rounds", "1",
            "--hidden", "16", "--breakdown"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
@@ -19,6 +20,31 @@ def test_breakdown_names_where_the_time_goes():
         parts = line.rsplit(None, 2)
         if len(parts) == 3 and parts[2].endswith("x") and not line.startswith("digits"):
             rows[parts[0].strip()] = float(parts[1])
-    assert set(rows) >= {"plain", "no-op dispatch mode", "bridge", "bridge: mark_step"}, out.stdout
+    assert set(rows) >= {"plain", "hpu tensors, no bridge", "no-op dispatch mode", "bridge",
+                         "bridge: mark_step"}, out.stdout
     assert all(v > 0 for v in rows.values())
     assert rows["bridge: mark_step"] < rows["bridge"]
+
+
+def test_the_device_type_alone_trains_on_hpu_tensors_and_charges_nothing():
+    """The breakdown's "hpu tensors, no bridge" step: parameters and gradients are hpu tensors,
+    the step trains them (Adam moves every parameter), and the simulated card records no op
+    and spends no time (the bridge is off)."""
+    import torch
+
+    import hpu_runtime as hpu
+    from hpu_runtime.tools.bench_overhead import _step_fn
+
+    dev = hpu.reset_device("gaudi2")
+    hpu.deactivate()
+    try:
+        step = _step_fn(16, bridge=False, batch=4, device="hpu")
+        params = list(step.model.parameters())
+        before = [p.detach().cpu().clone() for p in params]
+        now, ops = dev.now_ns(), dev.ops_recorded
+        step()
+        assert params and all(p.device.type == "hpu" and p.grad.device.type == "hpu" for p in params)
+        assert all(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, params))
+        assert (dev.now_ns(), dev.ops_recorded) == (now, ops)
+    finally:
+        hpu.activate()

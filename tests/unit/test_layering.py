@@ -29,9 +29,10 @@ ALLOWED = {
 }
 """Exceptions to FORBIDDEN: per plane, per file (``*``: every file), allowed modules."""
 
-ENV_READERS = {"bridge/config.py", "import_hooks.py", HABANA_HCCL}
+ENV_READERS = {"bridge/config.py", "import_hooks.py", HABANA_HCCL, "bridge/device_type.py"}
 """The only files of device/, bridge/ and api/ (and the top level) that read ``os.environ``:
-RuntimeConfig, the start-up hook's switch, and Gaudi's rank-variable mapping."""
+RuntimeConfig, the start-up hook's switch, Gaudi's rank-variable mapping, and the device
+type's build folder (torch's ``TORCH_EXTENSIONS_DIR``, read by torch's rule)."""
 
 
 def _files(plane: str) -> list[Path]:
