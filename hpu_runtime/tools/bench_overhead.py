@@ -8,12 +8,12 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 
     python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048] [--breakdown]
 
-``--breakdown`` says where the time goes: the plain step on ``hpu`` tensors with the bridge
-off (the C++ device type alone: what a bridge with its accounting in C++ would start from),
-the plain step under a dispatch mode that does
-nothing (torch's own cost of a Python mode, which any bridge built on one pays per aten op),
-the bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest is the
-bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
+``--breakdown`` says where the time goes: the step on ``hpu`` tensors with the bridge off
+(the C++ device type alone: what a bridge with its accounting in C++ would start from), the
+plain step under a dispatch mode that does nothing (torch's own cost of a Python mode, which
+any bridge built on one pays per aten op), the bridge's step, and the part of it spent in
+``mark_step`` (the launches); the rest is the bridge's per-op work (NOTE [the bridge's hot
+path] in :mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -142,8 +142,10 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
 
     plain_step, bridge_step = _steps(hidden, batch)
     hpu.deactivate()
-    device_step = _step_fn(hidden, bridge=False, batch=batch, device="hpu")
-    hpu.activate()
+    try:
+        device_step = _step_fn(hidden, bridge=False, batch=batch, device="hpu")
+    finally:
+        hpu.activate()
     mode = _noop_dispatch_mode()
     times: dict[str, list[float]] = {"plain": [], "hpu tensors, no bridge": [], "no-op dispatch mode": [],
                                      "bridge": [], "bridge: mark_step": []}
