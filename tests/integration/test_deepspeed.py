@@ -33,6 +33,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a["params"], b["params"], strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("stage", [3])  # ZeRO-1: tests/integration/test_optimum_habana.py, through GaudiTrainer
 def test_zero_over_hccl_equals_gloo_with_the_hpu_fused_adam(tmp_path, stage: int) -> None:

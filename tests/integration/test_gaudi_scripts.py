@@ -55,6 +55,7 @@ def _assert_same_training(got: list[dict], ref: list[dict]) -> None:
     assert got[0]["hbm_max_in_use"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_mnist_script_under_torchrun_equals_gloo(mnist_data: Path, gloo_reference, tmp_path: Path) -> None:
     out = tmp_path / "s"
@@ -78,6 +79,7 @@ def test_mnist_script_under_mpirun_equals_gloo(mnist_data: Path, gloo_reference,
     _assert_same_training(_summaries(out), gloo_reference)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mnist_script_under_ray_equals_gloo(mnist_data: Path, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """``python -m launchers.ray --num-workers 2 script`` on an embedded Ray: each Ray Train
@@ -136,6 +138,7 @@ def _sgd_reference(lr: float = 0.2, per_rank: int = 32, epochs: int = 2) -> np.n
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_lightning_hpu_parallel_strategy_two_ranks(tmp_path: Path) -> None:
     pytest.importorskip("lightning_habana")

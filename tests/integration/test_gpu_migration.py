@@ -24,6 +24,7 @@ def _train(tmp: Path, name: str, *args: str, **env: str) -> list[dict]:
     return [json.loads((tmp / f"{name}.{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cuda_ddp_script_trains_on_the_simulated_gaudi_and_equals_gloo(tmp_path: Path) -> None:
     gloo = _train(tmp_path, "gloo")

@@ -97,6 +97,7 @@ def test_missing_mpi4py_says_what_to_install() -> None:
     assert "pip install -e '.[mpi]'" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_models_train_same_summary_as_torchrun(tmp_path: Path) -> None:
     """models.train over hccl: mpiexec and torchrun agree on losses and simulated times."""

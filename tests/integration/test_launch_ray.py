@@ -182,6 +182,7 @@ def _failed_lines(stderr: str) -> str:
     return "\n".join(line for line in stderr.splitlines() if "job failed" in line) or stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(270)
 def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_address: str) -> None:
     """Three failing jobs, side by side on the module's Ray (a job under Ray mostly waits on
@@ -225,6 +226,7 @@ def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_addres
     _assert_no_new_shm(shm_before, prefixes=("hccl_",))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_of_models_train_matches_torchrun(ray_address: str, tmp_path: Path) -> None:
     """A bucket_cap_mb sweep (2 Tune trials, side by side on the module's 4 "HPU") writes one
@@ -302,6 +304,7 @@ def _ray_native_loop(config: dict) -> None:
         ray.train.report({"rank": rank}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_gaudi_trainer_runs_rays_gaudi_recipe(ray_address: str, tmp_path: Path) -> None:
     """``gaudi_trainer`` (HPU per worker, ``TorchConfig(backend="hccl")``): the loop gets

@@ -50,6 +50,7 @@ def _run_nodes(nnodes: int, nproc: int, target: list[str], timeout: float = 120)
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_node_torchrun_is_one_job(tmp_path):
     """2 nodes x 2 ranks = the 4-rank single-node job: same loss and accuracy (float tolerance);

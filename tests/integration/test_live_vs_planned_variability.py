@@ -43,6 +43,7 @@ def _plan(n: int, flags: list[str]):
                          whatif=cond.whatif, steps=STEPS - WARMUP)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n, flags", CASES, ids=["2-ranks-noise-degraded-link", "4-ranks-noise-slow-card"])
 def test_live_steps_equal_planned(n, flags, tmp_path):
@@ -62,6 +63,7 @@ def test_live_steps_equal_planned(n, flags, tmp_path):
     assert WARMUP == ALIGN_STEP + 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_dead_rank_ends_the_job_and_a_restart_finishes_it(tmp_path):
     """--dead-rank 1@2: rank 1 exits at step 2; rank 0's next collective gives up within the

@@ -119,6 +119,7 @@ def _decreasing(losses: list[float]) -> None:
     assert len(losses) >= 6 and sum(losses[-3:]) / 3 < losses[0] - 0.2, losses
 
 
+@pytest.mark.slow
 def test_gpt2_lazy_bf16_hpu_graphs_eval_checkpoint_and_resume(tmp_path) -> None:
     """Lazy mode, fused AdamW and clip norm, bf16 autocast, HPU graphs for training and inference,
     evaluation, checkpoints every 4 steps; graphs equal the run without them, and resuming from
@@ -160,6 +161,7 @@ def test_bert_masked_lm_lazy_without_fused_optimizer(tmp_path) -> None:
 _TWO_RANKS = ["--use_lazy_mode", "--max_steps", "6", "--use_fused_adam", "False", "--use_fused_clip_norm", "False"]
 
 
+@pytest.mark.slow
 def test_ddp_and_fast_ddp_on_two_ranks_under_torchrun_and_open_mpi_equal_gloo(tmp_path) -> None:
     """distribution_strategy ddp over hccl, started as optimum-habana's documented multi-card
     launch starts it, ``gaudi_spawn.py --use_mpi`` (Open MPI's ``mpirun``: ranks see only
@@ -189,6 +191,7 @@ def test_ddp_and_fast_ddp_on_two_ranks_under_torchrun_and_open_mpi_equal_gloo(tm
     assert pytest.approx(gloo["losses"], abs=2e-2) == fast["losses"]
 
 
+@pytest.mark.slow
 def test_deepspeed_zero1_on_two_ranks_equals_gloo(tmp_path) -> None:
     """GaudiTrainer with ``--deepspeed`` (ZeRO-1, DeepSpeed's HPU FusedAdam) under DeepSpeed's
     launcher over hccl: both ranks end equal, and equal the same run over gloo."""
@@ -204,6 +207,7 @@ def test_deepspeed_zero1_on_two_ranks_equals_gloo(tmp_path) -> None:
     _decreasing(hccl["losses"])
 
 
+@pytest.mark.slow
 def test_accelerate_launch_sizes_the_job_by_the_servers_cards_and_picks_hccl(tmp_path) -> None:
     """``accelerate launch --num_processes 2`` starts a distributed job only when
     ``torch.hpu.device_count()`` says the machine has more than one card, as a Gaudi server's
@@ -230,6 +234,7 @@ def test_accelerate_launch_sizes_the_job_by_the_servers_cards_and_picks_hccl(tmp
     assert hccl[0]["losses"] == gloo[0]["losses"] and len(hccl[0]["losses"]) == 4  # 64 samples / 2 ranks / 8
 
 
+@pytest.mark.slow
 def test_compile_mode_on_two_ranks_equals_gloo(tmp_path) -> None:
     """Eager mode with torch_compile and the hpu_backend (PT_HPU_LAZY_MODE=0): two ranks under DDP
     (DDPOptimizer's graph breaks over hccl) train, and equal each other and the gloo run."""

@@ -37,6 +37,7 @@ FAST = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_fast_slice_of_torch_suite_passes_on_hccl_where_gloo_passes(tmp_path):
     """Each test of the slice that passes on gloo passes on hccl (2 ranks).

@@ -14,6 +14,7 @@ from tests.integration.launch_helpers import free_port
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_torchrun_digits_job(tmp_path):
     """4 epochs on 2 ranks reach >= 0.9 test accuracy and write a complete JSON summary."""
