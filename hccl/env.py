@@ -36,8 +36,10 @@ __all__ = [
     "DEFAULT_MASTER_ADDR",
     "DEFAULT_MASTER_PORT",
     "RankEnv",
+    "MPI_LAUNCHER_VARS",
     "apply_mpi_env",
     "resolve_rank_env",
+    "started_by_mpi",
     "torch_env_vars",
 ]
 
@@ -106,6 +108,21 @@ def _int_var(environ: Mapping[str, str], name: str) -> int | None:
         return int(raw.strip())
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE", "PMI_RANK", "PMIX_RANK")
+"""Variables an MPI launcher sets in every process it starts: Open MPI's ``mpirun``
+(``OMPI_COMM_WORLD_*``), a PMI launcher (MPICH's and Intel MPI's Hydra ``mpiexec``, Slurm's
+``srun --mpi=pmi2``: ``PMI_*``), a PMIx one (Open MPI 5, ``srun --mpi=pmix``: ``PMIX_RANK``)."""
+
+
+def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether an MPI launcher started this process (one of :data:`MPI_LAUNCHER_VARS` is set
+    in ``environ``, default ``os.environ``). Without one, initialising MPI makes this process
+    an MPI job of its own (a *singleton*: MPICH then creates a ``/dev/shm/mpich_shm_*`` file,
+    left behind if the process is killed)."""
+    environ = os.environ if environ is None else environ
+    return any(name in environ for name in MPI_LAUNCHER_VARS)
 
 
 def _detect_source(environ: Mapping[str, str]) -> str:

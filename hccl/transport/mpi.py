@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from ..env import MPI_LAUNCHER_VARS, started_by_mpi
 from .shm import HcclTimeoutError
 
 __all__ = ["INSTALL_HINT", "MpiTransport", "MpiUnavailableError", "connect", "import_mpi"]
@@ -167,12 +168,18 @@ def connect(store: Any, rank: int, world_size: int, timeout_s: float,
 
     Raises:
         MpiUnavailableError: mpi4py/MPI is missing, or this process is not part of an MPI
-            job that holds the group's ranks (e.g. started by torchrun, not mpiexec).
+            job that holds the group's ranks (e.g. started by torchrun, not mpiexec: for a
+            group of 2 or more ranks this is found before MPI is initialised).
     """
+    hint = f"HCCL_TRANSPORT=mpi needs the job started by mpiexec ({INSTALL_HINT})"
+    if world_size > 1 and not started_by_mpi():  # before MPI_Init: no singleton MPI job (its /dev/shm file)
+        raise MpiUnavailableError(
+            f"{hint}: no MPI launcher started this process (none of {', '.join(MPI_LAUNCHER_VARS)} is set)"
+            f" but the process group has {world_size} ranks"
+        )
     MPI = import_mpi()
     world = MPI.COMM_WORLD
     mpi_rank, mpi_size = world.Get_rank(), world.Get_size()
-    hint = f"HCCL_TRANSPORT=mpi needs the job started by mpiexec ({INSTALL_HINT})"
     if mpi_size < world_size:
         raise MpiUnavailableError(
             f"{hint}: MPI sees {mpi_size} process(es) but the process group has {world_size} ranks"

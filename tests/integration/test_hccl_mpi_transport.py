@@ -107,17 +107,26 @@ def _two_ranks_without_mpiexec(rank: int, world: int) -> None:
 
     try:
         dist.init_process_group("hccl", init_method=f"file://{os.environ['INIT_FILE']}", rank=rank, world_size=world)
+    except Exception as exc:
+        raise RuntimeError(f"{exc} [MPI initialised: {_mpi_initialised()}]") from exc
     finally:
-        # the transport initialised MPI as a singleton, whose MPICH segment mpi4py's atexit
-        # Finalize unlinks; run_ranks' workers end by os._exit, which skips atexit
+        # a singleton MPI job's MPICH segment is unlinked by mpi4py's atexit Finalize, which
+        # run_ranks' workers skip (they end by os._exit)
         MPI = sys.modules.get("mpi4py.MPI")
         if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
             MPI.Finalize()
 
 
+def _mpi_initialised() -> bool:
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI is not None and bool(MPI.Is_initialized())
+
+
 @pytest.mark.timeout(60)
 def test_mpi_transport_outside_mpiexec_says_how_to_start(tmp_path: Path) -> None:
-    """HCCL_TRANSPORT=mpi in ranks not started by mpiexec: a clear error on every rank."""
+    """HCCL_TRANSPORT=mpi in ranks not started by mpiexec: a clear error on every rank, found
+    before MPI is initialised (a singleton MPI job in each rank would make an MPICH file in
+    /dev/shm, left behind when a rank is killed)."""
     pytest.importorskip("mpi4py")
     from tests.dist_utils import run_ranks
     from tests.integration.launch_helpers import assert_no_new_shm, shm_names
@@ -128,7 +137,26 @@ def test_mpi_transport_outside_mpiexec_says_how_to_start(tmp_path: Path) -> None
     for status, text in res:
         assert status == "err", res
         assert "HCCL_TRANSPORT=mpi needs the job started by mpiexec" in text
-        assert "MPI sees 1 process(es) but the process group has 2 ranks" in text
+        assert "no MPI launcher started this process" in text and "[MPI initialised: False]" in text, text
+    assert_no_new_shm(before)
+
+
+@pytest.mark.timeout(60)
+def test_mpi_transport_in_separate_mpi_jobs_says_how_to_start(tmp_path: Path) -> None:
+    """Ranks that are each an MPI job of their own (an MPI launcher's variables set, but no
+    shared MPI world: here Open MPI's, which this MPICH ignores): MPI sees 1 process, and
+    every rank says so."""
+    pytest.importorskip("mpi4py")
+    from tests.dist_utils import run_ranks
+    from tests.integration.launch_helpers import assert_no_new_shm, shm_names
+
+    before = shm_names()
+    res = run_ranks(_two_ranks_without_mpiexec, 2, backend=None, timeout=50, expect_errors=True,
+                    env={"HCCL_TRANSPORT": "mpi", "INIT_FILE": str(tmp_path / "init"),
+                         "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"})
+    for status, text in res:
+        assert status == "err", res
+        assert "MPI sees 1 process(es) but the process group has 2 ranks" in text, text
     assert_no_new_shm(before)
 
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from hccl.env import RankEnv, apply_mpi_env, resolve_rank_env, torch_env_vars
+from hccl.env import RankEnv, apply_mpi_env, resolve_rank_env, started_by_mpi, torch_env_vars
 from launchers.env import find_free_port, local_ranks, rendezvous_host, setup_rank_env
 from launchers.target import Target, add_target_arguments, exit_code, target_from_args
 
@@ -76,6 +76,14 @@ def test_mpi_overrides_a_stale_rank_from_the_shell(caplog: pytest.LogCaptureFixt
     assert environ["LOCAL_RANK"] == "2" and environ["LOCAL_WORLD_SIZE"] == "4"
     assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == ("127.0.0.1", "29500")
     assert "RANK=0 overridden" in caplog.text
+
+
+def test_started_by_mpi_sees_each_mpi_launcher_and_nothing_else() -> None:
+    """Open MPI's mpirun, Hydra's mpiexec and a PMIx launcher (srun --mpi=pmix) each count; a
+    plain process, torchrun's variables or a RANK set by hand do not."""
+    assert started_by_mpi(OMPI) and started_by_mpi(HYDRA) and started_by_mpi({"PMIX_RANK": "0"})
+    assert not started_by_mpi({}) and not started_by_mpi({"RANK": "0", "WORLD_SIZE": "2"})
+    assert not started_by_mpi(TORCHRUN)
 
 
 def test_apply_mpi_env_leaves_torchrun_and_plain_processes_alone() -> None:
