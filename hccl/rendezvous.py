@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ._buffers import meta_words
 from .agreement import check_agreement
 from .config import HcclConfig
+from .env import started_by_mpi
 from .transport import shm_engine as eng
 from .transport.executor import ScheduleCollectives
 from .transport.interface import Collectives
@@ -75,7 +76,8 @@ def rendezvous(store: dist.Store, rank: int, world_size: int, timeout_s: float, 
     if config.transport == "mpi":
         from .transport.mpi import connect
 
-        return Rendezvous(layout, ScheduleCollectives(connect(store, rank, n, timeout_s, names), planner, names))
+        transport = connect(store, rank, n, timeout_s, names, in_mpi_job=started_by_mpi())
+        return Rendezvous(layout, ScheduleCollectives(transport, planner, names))
     local = layout.local_ranks
     capacity = config.shm_buffer_bytes
     mine = ShmSegment(f"hccl_{token[:16]}_{rank}", capacity, create=True, p2p_slots=len(local))

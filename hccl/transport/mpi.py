@@ -48,7 +48,6 @@ from typing import Any
 
 import torch
 
-from ..env import MPI_LAUNCHER_VARS, started_by_mpi
 from .shm import HcclTimeoutError
 
 __all__ = ["INSTALL_HINT", "MpiTransport", "MpiUnavailableError", "connect", "import_mpi"]
@@ -156,7 +155,7 @@ class MpiTransport:
 
 
 def connect(store: Any, rank: int, world_size: int, timeout_s: float,
-            names: Sequence[int] | None = None) -> MpiTransport:
+            names: Sequence[int] | None = None, *, in_mpi_job: bool = True) -> MpiTransport:
     """Builds the MPI transport of a process group (every member calls it; see the PG's rendezvous).
 
     The members publish their ``MPI.COMM_WORLD`` rank in ``store``; a group that is the MPI
@@ -165,16 +164,18 @@ def connect(store: Any, rank: int, world_size: int, timeout_s: float,
     build the backend on non-members, so a ``Split`` of ``COMM_WORLD`` would wait for them).
 
     ``names``: the global rank of each group rank, which errors name (default: the group ranks).
+    ``in_mpi_job``: whether an MPI launcher started this process (the caller reads its
+    variables: :func:`hccl.env.started_by_mpi`); when not, a group of 2 or more ranks is refused
+    before MPI is initialised (which would make this process an MPI job of its own).
 
     Raises:
         MpiUnavailableError: mpi4py/MPI is missing, or this process is not part of an MPI
-            job that holds the group's ranks (e.g. started by torchrun, not mpiexec: for a
-            group of 2 or more ranks this is found before MPI is initialised).
+            job that holds the group's ranks (e.g. started by torchrun, not mpiexec).
     """
     hint = f"HCCL_TRANSPORT=mpi needs the job started by mpiexec ({INSTALL_HINT})"
-    if world_size > 1 and not started_by_mpi():  # before MPI_Init: no singleton MPI job (its /dev/shm file)
+    if world_size > 1 and not in_mpi_job:  # before MPI_Init: no singleton MPI job (its /dev/shm file)
         raise MpiUnavailableError(
-            f"{hint}: no MPI launcher started this process (none of {', '.join(MPI_LAUNCHER_VARS)} is set)"
+            f"{hint}: no MPI launcher started this process (no Open MPI, PMI or PMIx variable is set)"
             f" but the process group has {world_size} ranks"
         )
     MPI = import_mpi()
