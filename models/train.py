@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import itertools
 import json
 import logging
@@ -252,6 +253,17 @@ def _check(args: argparse.Namespace) -> tuple:
     return factory, kind, condition, dead
 
 
+# NOTE [the group outlives DDP]
+# DDP's reducer (C++) holds the process group. Where the reducer drops the last reference, the
+# group's destructor runs with the GIL held (torch binds the reducer without releasing it), and
+# gloo's destructor waits for its worker threads, one of which may be finishing a work whose
+# tensors need the GIL to be freed: a deadlock at exit (pytorch/pytorch#56297; a gloo DDP job
+# of this project's tests hung once so: its main thread in ~ProcessGroupGloo under ~Reducer, a
+# gloo worker thread waiting for the GIL in ~AsyncAllreduceWork). So DDP goes first, collected
+# while the group registry still holds the group, and destroy_process_group, which releases the
+# GIL, destroys it.
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Train; return the summary dict (rank 0 also writes it to ``--summary``).
 
@@ -402,6 +414,8 @@ def main(argv: list[str] | None = None) -> dict:
             merged = merge_trace_files(os.path.join(args.trace, "trace.json"),
                                        [rank_trace_path(args.trace, r) for r in range(world)])
             log.info("trace written to %s", merged)
+    del stepped, ddp  # NOTE [the group outlives DDP]
+    gc.collect()
     dist.destroy_process_group()
     return summary
 

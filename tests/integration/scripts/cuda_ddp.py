@@ -7,6 +7,7 @@ Usage: torchrun --nproc-per-node 2 cuda_ddp.py OUT_PREFIX [--compile] (writes OU
 """
 
 import argparse
+import gc
 import json
 import os
 
@@ -74,6 +75,10 @@ def main() -> None:
                "device_name": torch.cuda.get_device_name() if use_cuda else "cpu"}
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(summary, f)
+    # DDP's reducer first, then the group (NOTE [the group outlives DDP] in models/train.py): the
+    # gloo reference's group destroyed by the reducer with the GIL held can deadlock at exit
+    del net, ddp
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -15,6 +15,7 @@ Without ``--hpu`` the same script runs on the CPU over gloo (the test's referenc
 """
 
 import argparse
+import gc
 import json
 import os
 
@@ -155,6 +156,10 @@ def main():
         with open(f"{args.summary}.{rank}.json", "w") as f:
             json.dump(out, f)
     if args.distributed:
+        # DDP's reducer first, then the group (as models/train.py does, NOTE [the group outlives
+        # DDP] there): gloo's group destroyed by the reducer with the GIL held can deadlock at exit
+        del model
+        gc.collect()
         dist.destroy_process_group()
 
 
