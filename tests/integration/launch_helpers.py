@@ -34,9 +34,16 @@ def free_port() -> int:
 
 
 def run(cmd: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``cmd`` in the repository with :func:`clean_env` (plus ``env``), output captured."""
-    return subprocess.run(cmd, cwd=REPO, env={**clean_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    """``cmd`` in the repository with :func:`clean_env` (plus ``env``), output captured.
+
+    Raises:
+        subprocess.TimeoutExpired: still running after ``timeout`` wall seconds; it was stopped
+            as :meth:`Background.kill` stops a job (so torchrun's ranks go with it, where a
+            SIGKILL of torchrun alone would leave them running), and the exception carries the
+            output so far.
+    """
+    with Background(cmd, timeout, env) as job:
+        return job.result()
 
 
 class Background:
@@ -57,17 +64,23 @@ class Background:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env={**clean_env(), **(env or {})}, stdout=self._out,
                                      stderr=self._err, text=True)
         self._done: subprocess.CompletedProcess[str] | None = None
+        self._expired: subprocess.TimeoutExpired | None = None  # what result() raised, raised again
 
     def result(self) -> subprocess.CompletedProcess[str]:
         """Waits (until ``timeout`` seconds after the start) and returns the finished process;
-        raises ``subprocess.TimeoutExpired`` (the process killed) if it is still running past it."""
-        if self._done is None:
+        raises ``subprocess.TimeoutExpired`` (the process stopped by :meth:`kill`, its output so
+        far attached) if it is still running past it, and again on any later call."""
+        if self._done is None and self._expired is None:
             try:
                 self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill()
-                raise subprocess.TimeoutExpired(self.proc.args, self.timeout) from None
-            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, *self._read())
+                out, err = self._read()
+                self._expired = subprocess.TimeoutExpired(self.proc.args, self.timeout, output=out, stderr=err)
+            else:
+                self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, *self._read())
+        if self._expired is not None:
+            raise self._expired
         return self._done
 
     def _read(self) -> tuple[str, str]:
@@ -92,7 +105,7 @@ class Background:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._done is None:
+        if self._done is None and self._expired is None:
             self.kill()
             self._out.close()
             self._err.close()
