@@ -35,8 +35,8 @@ from dataclasses import dataclass
 __all__ = [
     "DEFAULT_MASTER_ADDR",
     "DEFAULT_MASTER_PORT",
-    "RankEnv",
     "MPI_LAUNCHER_VARS",
+    "RankEnv",
     "apply_mpi_env",
     "resolve_rank_env",
     "started_by_mpi",
