@@ -110,10 +110,11 @@ def _int_var(environ: Mapping[str, str], name: str) -> int | None:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
-MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE", "PMI_RANK", "PMIX_RANK")
-"""Variables an MPI launcher sets in every process it starts: Open MPI's ``mpirun``
-(``OMPI_COMM_WORLD_*``), a PMI launcher (MPICH's and Intel MPI's Hydra ``mpiexec``, Slurm's
-``srun --mpi=pmi2``: ``PMI_*``), a PMIx one (Open MPI 5, ``srun --mpi=pmix``: ``PMIX_RANK``)."""
+MPI_LAUNCHER_VARS = (*_SOURCES["openmpi"][:2], *_SOURCES["pmi"][:2], "PMIX_RANK")
+"""Variables an MPI launcher sets in every process it starts: the rank and world-size variables
+of the ``openmpi`` and ``pmi`` sources (Open MPI's ``mpirun``; MPICH's and Intel MPI's Hydra
+``mpiexec``, Slurm's ``srun --mpi=pmi2``), and PMIx's ``PMIX_RANK`` (Open MPI 5,
+``srun --mpi=pmix``)."""
 
 
 def started_by_mpi(environ: Mapping[str, str] | None = None) -> bool:

@@ -10,7 +10,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: an end-to-end case of 20 s or more on 2 cores; dealt to the xdist workers first (tests/scheduling.py)")
+    from tests.scheduling import SLOW
+
+    config.addinivalue_line(
+        "markers", f"{SLOW}: an end-to-end case of 20 s or more on 2 cores; dealt to the xdist workers first"
+        " (tests/scheduling.py)")
 
 
 def pytest_collection_modifyitems(config, items):

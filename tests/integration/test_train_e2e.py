@@ -83,8 +83,8 @@ def test_train_modes_compute_the_same_numbers(monkeypatch):
 @pytest.mark.timeout(120)
 def test_no_ddp_reducer_is_alive_when_the_group_is_destroyed(monkeypatch):
     """NOTE [the group outlives DDP] in models/train.py: when ``destroy_process_group`` runs, no DDP
-    is alive, so its reducer (which holds the group) is already gone, so the group is destroyed there, GIL
-    released, and not by the reducer at the end of ``main`` (a gloo deadlock at exit)."""
+    is alive, hence no reducer holding the group: the group is destroyed there, GIL released,
+    and not by the reducer at the end of ``main`` (a gloo deadlock at exit)."""
     import gc
 
     import torch.distributed as dist
