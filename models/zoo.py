@@ -320,6 +320,13 @@ def _torchvision_classifier(fn: Callable) -> bool:
     return name in tvm.list_models(module=tvm) and tvm.get_model_builder(name) is fn
 
 
+_INIT_WEIGHTS_BUILDERS = frozenset({"googlenet", "inception_v3"})
+"""torchvision builders whose ``init_weights=None`` default emits a ``FutureWarning`` and stands
+for ``True`` (torchvision 0.28, ``models/googlenet.py`` and ``models/inception.py``): the step
+passes ``True`` unless the caller gives it, so a user who names the model sees no warning about
+an argument they never set."""
+
+
 def torchvision_step(builder: Callable, batch_size: int, *, image_size: int | None = None,
                      num_classes: int = 1000, **builder_kwargs: Any) -> TrainingStep:
     """One training step of a torchvision image classifier: the model untrained
@@ -343,6 +350,9 @@ def torchvision_step(builder: Callable, batch_size: int, *, image_size: int | No
         raise ValueError(f"image_size must be >= 32 for {builder.__name__}, got {size}")
     if builder.__name__.startswith("vit_"):
         builder_kwargs = {"image_size": size, **builder_kwargs}
+    if builder.__name__ in _INIT_WEIGHTS_BUILDERS:
+        # torchvision's default (init_weights=None) warns that it will change, and then means True
+        builder_kwargs = {"init_weights": True, **builder_kwargs}
     model = builder(weights=None, num_classes=num_classes, **builder_kwargs)
     x = torch.randn(batch_size, 3, size, size)
     y = torch.randint(num_classes, (batch_size,))

@@ -179,3 +179,34 @@ def test_default_inductor_refuses_hpu_naming_hpu_backend(eager_device):
     assert "KeyError" not in str(err.value)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(model, backend="hpu_backend")(x).cpu(), model(x).cpu())
+
+
+def test_lazy_mode_warns_once_that_gaudi_runs_hpu_backend_in_eager_mode(monkeypatch):
+    """hpu_backend with PT_HPU_LAZY_MODE=1 warns once per process, naming the variable Gaudi's
+    support matrix asks for; in eager mode (PT_HPU_LAZY_MODE=0) it does not warn."""
+    import warnings
+
+    from hpu_runtime.bridge import compile_backend
+
+    monkeypatch.setattr(compile_backend, "_warned_lazy", False)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    torch._dynamo.reset()
+    hpu.reset_device("gaudi2")
+    x = torch.randn(4, 8, device="hpu")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning fails the eager-mode compile
+            torch.compile(Net(), backend="hpu_backend")(x.cpu())
+        monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+        torch._dynamo.reset()
+        hpu.reset_device("gaudi2")
+        with pytest.warns(UserWarning, match="PT_HPU_LAZY_MODE=0"):
+            torch.compile(Net(), backend="hpu_backend")(torch.randn(4, 8))
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process
+            torch.compile(Net(2.0), backend="hpu_backend")(torch.randn(4, 8))
+    finally:
+        torch._dynamo.reset()
+        monkeypatch.undo()
+        hpu.reset_device("gaudi2")

@@ -136,6 +136,7 @@ def test_wrap_in_hpu_graph_for_inference():
     torch.testing.assert_close(a, b)
 
 
+@pytest.mark.filterwarnings("ignore:hpu_backend in lazy mode")  # compiled in lazy mode on purpose
 def test_torch_compile_hpu_backend_is_one_recipe():
     """The FX graph is one recipe: compiled once, then hits, with no per-op host cost."""
     dev = hpu.reset_device()

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -193,9 +194,11 @@ def test_torchvision_classifiers_resolve_untrained_at_their_weights_crop(monkeyp
     model, (x,), loss_fn = resolve_factory("torchvision.models:mobilenet_v3_small")(2)
     assert x.shape == (2, 3, 224, 224) and model.classifier[-1].out_features == 1000
     assert torch.isfinite(loss_fn(model(x)))
-    _, (x,), _ = resolve_factory("torchvision.models:inception_v3")(1)
-    assert x.shape == (1, 3, 299, 299)  # Inception_V3_Weights.DEFAULT's crop
-    model, (x,), loss_fn = resolve_factory("torchvision.models:googlenet", image_size=96)(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # init_weights is passed: torchvision does not warn
+        _, (x,), _ = resolve_factory("torchvision.models:inception_v3")(1)
+        assert x.shape == (1, 3, 299, 299)  # Inception_V3_Weights.DEFAULT's crop
+        model, (x,), loss_fn = resolve_factory("torchvision.models:googlenet", image_size=96)(2)
     out = model(x)
     assert x.shape[-1] == 96 and hasattr(out, "aux_logits1")  # GoogLeNetOutputs in training mode
     assert torch.equal(loss_fn(out), loss_fn(out.logits))  # the main logits, not the auxiliary ones
