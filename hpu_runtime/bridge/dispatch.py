@@ -45,8 +45,10 @@ body runs with torch-function handling off: it reads tensor attributes (``shape`
 user's) ``__torch_function__`` would otherwise see each read (about 2 us each, for reads
 that otherwise cost 0.1 us). ``python -m
 hpu_runtime.tools.bench_overhead --breakdown`` measures the whole and its parts (wall-clock,
-against plain PyTorch); the bridge's own work is about 5 us per op, so a bridge within 2x of
-plain PyTorch needs the per-op accounting in the C++ kernel, not in a Python mode. The C++
+against plain PyTorch); the bridge's own work is about 5-10 us per op, and the same bridge
+with that accounting switched off (its mode and this dispatch body alone, the breakdown's
+"bridge, no accounting") is already 2.4-2.6x plain on the digits MLP, so a bridge within 2x
+of plain PyTorch needs the per-op accounting in the C++ kernel, not in a Python mode. The C++
 device type alone (the same step on hpu tensors with the bridge off, the breakdown's "hpu
 tensors, no bridge") is 1.16-1.34x plain on the digits MLP here, against 2.4-3.3x for a
 no-op Python mode: that is the floor such a kernel would start from, leaving about 4 us per

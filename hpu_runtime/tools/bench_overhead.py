@@ -11,9 +11,10 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 ``--breakdown`` says where the time goes: the step on ``hpu`` tensors with the bridge off
 (the C++ device type alone: what a bridge with its accounting in C++ would start from), the
 plain step under a dispatch mode that does nothing (torch's own cost of a Python mode, which
-any bridge built on one pays per aten op), the bridge's step, and the part of it spent in
-``mark_step`` (the launches); the rest is the bridge's per-op work (NOTE [the bridge's hot
-path] in :mod:`hpu_runtime.bridge.dispatch`).
+any bridge built on one pays per aten op), the bridge's step with its per-op accounting off
+(the HBM check and the op record: what is left is this bridge's floor, its mode and dispatch
+body), the bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest
+is the bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 
 from ..cli_args import count
 
@@ -129,16 +131,32 @@ def _noop_dispatch_mode():
     return NoopDispatchMode
 
 
+@contextmanager
+def _accounting_off(device):
+    """The bridge's per-op accounting (the HBM check before an op, the op record after it)
+    replaced by no-ops on ``device`` for the body: what stays is the dispatch mode, the bridge's
+    dispatch body (transfers, host reads) and the launch of empty graphs."""
+    record, check = device.record, device.check_outputs
+    device.record = lambda *args, **kwargs: None
+    device.check_outputs = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        device.record, device.check_outputs = record, check
+
+
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
     """Median wall seconds per step: plain; the same step on ``hpu`` tensors with the bridge off
     (the C++ device type alone, backward on the calling thread as the bridge runs it: the floor
     of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
-    (the floor of any bridge built on a Python mode); with the bridge; and the bridge's
-    ``mark_step`` calls alone (the launches: graph key, recipe cache, a compile's schedule on
-    a miss)."""
+    (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
+    off (the floor of this bridge's Python mode and dispatch body, :func:`_accounting_off`);
+    with the bridge; and the bridge's ``mark_step`` calls alone (the launches: graph key,
+    recipe cache, a compile's schedule on a miss)."""
     import torch
 
     import hpu_runtime as hpu
+    from hpu_runtime.bridge.runtime import get_device
 
     plain_step, bridge_step = _steps(hidden, batch)
     hpu.deactivate()
@@ -148,7 +166,7 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
         hpu.activate()
     mode = _noop_dispatch_mode()
     times: dict[str, list[float]] = {"plain": [], "hpu tensors, no bridge": [], "no-op dispatch mode": [],
-                                     "bridge": [], "bridge: mark_step": []}
+                                     "bridge, no accounting": [], "bridge": [], "bridge: mark_step": []}
     launch = hpu.mark_step
     spent = [0.0]
 
@@ -173,6 +191,8 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
                 times["no-op dispatch mode"].append(_time_steps(plain_step, steps))
         finally:
             hpu.activate()
+        with _accounting_off(get_device()):
+            times["bridge, no accounting"].append(_time(bridge_step, steps, bridge=True))
         hpu.mark_step = timed_mark_step
         try:
             spent[0] = 0.0

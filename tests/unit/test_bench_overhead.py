@@ -9,8 +9,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_breakdown_names_where_the_time_goes():
     """``--breakdown`` prints the plain step, the step on hpu tensors without the bridge, the
-    no-op dispatch mode, the bridge and the bridge's mark_step share, each with a positive
-    time; the launches are part of the step."""
+    no-op dispatch mode, the bridge with its accounting off, the bridge and the bridge's
+    mark_step share, each with a positive time; the launches are part of the step."""
     cmd = [sys.executable, "-m", "hpu_runtime.tools.bench_overhead", "--steps", "2", "--rounds", "1",
            "--hidden", "16", "--breakdown"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
@@ -20,8 +20,8 @@ def test_breakdown_names_where_the_time_goes():
         parts = line.rsplit(None, 2)
         if len(parts) == 3 and parts[2].endswith("x") and not line.startswith("digits"):
             rows[parts[0].strip()] = float(parts[1])
-    assert set(rows) >= {"plain", "hpu tensors, no bridge", "no-op dispatch mode", "bridge",
-                         "bridge: mark_step"}, out.stdout
+    assert set(rows) >= {"plain", "hpu tensors, no bridge", "no-op dispatch mode", "bridge, no accounting",
+                         "bridge", "bridge: mark_step"}, out.stdout
     assert all(v > 0 for v in rows.values())
     assert rows["bridge: mark_step"] < rows["bridge"]
 
@@ -48,3 +48,31 @@ def test_the_device_type_alone_trains_on_hpu_tensors_and_charges_nothing():
         assert (dev.now_ns(), dev.ops_recorded) == (now, ops)
     finally:
         hpu.activate()
+
+
+def test_accounting_off_records_nothing_and_is_restored():
+    """The breakdown's "bridge, no accounting" step: the bridge's mode still runs the step
+    (Adam moves the parameters) but no op is recorded and no graph launched; afterwards the
+    accounting is back and the same step launches its two graphs (after backward, after the
+    optimizer step) again."""
+    import torch
+
+    import hpu_runtime as hpu
+    from hpu_runtime.bridge.runtime import get_device
+    from hpu_runtime.tools.bench_overhead import _accounting_off, _step_fn
+
+    hpu.reset_device("gaudi2")
+    hpu.activate()
+    step = _step_fn(16, bridge=True, batch=4)
+    step()
+    dev = get_device()
+    with hpu.bridge_disabled():
+        before = [p.detach().cpu().clone() for p in step.model.parameters()]
+    ops, graphs = dev.ops_recorded, dev.graphs_launched
+    with _accounting_off(dev):
+        step()
+    assert (dev.ops_recorded, dev.graphs_launched) == (ops, graphs)
+    with hpu.bridge_disabled():
+        assert all(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, step.model.parameters()))
+    step()
+    assert dev.ops_recorded > ops and dev.graphs_launched == graphs + 2
