@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 
 from ..cli_args import count
 
@@ -131,26 +130,13 @@ def _noop_dispatch_mode():
     return NoopDispatchMode
 
 
-@contextmanager
-def _accounting_off(device):
-    """The bridge's per-op accounting (the HBM check before an op, the op record after it)
-    replaced by no-ops on ``device`` for the body: what stays is the dispatch mode, the bridge's
-    dispatch body (transfers, host reads) and the launch of empty graphs."""
-    record, check = device.record, device.check_outputs
-    device.record = lambda *args, **kwargs: None
-    device.check_outputs = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        device.record, device.check_outputs = record, check
-
-
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
     """Median wall seconds per step: plain; the same step on ``hpu`` tensors with the bridge off
     (the C++ device type alone, backward on the calling thread as the bridge runs it: the floor
     of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
     (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
-    off (the floor of this bridge's Python mode and dispatch body, :func:`_accounting_off`);
+    off (the device's own ``uncharged()`` switch: the floor of this bridge's Python mode and
+    dispatch body);
     with the bridge; and the bridge's ``mark_step`` calls alone (the launches: graph key,
     recipe cache, a compile's schedule on a miss)."""
     import torch
@@ -191,7 +177,7 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
                 times["no-op dispatch mode"].append(_time_steps(plain_step, steps))
         finally:
             hpu.activate()
-        with _accounting_off(get_device()):
+        with get_device().uncharged():  # no HBM check, no op record: the mode and dispatch body remain
             times["bridge, no accounting"].append(_time(bridge_step, steps, bridge=True))
         hpu.mark_step = timed_mark_step
         try:

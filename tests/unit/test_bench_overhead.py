@@ -50,16 +50,16 @@ def test_the_device_type_alone_trains_on_hpu_tensors_and_charges_nothing():
         hpu.activate()
 
 
-def test_accounting_off_records_nothing_and_is_restored():
-    """The breakdown's "bridge, no accounting" step: the bridge's mode still runs the step
-    (Adam moves the parameters) but no op is recorded and no graph launched; afterwards the
-    accounting is back and the same step launches its two graphs (after backward, after the
-    optimizer step) again."""
+def test_the_no_accounting_step_records_nothing_and_charging_resumes():
+    """The breakdown's "bridge, no accounting" step (the bridge's step inside the device's
+    ``uncharged()``): the bridge's mode still runs it (Adam moves the parameters) but no op is
+    recorded and no graph launched; afterwards the same step launches its two graphs (after
+    backward, after the optimizer step) again."""
     import torch
 
     import hpu_runtime as hpu
     from hpu_runtime.bridge.runtime import get_device
-    from hpu_runtime.tools.bench_overhead import _accounting_off, _step_fn
+    from hpu_runtime.tools.bench_overhead import _step_fn
 
     hpu.reset_device("gaudi2")
     hpu.activate()
@@ -69,7 +69,7 @@ def test_accounting_off_records_nothing_and_is_restored():
     with hpu.bridge_disabled():
         before = [p.detach().cpu().clone() for p in step.model.parameters()]
     ops, graphs = dev.ops_recorded, dev.graphs_launched
-    with _accounting_off(dev):
+    with dev.uncharged():
         step()
     assert (dev.ops_recorded, dev.graphs_launched) == (ops, graphs)
     with hpu.bridge_disabled():

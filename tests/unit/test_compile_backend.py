@@ -181,7 +181,7 @@ def test_default_inductor_refuses_hpu_naming_hpu_backend(eager_device):
     torch.testing.assert_close(torch.compile(model, backend="hpu_backend")(x).cpu(), model(x).cpu())
 
 
-def test_lazy_mode_warns_once_that_gaudi_runs_hpu_backend_in_eager_mode(monkeypatch):
+def test_lazy_mode_warns_once_that_gaudi_runs_hpu_backend_in_eager_mode(eager_device, monkeypatch):
     """hpu_backend with PT_HPU_LAZY_MODE=1 warns once per process, naming the variable Gaudi's
     support matrix asks for; in eager mode (PT_HPU_LAZY_MODE=0) it does not warn."""
     import warnings
@@ -189,14 +189,10 @@ def test_lazy_mode_warns_once_that_gaudi_runs_hpu_backend_in_eager_mode(monkeypa
     from hpu_runtime.bridge import compile_backend
 
     monkeypatch.setattr(compile_backend, "_warned_lazy", False)
-    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
-    torch._dynamo.reset()
-    hpu.reset_device("gaudi2")
-    x = torch.randn(4, 8, device="hpu")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # any warning fails the eager-mode compile
-            torch.compile(Net(), backend="hpu_backend")(x.cpu())
+            torch.compile(Net(), backend="hpu_backend")(torch.randn(4, 8))
         monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
         torch._dynamo.reset()
         hpu.reset_device("gaudi2")
@@ -208,5 +204,3 @@ def test_lazy_mode_warns_once_that_gaudi_runs_hpu_backend_in_eager_mode(monkeypa
             torch.compile(Net(2.0), backend="hpu_backend")(torch.randn(4, 8))
     finally:
         torch._dynamo.reset()
-        monkeypatch.undo()
-        hpu.reset_device("gaudi2")
