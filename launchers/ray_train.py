@@ -46,7 +46,12 @@ NOTE [failure]
     so a failure that is an hccl ``PeerFailure`` with a ``dead_rank`` names that rank as
     dead too, from the pid check the peer made. ``--timeout`` is enforced in each worker (a
     rank still running its target at the deadline exits with code 124, which Ray Train sees
-    as a dead worker) and, as a backstop, by the driver.
+    as a dead worker) and, as a backstop, by the driver: a worker not yet started at the
+    deadline has no watchdog, so on a loaded machine Ray Train may still be starting the
+    workers long after it (a full test run on 2 cores once saw none started 110 s after a
+    20 s deadline); the driver then ends the job itself, ``--timeout`` + ``--placement-timeout``
+    + :data:`BACKSTOP_S` after the start, with the same verdict: every rank did not finish
+    within ``--timeout``.
 
 NOTE [not quite torchrun]
     The target runs on a thread of the worker process (Ray Train's), not its main thread
@@ -95,6 +100,15 @@ _DEAD = ("WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "RayAc
          "ActorDiedError")
 _NO_RESOURCES = ("WorkerGroupStartupTimeoutError", "InsufficientClusterResourcesError")
 _EMULATOR_PACKAGES = ("hpu_runtime", "habana_frameworks")
+
+
+class _NotReturned(TimeoutError):
+    """The driver's backstop: Ray Train had not returned ``limit_s`` wall seconds after the start."""
+
+    def __init__(self, limit_s: float) -> None:
+        super().__init__(f"Ray Train did not return within {limit_s:g} s (the job's --timeout, "
+                         "--placement-timeout and a backstop)")
+        self.limit_s = limit_s
 
 
 class JobFailedError(RuntimeError):
@@ -325,6 +339,10 @@ def _job_failed(exc: Any, config: RayJobConfig, deadline_unix: float) -> JobFail
             seen_dead.setdefault(dead, r)
     if died and expired:
         lines = [f"ranks {sorted(died)} did not finish within --timeout {config.timeout_s:g} s"]
+        if isinstance(exc, _NotReturned):
+            # no rank's watchdog ended it: the workers were not all started by the deadline
+            # (a loaded machine or cluster), so the driver's backstop did, later
+            lines[0] += f" (Ray Train had not returned {exc.limit_s:g} s after the start)"
     else:
         lines = [f"rank {r} died (its worker process exited): {_error_text(e)}" for r, e in sorted(died.items())]
     lines += [f"rank {d} died (rank {r} found its process gone)" for d, r in sorted(seen_dead.items())]
@@ -333,7 +351,11 @@ def _job_failed(exc: Any, config: RayJobConfig, deadline_unix: float) -> JobFail
 
 
 def _fit(trainer: Any, limit_s: float) -> Any:
-    """``trainer.fit()`` with a wall-clock limit; returns the Result or raises its error."""
+    """``trainer.fit()`` with a wall-clock limit; returns the Result or raises its error.
+
+    Raises:
+        _NotReturned: ``trainer.fit()`` had not returned after ``limit_s`` wall seconds.
+    """
     out: dict[str, Any] = {}
 
     def run() -> None:
@@ -346,8 +368,7 @@ def _fit(trainer: Any, limit_s: float) -> Any:
     thread.start()
     thread.join(limit_s)
     if thread.is_alive():
-        raise JobFailedError(f"Ray Train did not return within {limit_s:g} s (the job's "
-                             "--timeout, --placement-timeout and a backstop)", [])
+        raise _NotReturned(limit_s)
     if "error" in out:
         raise out["error"]
     return out["result"]

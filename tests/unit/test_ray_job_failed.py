@@ -99,3 +99,27 @@ def test_an_embedded_ray_has_the_cores_to_start_its_workers_at_once(monkeypatch)
     # real Ray in this process, when the Ray it was given is not up
     real = pytest.importorskip("ray")
     assert not real.is_initialized()
+
+
+def test_the_drivers_backstop_names_every_rank_as_timed_out():
+    """Ray Train had not returned at the driver's limit (the workers were never started, so no
+    watchdog fired): the verdict is still the job's --timeout, every rank named, and says why."""
+    import threading
+
+    from launchers.ray_train import _fit, _NotReturned
+
+    release = threading.Event()
+
+    class NeverStarts:
+        def fit(self):
+            release.wait(30)
+
+    try:
+        with pytest.raises(_NotReturned) as info:
+            _fit(NeverStarts(), limit_s=0.2)
+    finally:
+        release.set()
+    err = _job_failed(info.value, _config(2), deadline_unix=time.time() - 90)
+    assert str(err) == ("ranks [0, 1] did not finish within --timeout 20 s "
+                        "(Ray Train had not returned 0.2 s after the start)")
+    assert err.failed_ranks == [0, 1]
