@@ -192,7 +192,9 @@ def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_addres
       or shared-memory segment left (hccl's: the job starts no MPI, and an mpiexec test may run
       beside it);
     - a job still running at ``--timeout`` ends there (each rank's watchdog) with exit 1 and the
-      ranks named (both, or the first Ray Train saw die), not after its 300 steps of 1 s;
+      ranks named (both, or the first Ray Train saw die), not after its 300 steps of 1 s; on a
+      machine so loaded that its workers had not started by then (no watchdog runs), the
+      driver's backstop ends it later with the same verdict (a CI run once saw exactly that);
     - 5 workers on a cluster with 4 "HPU" (and CPUs for 6 workers): exit 2 within the
       placement timeout, naming the resource to add. (The fifth worker can never be placed:
       any placement timeout ends the same way, so the shortest allowed keeps the test short.)
