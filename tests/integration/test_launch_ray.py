@@ -183,7 +183,7 @@ def _failed_lines(stderr: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(270)
+@pytest.mark.timeout(330)
 def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_address: str) -> None:
     """Three failing jobs, side by side on the module's Ray (a job under Ray mostly waits on
     Ray's start-up, so they overlap; 2 + 2 of its 4 "HPU", the third can never be placed):
@@ -201,12 +201,12 @@ def test_failing_jobs_end_naming_the_rank_the_timeout_or_the_resource(ray_addres
 
     The torchrun-equal success path runs on an embedded Ray in ``test_gaudi_scripts.py``."""
     shm_before = _shm_names(("hccl_",))
-    kill = _ray_cmd("--address", ray_address, "--num-workers", "2", "--timeout", "180", TINY, "--backend", "hccl",
+    kill = _ray_cmd("--address", ray_address, "--num-workers", "2", "--timeout", "240", TINY, "--backend", "hccl",
                     "--die-rank", "1", "--die-mode", "kill", "--steps", "50")
     overrun = _ray_cmd("--address", ray_address, "--num-workers", "2", "--timeout", "20", TINY, "--steps", "300",
                        "--step-sleep", "1")
     unplaceable = _ray_cmd("--address", ray_address, "--num-workers", "5", "--placement-timeout", "1", TINY)
-    with Background(kill, timeout=220, env=_ray_env()) as killed, \
+    with Background(kill, timeout=280, env=_ray_env()) as killed, \
             Background(overrun, timeout=220, env=_ray_env()) as late, \
             Background(unplaceable, timeout=220, env=_ray_env()) as too_many:
         proc = killed.result()
