@@ -351,7 +351,6 @@ def torchvision_step(builder: Callable, batch_size: int, *, image_size: int | No
     if builder.__name__.startswith("vit_"):
         builder_kwargs = {"image_size": size, **builder_kwargs}
     if builder.__name__ in _INIT_WEIGHTS_BUILDERS:
-        # torchvision's default (init_weights=None) warns that it will change, and then means True
         builder_kwargs = {"init_weights": True, **builder_kwargs}
     model = builder(weights=None, num_classes=num_classes, **builder_kwargs)
     x = torch.randn(batch_size, 3, size, size)

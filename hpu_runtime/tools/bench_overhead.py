@@ -136,9 +136,8 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
     of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
     (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
     off (the device's own ``uncharged()`` switch: the floor of this bridge's Python mode and
-    dispatch body);
-    with the bridge; and the bridge's ``mark_step`` calls alone (the launches: graph key,
-    recipe cache, a compile's schedule on a miss)."""
+    dispatch body); with the bridge; and the bridge's ``mark_step`` calls alone (the launches:
+    graph key, recipe cache, a compile's schedule on a miss)."""
     import torch
 
     import hpu_runtime as hpu

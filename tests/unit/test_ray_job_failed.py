@@ -3,11 +3,12 @@ started with (no Ray cluster needed)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
-from launchers.ray_train import RayJobConfig, _job_failed
+from launchers.ray_train import RayJobConfig, _fit, _job_failed, _NotReturned
 from launchers.target import Target
 
 
@@ -104,10 +105,6 @@ def test_an_embedded_ray_has_the_cores_to_start_its_workers_at_once(monkeypatch)
 def test_the_drivers_backstop_names_every_rank_as_timed_out():
     """Ray Train had not returned at the driver's limit (the workers were never started, so no
     watchdog fired): the verdict is still the job's --timeout, every rank named, and says why."""
-    import threading
-
-    from launchers.ray_train import _fit, _NotReturned
-
     release = threading.Event()
 
     class NeverStarts:
