@@ -10,8 +10,13 @@ prints the rest. ``--hosts H`` splits the ranks into H emulated hosts (``HCCL_HO
 "hccl" column measures the multi-host path (the schedule executor: shared memory inside a
 host, TCP between hosts) and the MPI column is left out. ``--load N`` starts N CPU-bound
 processes beside the ranks (and stops them at the end), as a busy laptop or CI runner would
-have: every column is measured under the same load. These are *wall-clock* figures of the
-emulator's data movement on this machine, not simulated Gaudi times.
+have: every column is measured under the same load. ``--bind-to-core`` pins each rank to one
+core (rank ``r`` on the ``r``-th core this process may use, modulo their number), as ``mpirun
+--bind-to core --map-by core`` does (Intel's Gaudi examples launch their ranks bound to cores,
+``mpirun -n 8 --bind-to core --map-by socket:PE=6``: Intel Gaudi docs, PyTorch Scaling Guide,
+"mpirun Configuration"); the MPI run gets ``-bind-to core`` and the busy processes stay
+unbound. These are *wall-clock* figures of the emulator's data movement on this machine, not
+simulated Gaudi times.
 
 Reading the 1 KB row under load: a 1 KB allreduce's latency is the ranks' own CPU work (idle,
 each rank's CPU time per call equals its wall time: the process group, the checks, the timing
@@ -19,7 +24,15 @@ model and the copies, in Python), and the ranks move in lockstep. With 2 ranks a
 process on 2 cores, a fair scheduler gives each of the three processes 2/3 of a core, so the
 loaded latency cannot fall below 1.5x the idle one whatever the waits do, and where the busy
 process stays on one rank's core (which it then halves) not below 2x; the waits decide how
-far above that it lands (a rank that spins or yields spends the shared core's time).
+far above that it lands (a rank that spins or yields spends the shared core's time). Unbound, the
+scheduler tends to put both ranks on one core and leave the other to the busy process: the
+ranks then run one after the other, and each switch between them also refills the caches
+(measured on a 2-core VM, a rank's CPU time per 1 KB call: 38 us with a core each, 60 us with
+both ranks on one core, ``taskset -c 0``). ``--bind-to-core`` keeps them apart and shows what is
+left, the busy process halving one rank's core; it costs bandwidth, since a bound rank cannot
+move away from the busy process (same VM, three alternated runs each, ``--ranks 2 --load 1``:
+1 KB 127-141 us unbound, 100-108 us bound, 38 us idle; 64 MB 4.7-4.8 GB/s unbound, 1.9-3.7
+bound).
 
 Bus bandwidth follows hccl_demo/nccl-tests: ``busbw = algbw x 2(n-1)/n`` for allreduce,
 ``algbw = bytes / time``.
@@ -46,7 +59,7 @@ from tabulate import tabulate
 
 from hpu_runtime.cli_args import count, real
 
-__all__ = ["main"]
+__all__ = ["core_of", "main"]
 
 SIZES = [("1 KB", 1024), ("1 MB", 1 << 20), ("16 MB", 16 << 20), ("64 MB", 64 << 20)]
 
@@ -82,9 +95,19 @@ def _iters(nbytes: int, iters: int) -> int:
     return max(3, iters // 4)
 
 
-def _worker(rank: int, world: int, init_file: str, iters: int, queue, hosts: int = 1) -> None:
+def core_of(rank: int, allowed: set[int]) -> int:
+    """The core ``--bind-to-core`` gives ``rank``: the ``rank``-th of the ``allowed`` cores (the
+    ones this process may run on), modulo their number, as ``mpirun --bind-to core --map-by
+    core`` places ranks."""
+    cores = sorted(allowed)
+    return cores[rank % len(cores)]
+
+
+def _worker(rank: int, world: int, init_file: str, iters: int, queue, hosts: int = 1, bind: bool = False) -> None:
     import hpu_runtime
 
+    if bind:
+        os.sched_setaffinity(0, {core_of(rank, os.sched_getaffinity(0))})
     if hosts > 1:  # consecutive ranks share an emulated host; hosts talk over TCP
         os.environ["HCCL_HOST_ID"] = f"bench-host{rank * hosts // world}"
 
@@ -99,8 +122,10 @@ def _worker(rank: int, world: int, init_file: str, iters: int, queue, hosts: int
         for group in (hccl, gloo):
             row.append(_time_allreduce(t, group, _iters(nbytes, iters)))
         rows.append(row)
+    cores = [None] * world  # where each rank ran, as its own affinity says
+    dist.all_gather_object(cores, sorted(os.sched_getaffinity(0)), group=gloo)
     if rank == 0:
-        queue.put(rows)
+        queue.put((rows, cores))
     dist.destroy_process_group()
 
 
@@ -122,7 +147,7 @@ def _mpi_worker(init_file: str, out_file: str, iters: int) -> None:
     dist.destroy_process_group()
 
 
-def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None, str]:
+def _run_mpi(ranks: int, iters: int, timeout: float, bind: bool = False) -> tuple[list[float] | None, str]:
     """Seconds per allreduce of each size with ``HCCL_TRANSPORT=mpi``, or None and why not."""
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
@@ -133,8 +158,8 @@ def _run_mpi(ranks: int, iters: int, timeout: float) -> tuple[list[float] | None
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rows.json")
-        cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hccl.tools.bench_transport", "--mpi-worker",
-               os.path.join(tmp, "init"), out_file, "--iters", str(iters)]
+        cmd = [mpiexec, *(("-bind-to", "core") if bind else ()), "-n", str(ranks), sys.executable, "-m",
+               "hccl.tools.bench_transport", "--mpi-worker", os.path.join(tmp, "init"), out_file, "--iters", str(iters)]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
@@ -172,6 +197,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--torch-threads", type=count(0, 1024, "threads"), default=1,
                    help="torch intra-op threads per rank (OMP_NUM_THREADS): 1 (default), as torchrun sets; "
                         "0 leaves torch's default of one per core, as mpirun and a plain launch do")
+    p.add_argument("--bind-to-core", action="store_true",
+                   help="pin each rank to one core (rank r on the r-th usable core), as mpirun --bind-to core does; "
+                        "the busy processes of --load stay unbound")
     p.add_argument("--mpi-worker", nargs=2, metavar=("INIT_FILE", "OUT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.mpi_worker:
@@ -196,7 +224,9 @@ def _bench(args: argparse.Namespace) -> list[dict]:
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=_worker, args=(r, args.ranks, init_file, args.iters, queue, args.hosts)) for r in range(args.ranks)]
+        procs = [ctx.Process(target=_worker, args=(r, args.ranks, init_file, args.iters, queue, args.hosts,
+                                                   args.bind_to_core))
+                 for r in range(args.ranks)]
         for pr in procs:
             pr.start()
         deadline = time.monotonic() + args.timeout
@@ -207,18 +237,19 @@ def _bench(args: argparse.Namespace) -> list[dict]:
             pr.kill()
         if alive or any(pr.exitcode for pr in procs) or queue.empty():
             raise SystemExit(f"benchmark failed: exit codes {[pr.exitcode for pr in procs]}")
-        rows = queue.get()
+        rows, cores = queue.get()
     if args.hosts > 1:
         mpi_times, why = None, f"not measured with --hosts {args.hosts} (the MPI transport has no emulated hosts)"
     else:
-        mpi_times, why = _run_mpi(args.ranks, args.iters, args.timeout)
+        mpi_times, why = _run_mpi(args.ranks, args.iters, args.timeout, args.bind_to_core)
     n = args.ranks
     factor = 2 * (n - 1) / n
     out = []
     where = f"in {args.hosts} emulated hosts" if args.hosts > 1 else "on this host"
     beside = f", {args.load} busy process(es) beside them" if args.load else ""
     threads = f"{args.torch_threads} torch thread(s)" if args.torch_threads else "torch's default threads"
-    print(f"allreduce, {n} ranks {where}{beside}, {os.cpu_count()} cores, {threads} per rank,"
+    bound = f", bound to cores {[c[0] if len(c) == 1 else c for c in cores]}" if args.bind_to_core else ""
+    print(f"allreduce, {n} ranks {where}{bound}{beside}, {os.cpu_count()} cores, {threads} per rank,"
           " wall-clock (not simulated) figures")
     if mpi_times is None:
         print(f"hccl (MPI transport): {why}")

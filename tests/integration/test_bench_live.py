@@ -1,6 +1,7 @@
 """``python -m hccl.tools.bench --live``: real ranks report the planner's simulated figures plus wall time."""
 
 import csv
+import os
 import re
 import shutil
 import sys
@@ -78,11 +79,17 @@ def test_bench_transport_prints_every_backend_and_size():
 @pytest.mark.timeout(180)
 def test_bench_transport_measures_the_multi_host_path():
     """``--hosts 2``: the hccl column is the two-host path (TCP between hosts), MPI is left out
-    with a reason; a --hosts that does not divide --ranks is refused."""
-    cmd = [sys.executable, "-m", "hccl.tools.bench_transport", "--ranks", "2", "--hosts", "2", "--iters", "1"]
+    with a reason; a --hosts that does not divide --ranks is refused. With ``--bind-to-core``
+    each rank runs on its own core of those this process may use (its affinity, as the rank
+    itself reports it)."""
+    cmd = [sys.executable, "-m", "hccl.tools.bench_transport", "--ranks", "2", "--hosts", "2", "--iters", "1",
+           "--bind-to-core"]
     proc = run_cmd(cmd, timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 ranks in 2 emulated hosts" in proc.stdout and "hccl (hosts)" in proc.stdout, proc.stdout
+    allowed = sorted(os.sched_getaffinity(0))
+    expected = [allowed[0], allowed[1 % len(allowed)]]
+    assert f"2 ranks in 2 emulated hosts, bound to cores {expected}" in proc.stdout, proc.stdout
+    assert "hccl (hosts)" in proc.stdout, proc.stdout
     assert "not measured with --hosts 2" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("|") and "B |" in line]
     assert len(rows) == 4 and all(float(r.split("|")[2].split()[0]) > 0 for r in rows), proc.stdout
