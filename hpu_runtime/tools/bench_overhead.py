@@ -13,8 +13,10 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 plain step under a dispatch mode that does nothing (torch's own cost of a Python mode, which
 any bridge built on one pays per aten op), the bridge's step with its per-op accounting off
 (the HBM check and the op record: what is left is this bridge's floor, its mode and dispatch
-body), the bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest
-is the bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
+body), the bridge's step without the HBM check before each op (the op record alone: the gap to
+the bridge is the check), the bridge's step, and the part of it spent in ``mark_step`` (the
+launches); the rest is the bridge's per-op work (NOTE [the bridge's hot path] in
+:mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -130,14 +132,22 @@ def _noop_dispatch_mode():
     return NoopDispatchMode
 
 
+def _no_hbm_check(func, args, kwargs) -> None:
+    """The breakdown's stand-in for the device's ``check_outputs``: no check, no signature."""
+    return None
+
+
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
     """Median wall seconds per step: plain; the same step on ``hpu`` tensors with the bridge off
     (the C++ device type alone, backward on the calling thread as the bridge runs it: the floor
     of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
     (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
     off (the device's own ``uncharged()`` switch: the floor of this bridge's Python mode and
-    dispatch body); with the bridge; and the bridge's ``mark_step`` calls alone (the launches:
-    graph key, recipe cache, a compile's schedule on a miss)."""
+    dispatch body); with the bridge but no HBM check before each op (the device's
+    ``check_outputs`` answering "not computed", so the op record computes the op's signature
+    itself: the difference to the bridge is the check alone); with the bridge; and the bridge's
+    ``mark_step`` calls alone (the launches: graph key, recipe cache, a compile's schedule on a
+    miss)."""
     import torch
 
     import hpu_runtime as hpu
@@ -151,7 +161,8 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
         hpu.activate()
     mode = _noop_dispatch_mode()
     times: dict[str, list[float]] = {"plain": [], "hpu tensors, no bridge": [], "no-op dispatch mode": [],
-                                     "bridge, no accounting": [], "bridge": [], "bridge: mark_step": []}
+                                     "bridge, no accounting": [], "bridge, no HBM check": [], "bridge": [],
+                                     "bridge: mark_step": []}
     launch = hpu.mark_step
     spent = [0.0]
 
@@ -178,6 +189,13 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
             hpu.activate()
         with get_device().uncharged():  # no HBM check, no op record: the mode and dispatch body remain
             times["bridge, no accounting"].append(_time(bridge_step, steps, bridge=True))
+        device = get_device()
+        check = device.check_outputs
+        device.check_outputs = _no_hbm_check
+        try:
+            times["bridge, no HBM check"].append(_time(bridge_step, steps, bridge=True))
+        finally:
+            device.check_outputs = check
         hpu.mark_step = timed_mark_step
         try:
             spent[0] = 0.0
@@ -196,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the step on hpu tensors with the bridge off (the C++ device type alone), the plain"
-                        " step under a no-op dispatch mode (the floor of any Python-mode bridge) and the bridge's"
-                        " mark_step calls")
+                        " step under a no-op dispatch mode (the floor of any Python-mode bridge), the bridge without its"
+                        " accounting and without its HBM check, and the bridge's mark_step calls")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
