@@ -39,6 +39,20 @@ per step. In the key such an argument is :data:`SCALAR_INPUT`, in lazy mode
 (:class:`~hpu_runtime.bridge.op_accounting.OpAccounting`); the launcher charges the batch
 (:class:`~hpu_runtime.bridge.launcher.Launcher`).
 
+The eager bridge does the same for wrapped numbers only: before an eager op runs,
+``convert_cpu_wrapped_numbers`` (``habana_eager/eager_exec.cpp``) swaps each CPU wrapped number
+for the scalar cache's device tensor and copies the new ones to the device, while a
+Scalar-typed argument (``add``'s ``alpha``, ``lerp_``'s ``weight``) is hashed with its value into
+the op's recipe key (``EagerExec::calculate_operator_key``; the few ops whose parameters are
+patched at launch, ``NodeParamAgnosticOpList`` in ``backend/jit_graph_cache.h``, are shape and
+view ops, none of an optimizer's). So in eager mode, outside compiled regions, torch's Adam
+divides by its bias correction (a wrapped number reaching ``div``) with one recipe, each launch
+with a new value copying it, as the Theory of Operations says of training ("the graph
+compilation is only required for the initial iteration"); its step size reaches ``addcdiv_``
+as the Scalar ``value`` and so compiles a recipe per new value, as the eager bridge keys it.
+Inside a compiled region the FX graph's constants are its own (dynamo recompiles the graph
+when one changes).
+
 View ops are part of the key (``steps[i]`` is ``aten.select.int(steps, 0, i)``) but cost no
 device time. Ops with a data-dependent output shape (``nonzero``, ``masked_select``) add
 their output shapes. Keys are hashable tuples for the in-memory cache; :func:`graph_digest`

@@ -121,6 +121,10 @@ class OpFacts:
     scalar_inputs: tuple
     """``(position, name, unit_is_constant)`` of every argument where a Python number is a
     graph input, not a constant (NOTE [scalars as graph inputs]); empty for most ops."""
+    wrapped_inputs: tuple
+    """The entries of :attr:`scalar_inputs` that are wrapped numbers (a Python number where the
+    op takes a tensor): the only ones the eager bridge makes device tensors (NOTE [scalars as
+    graph inputs])."""
 
 
 _SCALARS_AS_INPUTS: dict[str, tuple[tuple[str, bool], ...]] = {
@@ -137,11 +141,12 @@ stays a constant (the bridge adds no tensor for it)."""
 _NUMBERS = (int, float, bool)
 
 
-def _scalar_inputs(func) -> tuple:
-    """The :attr:`OpFacts.scalar_inputs` of an op overload, from its schema."""
+def _scalar_inputs(func, wrapped_only: bool = False) -> tuple:
+    """The :attr:`OpFacts.scalar_inputs` of an op overload, from its schema (``wrapped_only``:
+    its :attr:`OpFacts.wrapped_inputs`)."""
     schema = func._schema
     name = schema.name.split("::", 1)[-1] + (f".{schema.overload_name}" if schema.overload_name else "")
-    named = dict(_SCALARS_AS_INPUTS.get(name, ()))
+    named = {} if wrapped_only else dict(_SCALARS_AS_INPUTS.get(name, ()))
     out = []
     for i, a in enumerate(schema.arguments):
         t = a.type
@@ -168,7 +173,8 @@ def op_facts(func) -> OpFacts:
             func=func, name=str(func), ignored=func.namespace in _NOT_DEVICE_WORK, view=view,
             allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
             pointwise=torch.Tag.pointwise in func.tags, keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
-            saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)), scalar_inputs=_scalar_inputs(func))
+            saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)), scalar_inputs=_scalar_inputs(func),
+            wrapped_inputs=_scalar_inputs(func, wrapped_only=True))
     return facts
 
 
@@ -328,8 +334,10 @@ class OpAccounting:
         if sig is None:
             sig = op_signature(args, kwargs)
         scalars = ()
-        if facts.scalar_inputs and self.launcher.lazy:
-            sig, scalars = self._scalars_as_inputs(facts.scalar_inputs, sig, args, kwargs)
+        launcher = self.launcher
+        inputs = facts.scalar_inputs if launcher.lazy else facts.wrapped_inputs if launcher.region is None else ()
+        if inputs:  # NOTE [scalars as graph inputs]: lazy mode, and eager ops outside compiled regions
+            sig, scalars = self._scalars_as_inputs(inputs, sig, args, kwargs)
         low = self.fp32_as_bf16 and not facts.keeps_fp32
         mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
         info = self._memo.get(mk)
@@ -395,7 +403,6 @@ class OpAccounting:
             if low and info.cost.engine == "MME":
                 self._charge_weight_casts(args)
             saves = _saved_arguments(facts.saves[0], tensors, serials) if rg else ()
-            launcher = self.launcher
             if launcher.capture is not None:
                 launcher.capture.append((func, args, kwargs, out, allocates))
             launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes), saves))

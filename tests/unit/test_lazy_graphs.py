@@ -177,6 +177,36 @@ def test_eager_mode_launches_op_by_op(monkeypatch):
         hpu.reset_device()
 
 
+def test_eager_ops_take_wrapped_numbers_as_inputs_and_hash_scalar_arguments(monkeypatch):
+    """Eager mode keys an op as Habana's eager bridge does (``habana_eager/eager_exec.cpp``): a
+    Python number where the op takes a tensor (``x / c``: a wrapped number) becomes a device
+    tensor, so five new values compile one recipe and each pays one 4-byte host->device copy;
+    a Scalar-typed argument (``add``'s ``alpha``) is part of the key, so five values compile
+    five recipes and copy nothing."""
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    d = hpu.reset_device("gaudi2")
+    try:
+        x = torch.ones(8, device="hpu")
+        y = torch.ones(8, device="hpu")
+        spec = d.spec
+        copy = spec.h2d_copy_ns + int(4 / spec.pcie_bytes_per_s * 1e9)
+        compiles, host = _compiles(), d.host_ns
+        for k in range(5):
+            z = x / 2.0 ** (k + 1)
+        assert _compiles() - compiles == 1
+        compile_one = spec.compile_base_ns + spec.compile_per_op_ns
+        assert d.host_ns - host == compile_one + 5 * (copy + d.launcher._eager_ns)
+        assert z.tolist() == [1 / 32] * 8
+        compiles = _compiles()
+        for k in range(5):
+            z = torch.add(x, y, alpha=2.0 + k)
+        assert _compiles() - compiles == 5
+        assert z.tolist() == [7.0] * 8
+    finally:
+        monkeypatch.delenv("PT_HPU_LAZY_MODE")
+        hpu.reset_device()
+
+
 @pytest.mark.parametrize("read", ["item", "cpu", "tolist", "print"])
 def test_host_reads_launch_and_wait(dev, read, capsys):
     x = torch.ones(4, device="hpu")
