@@ -43,9 +43,10 @@ The eager bridge does the same for wrapped numbers only: before an eager op runs
 ``convert_cpu_wrapped_numbers`` (``habana_eager/eager_exec.cpp``) swaps each CPU wrapped number
 for the scalar cache's device tensor and copies the new ones to the device, while a
 Scalar-typed argument (``add``'s ``alpha``, ``lerp_``'s ``weight``) is hashed with its value into
-the op's recipe key (``EagerExec::calculate_operator_key``; the few ops whose parameters are
-patched at launch, ``NodeParamAgnosticOpList`` in ``backend/jit_graph_cache.h``, are shape and
-view ops, none of an optimizer's). So in eager mode, outside compiled regions, torch's Adam
+the op's recipe key (``EagerExec::calculate_operator_key``; the short list of ops whose
+parameters are patched at launch instead, ``NodeParamAgnosticOpList`` in
+``backend/jit_graph_cache.h``: ``fill_``, ``masked_fill_``, ``cat``, ``sort``, ``topk``,
+``arange``, resizes, upsampling and strided views, has none of an optimizer's). So in eager mode, outside compiled regions, torch's Adam
 divides by its bias correction (a wrapped number reaching ``div``) with one recipe, each launch
 with a new value copying it, as the Theory of Operations says of training ("the graph
 compilation is only required for the initial iteration"); its step size reaches ``addcdiv_``
