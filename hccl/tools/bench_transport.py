@@ -27,8 +27,8 @@ process stays on one rank's core (which it then halves) not below 2x; the waits 
 far above that it lands (a rank that spins or yields spends the shared core's time). Unbound, the
 scheduler tends to put both ranks on one core and leave the other to the busy process: the
 ranks then run one after the other, and each switch between them also refills the caches
-(measured on a 2-core VM, a rank's CPU time per 1 KB call: 38 us with a core each, 60 us with
-both ranks on one core, ``taskset -c 0``). ``--bind-to-core`` keeps them apart and shows what is
+(measured on a 2-core VM, a rank's CPU time per 1 KB call: 38 us with a core each, 60-70 us
+with both ranks on one core, ``taskset -c 0``). ``--bind-to-core`` keeps them apart and shows what is
 left, the busy process halving one rank's core; it costs bandwidth, since a bound rank cannot
 move away from the busy process (same VM, three alternated runs each, ``--ranks 2 --load 1``:
 1 KB 127-141 us unbound, 100-108 us bound, 38 us idle; 64 MB 4.7-4.8 GB/s unbound, 1.9-3.7
@@ -122,8 +122,10 @@ def _worker(rank: int, world: int, init_file: str, iters: int, queue, hosts: int
         for group in (hccl, gloo):
             row.append(_time_allreduce(t, group, _iters(nbytes, iters)))
         rows.append(row)
-    cores = [None] * world  # where each rank ran, as its own affinity says
-    dist.all_gather_object(cores, sorted(os.sched_getaffinity(0)), group=gloo)
+    cores = None
+    if bind:  # where each rank ran, as its own affinity says
+        cores = [None] * world
+        dist.all_gather_object(cores, sorted(os.sched_getaffinity(0)), group=gloo)
     if rank == 0:
         queue.put((rows, cores))
     dist.destroy_process_group()

@@ -51,8 +51,8 @@ with that accounting switched off (its mode and this dispatch body alone, the br
 of plain PyTorch needs the per-op accounting in the C++ kernel, not in a Python mode. Of the
 accounting, the HBM check before each op is the small part (the breakdown's "bridge, no HBM
 check": 4.21x against the bridge's 4.43x, about 0.7 us per op) and the op record the large one
-(1.55x of plain, about 4.6 us per op: storages read and written, their serials, the record). The C++
-device type alone (the same step on hpu tensors with the bridge off, the breakdown's "hpu
+(1.55x of plain, about 4.6 us per op: storages read and written, their serials, the record).
+The C++ device type alone (the same step on hpu tensors with the bridge off, the breakdown's "hpu
 tensors, no bridge") is 1.16-1.34x plain on the digits MLP here, against 2.4-3.3x for a
 no-op Python mode: that is the floor such a kernel would start from, leaving about 4 us per
 op (the step dispatches 109 aten ops) for recording each op and for pricing the graph at

@@ -46,13 +46,13 @@ Scalar-typed argument (``add``'s ``alpha``, ``lerp_``'s ``weight``) is hashed wi
 the op's recipe key (``EagerExec::calculate_operator_key``; the short list of ops whose
 parameters are patched at launch instead, ``NodeParamAgnosticOpList`` in
 ``backend/jit_graph_cache.h``: ``fill_``, ``masked_fill_``, ``cat``, ``sort``, ``topk``,
-``arange``, resizes, upsampling and strided views, has none of an optimizer's). So in eager mode, outside compiled regions, torch's Adam
-divides by its bias correction (a wrapped number reaching ``div``) with one recipe, each launch
-with a new value copying it, as the Theory of Operations says of training ("the graph
-compilation is only required for the initial iteration"); its step size reaches ``addcdiv_``
-as the Scalar ``value`` and so compiles a recipe per new value, as the eager bridge keys it.
-Inside a compiled region the FX graph's constants are its own (dynamo recompiles the graph
-when one changes).
+``arange``, resizes, upsampling and strided views, has none of an optimizer's). So in eager
+mode, outside compiled regions, torch's Adam divides by its bias correction (a wrapped number
+reaching ``div``) with one recipe, each launch with a new value copying it, as the Theory of
+Operations says of training ("the graph compilation is only required for the initial
+iteration"); its step size reaches ``addcdiv_`` as the Scalar ``value`` and so compiles a
+recipe per new value, as the eager bridge keys it. Inside a compiled region the FX graph's
+constants are its own (dynamo recompiles the graph when one changes).
 
 View ops are part of the key (``steps[i]`` is ``aten.select.int(steps, 0, i)``) but cost no
 device time. Ops with a data-dependent output shape (``nonzero``, ``masked_select``) add

@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=count(1, 1 << 16), nargs="+", default=[128, 2048])
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the step on hpu tensors with the bridge off (the C++ device type alone), the plain"
-                        " step under a no-op dispatch mode (the floor of any Python-mode bridge), the bridge without its"
-                        " accounting and without its HBM check, and the bridge's mark_step calls")
+                        " step under a no-op dispatch mode (the floor of any Python-mode bridge), the bridge without"
+                        " its accounting and without its HBM check, and the bridge's mark_step calls")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
