@@ -9,7 +9,7 @@ import (checked by ``tests/unit/test_layering.py``), plus the tools above them:
 
 * ``device/``: the device model (spec, cost model, streams and timeline, HBM, residency,
   lazy-graph records, the card's clocks); pure, deterministic;
-* ``bridge/``: PyTorch ops in, graphs out (dispatch modes, :class:`SimDevice`, graph keys,
+* ``bridge/``: PyTorch ops in, graphs out (the kernel's hooks, :class:`SimDevice`, graph keys,
   recipe cache, CPU fallback, HPU graphs, compile backend, autocast, configuration);
 * ``api/``: what scripts call (``torch.hpu``-like names, metrics, traces, ``hpex``, the
   ``habana_frameworks`` and ``habana_dataloader`` folders);

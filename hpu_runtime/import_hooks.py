@@ -52,7 +52,7 @@ NOTE [the card on first use]
 Since Intel Gaudi software 1.18, ``import torch`` loads ``habana_frameworks.torch`` through
 torch's ``torch.backends`` entry points (Intel's "Intel Gaudi PyTorch Python API" page, "PyTorch
 Autoloading"), so a script may use ``.to("hpu")`` without importing anything of Gaudi's. Loading
-the emulator at every ``import torch`` would put its bridge (a dispatch mode on every aten op)
+the emulator at every ``import torch`` would put its bridge (hooks around every aten op)
 into every torch process of the environment, Gaudi script or not. It loads on first use
 instead: the first time a tensor is created on or moved to ``hpu``, torch initialises the device
 by importing ``torch.hpu``; while nothing has registered that module, this finder answers it by

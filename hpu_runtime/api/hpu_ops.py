@@ -2,10 +2,11 @@
 
 On a Gaudi, ``import habana_frameworks.torch`` loads the bridge's library, which defines
 custom ops in the ``hpu`` namespace that Intel's ``hpex.kernels`` classes and optimum-habana
-call directly. Here each is a :func:`torch.library.custom_op` of the same name: the bridge's
-dispatch mode sees **one** op per call (one host-side op cost, one graph-key entry, one
-roofline over the bytes it reads and writes; the ops with a FLOP formula below run on the
-MME), and the implementation inside computes the unfused PyTorch reference on the host, so
+call directly. Here each is a :func:`torch.library.custom_op` of the same name, whose hpu
+kernel the bridge charges as **one** op per call
+(:func:`~hpu_runtime.bridge.dispatch.charged_as_one_op`: one host-side op cost, one
+graph-key entry, one roofline over the bytes it reads and writes; the ops with a FLOP formula
+below run on the MME), and the implementation inside computes the unfused PyTorch reference on the host, so
 numerics are those of the reference. Backward passes are their own single ops
 (``*_backward``), with explicit gradient formulas. Under ``torch.compile`` and
 ``FakeTensorMode`` each op is one node (fake implementations give the shapes).
@@ -408,6 +409,13 @@ def register() -> None:
         return x if scale is None else (x * scale).to(out_dtype)
 
     cast_from_fp8.register_fake(lambda x, s, out_dtype: x.new_empty(x.shape, dtype=out_dtype))
+
+    from ..bridge.dispatch import charged_as_one_op
+
+    for op in (rotary_pos_embedding, rotary_pos_embedding_backward, fused_sdpa_fwd, fused_sdpa_bwd, fused_rms_norm,
+               fused_rms_norm_backward, softmax_fp8, mixture_of_experts, ctc_loss_custom, ctc_loss_custom_backward,
+               cast_to_fp8_v2, cast_from_fp8):  # one kernel each on the device, its body unseen by the bridge
+        op.register_kernel("hpu", charged_as_one_op(op._opoverload, op._init_fn))
 
     global _library
     fragment = _library = torch.library.Library(lib, "FRAGMENT")  # kept alive: the definitions live with it

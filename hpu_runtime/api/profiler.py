@@ -47,8 +47,10 @@ from the exported trace every Python frame (``with_stack=True``) of the emulator
 (``hpu_runtime``, ``hccl``; the ``habana_frameworks`` API a script calls stays) and the frames
 of libraries they call (torch, the standard library, installed packages), up to the next frame
 of the user's code (the script's own files, ``nn.Module`` calls): the module calls of a model
-an HPU-graph wrapper runs while it captures stay, under the nearest frame kept. ``PythonDispatchMode`` events (torch's, on entering the bridge's dispatch
-mode) go from the trace and from ``key_averages()``; the user's op keeps its time.
+an HPU-graph wrapper runs while it captures stay, under the nearest frame kept.
+``PythonDispatchMode`` events (torch's, on entering a dispatch mode, which the bridge was until
+it moved into the hpu kernel) go from the trace and from ``key_averages()``; the user's op
+keeps its time.
 
 NOTE [collective names for Holistic Trace Analysis]
 HTA recognises communication kernels by name only (``^nccl.*Kernel``) and treats every
@@ -184,7 +186,8 @@ _FRAME = re.compile(r"^(.*)\((\d+)\): ")
 _MODULE_CALLS = (": _call_impl", ": _wrapped_call_impl")
 _BRIDGE_INDUCED = {"torch/_library/simple_registry.py"}
 """torch's Python it runs only because a dispatch mode is on (its per-op lookup of a mode's
-dispatch rules): the bridge's, on a Gaudi there is none."""
+dispatch rules): on a Gaudi there is none, nor is the bridge one now (NOTE [the bridge in the
+kernel] in :mod:`hpu_runtime.bridge.dispatch`)."""
 _DISPATCH_EVENT = "PythonDispatchMode"
 
 

@@ -2,7 +2,8 @@
 
 Named after Intel's PyTorch bridge, which does the same on a real Gaudi. Owns:
 
-* ``dispatch``: the dispatch modes that see every aten op and map ``"hpu"`` to the CPU;
+* ``dispatch``: the hooks the hpu kernel calls around every aten op on hpu tensors (and the
+  tracer's dispatch mode over fake tensors);
 * ``sim_device``: :class:`SimDevice`, the facade of one simulated card as the bridge drives
   it, composed of ``op_accounting`` (an aten call -> an op record, CPU fallback, fused
   kernels, emulated autocast casts), ``launcher`` (the pending graph, its launch through

@@ -22,8 +22,11 @@ collective issued inside a region (compiled autograd's, see
 :mod:`habana_frameworks.torch.dynamo.compile_backend.experimental`) launches the ops
 before it, as any collective launches the graph producing its input.
 
-Dynamo traces with the bridge's dispatch mode switched off (the mode declares
-``ignore_compile_internals``) and runs the compiled artifact with it on.
+Dynamo traces on fake tensors, which never reach the hpu kernel and its hooks, so compiling
+charges nothing; the compiled artifact's real ops go through the kernel and are charged
+(NOTE [the bridge in the kernel] in :mod:`hpu_runtime.bridge.dispatch`). The tracer's dispatch
+mode over fake tensors declares ``ignore_compile_internals``, so dynamo compiles with it on
+the stack.
 
 ``torch.compile``'s default backend, inductor, has no hpu code generator: Intel's PyTorch
 support matrix lists ``torch.compile(backend="inductor")`` as unsupported on Gaudi and says the

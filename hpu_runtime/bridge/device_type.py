@@ -23,12 +23,16 @@ device type, what the CPU wheel lacks:
 * a DeviceGuardImpl (one card, ``hpu:0``; streams are ids, events no-ops) and the
   accelerator hooks (``at::HPUHooksInterface``: ``torch.accelerator`` is hpu, pinned memory
   is host memory, the CPU generator is the card's), which autograd and torch.distributed need;
+* the bridge's hooks around each of those ops, and around the host's ``_to_copy`` to ``hpu``
+  (NOTE [the bridge in the kernel] in :mod:`hpu_runtime.bridge.dispatch`), with the C switches
+  the bridge sets them through (``ctypes``);
 * ``torch.ops.hpu_sim.cpu_view``: the zero-copy CPU view, for hccl's transport (:func:`cpu_view`);
 * DDP's timer for the device type (``c10d::TimerRegistry``, host timestamps, as Habana's hccl
   library registers one for ``kHPU``): DDP's runtime stats in ``_get_ddp_logging_data()``, and
   no "Time stats are currently only collected for CPU and CUDA devices" warning per rank.
 
-The bridge's Python dispatch mode stays the only Python step per op; the C++ hop adds
+The bridge's hooks, which this kernel calls (NOTE [the bridge in the kernel] in
+:mod:`hpu_runtime.bridge.dispatch`), are the only Python step per op; the C++ hop adds
 0.3-0.5 us per op (``python -m hpu_runtime.tools.bench_device_type``). Rejected (measured
 there): a Python wrapper subclass (twice the bridge's whole per-op cost), and a Python
 ``Tensor.device`` that says hpu over CPU tensors (DTensor and C++ code would still see CPU).

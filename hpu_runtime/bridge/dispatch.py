@@ -1,23 +1,24 @@
-"""The lazy-mode bridge: sees every aten op of the process and charges it to the simulated Gaudi.
+"""The lazy-mode bridge: sees every aten op on the simulated Gaudi and charges it.
 
 NOTE [the bridge over hpu tensors]
 Tensors on the simulated card are tensors of torch's ``hpu`` device type over CPU storage
 (NOTE [a device type for the simulated Gaudi] in :mod:`hpu_runtime.bridge.device_type`):
-numerics are real. One thread-local mode, pushed once by :func:`activate` on the thread that
-imports ``hpu_runtime`` (the training thread), and one wrapper:
+numerics are real. The bridge is two hooks the hpu kernel calls around every aten op on hpu
+tensors (NOTE [the bridge in the kernel]), on the thread where :func:`activate` switched them
+on (the thread that imports ``hpu_runtime``: the training thread), and one wrapper:
 
-* :class:`HpuDispatchMode` (``TorchDispatchMode``) hands every aten op to
-  :meth:`SimDevice.record`, which charges the ops that read or write hpu tensors and leaves
-  host work (ops on CPU tensors only) alone. A factory with ``device="hpu"`` is checked
-  against the simulated HBM first (so an oversized tensor raises
-  :class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` before the host allocates anything).
+* :func:`_before` checks the op's outputs against the simulated HBM (so an oversized tensor
+  raises :class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` before the host allocates
+  anything; a factory with ``device="hpu"`` by its size) and :func:`_after` hands the op to
+  :meth:`SimDevice.record`, which charges the ops that read or write hpu tensors.
   Copies between host and device are transfers, not device ops: ``.to("hpu")`` of a CPU
   tensor (``_to_copy``) and ``copy_`` into an hpu tensor from a CPU one are a host->device
   PCIe copy; ``.cpu()``, ``.to("cpu")``, ``.tolist()`` (``_to_copy`` to the CPU), ``copy_``
   from an hpu tensor into a CPU one and ``.item()`` (``_local_scalar_dense``) are host reads:
   a lazy-mode launch point, a host wait and a device->host copy.
-  ``torch.tensor(data, device="hpu")`` and friends build the tensor with the Python key
-  excluded and then ``lift_fresh`` it: the lift is charged as a host->device copy.
+  ``torch.tensor(data, device="hpu")`` and friends build the tensor unseen (torch excludes the
+  Python dispatch key while it builds, and the hooks stay off there) and then ``lift_fresh``
+  it: the lift is charged as a host->device copy.
 * Printing an hpu tensor (``Tensor.__repr__``, which ``print``, ``str`` and ``format`` of a
   tensor with dimensions reach) is a host read, then formatting that is not device work:
   :func:`activate` wraps ``torch.Tensor.__repr__`` once per process, and the wrapper does
@@ -27,37 +28,65 @@ imports ``hpu_runtime`` (the training thread), and one wrapper:
 
 There is no torch-function mode: one that passes every call on costs about 1.3 us per
 Python-level torch call here (the digits MLP's step makes 122 of them: 0.155 ms, half the
-plain step), and the bridge needed one only for the five host reads above, which the dispatch
-mode already sees, and for printing, which the ``__repr__`` wrapper handles at no cost per
-call.
+plain step), and the bridge needed one only for the five host reads above, which the hooks
+already see, and for printing, which the ``__repr__`` wrapper handles at no cost per call.
 
-The dispatch mode sets ``ignore_compile_internals``: ``torch.compile`` traces without it and
-runs the compiled artifact under it (see :mod:`hpu_runtime.bridge.compile_backend`).
+NOTE [the bridge in the kernel]
+The bridge was a Python ``TorchDispatchMode`` until November 2026: every aten op of the
+thread then made torch's trip from C++ into Python and back (the mode's dispatch-rule lookup,
+the mode stack, the op's re-entry through ``OpOverload.__call__``), 2.1x plain PyTorch on the
+digits MLP for a mode that does nothing. Now the hpu kernel (``bridge/csrc/hpu_device.cpp``)
+calls the bridge itself, ``_before(func, args, kwargs)`` before it runs the op's CPU kernel
+and ``_after(func, args, kwargs, out, token)`` after, with the op overload and the arguments
+as a dispatch mode gets them (positional ones up to the last that differs from its default,
+keyword-only ones by name, dtypes as ``torch.dtype``). What reaches the hooks:
+
+* every aten op with an hpu tensor argument or ``device="hpu"``: the kernel is registered for
+  each aten op with a CPU or composite-explicit kernel, so a composite op is one op, as a
+  mode saw it; composite-implicit ops decompose above autograd, in both;
+* ``.to("hpu")`` of a host tensor: the host tensor picks the host's ``_to_copy``, which the
+  library wraps for ``device="hpu"``, one transfer (its ``empty`` and ``copy_`` unseen);
+* Python kernels for hpu tensors (the ``torch.ops.hpu`` custom ops, SyncBatchNorm's kernels),
+  through :func:`charged_as_one_op`: one op per call, their bodies unseen, as a mode saw them.
+
+The hooks are off on other threads, inside themselves and inside the op they wrap (its
+kernel's own ops), and wherever torch excludes the Python dispatch key (:func:`bridge_disabled`,
+``torch.tensor(..., device="hpu")``). A view's output is passed as ``None``: its record
+needs only its arguments, and a Python object made for it would break torch's
+``Parameter(...)`` and ``as_subclass``, which detach or alias a tensor with dispatch modes
+stashed and then give the result its first Python object. With no mode on, torch takes the
+paths it takes on a Gaudi, where no mode is on either: ``reshape`` of a strided tensor that a
+view can express is ``_reshape_alias`` (a mode made it ``view``), autograd adds gradients in place,
+``scaled_dot_product_attention`` asks ``_fused_sdp_choice`` (host work, not charged). The
+tracer runs its step on fake tensors, which no kernel sees: there the same hooks run from
+:class:`HpuDispatchMode` (``activate(fake=True)``), and a planned step equals a live one to
+the ns (``tests/integration/test_live_vs_planned.py``). ``torch.compile`` traces with fake
+tensors too, so nothing is charged while it compiles, and its compiled graphs run through
+the kernel like any op (NOTE [compiled regions] in :mod:`hpu_runtime.bridge.compile_backend`).
 
 NOTE [the bridge's hot path]
-Every aten op of the process pays, on top of its own kernel: the dispatch mode's trip from
-C++ into Python and back (torch's, about 3.5 us here, out of our hands: a dispatch mode that
-only passes each op on makes the digits MLP's step 2.1x plain PyTorch), and
-:meth:`HpuDispatchMode._dispatch` with :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`
-(graph-key entry, memoized cost, storages read and written, one op record). The dispatch
-body runs with torch-function handling off: it reads tensor attributes (``shape``,
-``dtype``, ``untyped_storage()``...) several times per op, and a tensor subclass's (or a
-user's) ``__torch_function__`` would otherwise see each read (about 2 us each, for reads
-that otherwise cost 0.1 us). ``python -m
+Every aten op on hpu tensors pays, on top of its own kernel: the hooks' two calls from C++
+with its arguments as Python objects (about 0.8 us here: with hooks that return at once, a
+throwaway variant, the digits MLP's step was 1.38-1.41x plain PyTorch, against 1.17x with the
+bridge off), the hooks' own body (the transfer and factory checks), and the accounting: the HBM
+check (:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`) and
+:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record` (graph-key entry, memoized
+cost, storages read and written, one op record). The kernel runs the hooks with
+torch-function handling off (set in C++, at no cost; the Python context manager cost about
+0.15x plain on the digits MLP): they read tensor attributes (``shape``, ``dtype``,
+``untyped_storage()``...) several times per op, and a tensor subclass's (or a user's)
+``__torch_function__`` would otherwise see each read (about 2 us each, for reads that
+otherwise cost 0.1 us). ``python -m
 hpu_runtime.tools.bench_overhead --breakdown`` measures the whole and its parts (wall-clock,
-against plain PyTorch); the bridge's own work is about 5-10 us per op, and the same bridge
-with that accounting switched off (its mode and this dispatch body alone, the breakdown's
-"bridge, no accounting") is already 2.4-2.6x plain on the digits MLP, so a bridge within 2x
-of plain PyTorch needs the per-op accounting in the C++ kernel, not in a Python mode. Of the
-accounting, the HBM check before each op is the small part (the breakdown's "bridge, no HBM
-check": 4.21x against the bridge's 4.43x, about 0.7 us per op) and the op record the large one
-(1.55x of plain, about 4.6 us per op: storages read and written, their serials, the record).
-The C++ device type alone (the same step on hpu tensors with the bridge off, the breakdown's "hpu
-tensors, no bridge") is 1.16-1.34x plain on the digits MLP here, against 2.4-3.3x for a
-no-op Python mode: that is the floor such a kernel would start from, leaving about 4 us per
-op (the step dispatches 109 aten ops) for recording each op and for pricing the graph at
-``mark_step``, which then could not be a Python loop over the ops on every launch (about 5-8
-us per op today): it would have to reuse a recipe's accounting, as the real bridge reuses a
+against plain PyTorch): the bridge with its accounting switched off (the breakdown's "bridge,
+no accounting": the kernel's hooks and their body) is 1.8x plain, the whole bridge 3.3-3.4x
+(4.4-4.5x as a dispatch mode);
+the accounting is the rest, about 5 us per op (the step dispatches 109 aten ops): the HBM check
+about 0.2x plain (the breakdown's "bridge, no HBM check": 3.15x) and the op record about 1.35x. A bridge
+within 2x of plain PyTorch needs that accounting in the C++ kernel too: a stripped Python
+record behind the same hooks (steady state only, no scalars, saves or autocast; another
+throwaway variant) still made 2.8x, so Python per op cannot fit; the graph's pricing at ``mark_step`` would then have to
+reuse a recipe's accounting rather than loop over its ops, as the real bridge reuses a
 recipe.
 
 The hccl transport runs its own tensor ops under :func:`bridge_disabled` so the bridge never
@@ -67,20 +96,20 @@ process group itself.
 NOTE [the emulator's own work is not the user's profile]
 On a Gaudi, ``torch.profiler`` records the aten ops the script dispatches (each once, at the
 dispatcher) and, with ``with_stack=True``, the script's Python; the bridge and HCCL are C++
-and record nothing of their own. Here the bridge is Python, and under a profiler each op it
-is handed would be recorded again underneath the user's: the real CPU kernel it runs (a
-second ``aten::add`` inside the first), the meta and fake-tensor ops of its accounting, the
+and record nothing of their own. Here the bridge's accounting is Python, and under a profiler
+each op would be recorded again underneath the user's: the real CPU kernel it runs (a second
+``aten::add`` inside the first), the meta and fake-tensor ops of its accounting, the
 transport's copies, each with its Python frames (a ResNet-50 step of Habana's
 Model-References ``train.py``, which profiles ``with_stack=True``: 638,000 Python events and
-158 MB of trace per rank, 97% of them the emulator's). So while a profiler is on,
-:meth:`HpuDispatchMode.__torch_dispatch__`, the collectives' own tensor ops (hccl's
-``_EmulatorOps``) and the device's ``uncharged()`` regions (an HPU graph's replay, a fused
-optimizer's body) run with torch's
-RecordFunction off on the thread (:class:`~hpu_runtime.bridge.unrecorded.unrecorded`: no
-``cpu_op`` events, nothing in ``key_averages()``), and :mod:`hpu_runtime.api.profiler` drops
-the emulator's Python frames, and the ``PythonDispatchMode`` event torch records on entering
-the mode, from what the profiler hands the user. The user's op keeps its wall-clock duration, which includes the
-bridge's host work for it, as the real bridge's host time is inside the op's event on a Gaudi.
+158 MB of trace per rank, 97% of them the emulator's). So the hpu kernel runs the op's CPU
+kernel with torch's RecordFunction off, and while a profiler is on the hooks, the
+collectives' own tensor ops (hccl's ``_EmulatorOps``) and the device's ``uncharged()``
+regions (an HPU graph's replay, a fused optimizer's body) run with it off on the thread
+(:class:`~hpu_runtime.bridge.unrecorded.unrecorded`: no ``cpu_op`` events, nothing in
+``key_averages()``), and :mod:`hpu_runtime.api.profiler` drops the emulator's Python frames
+from what the profiler hands the user. The user's op keeps its wall-clock duration, which
+includes the bridge's host work for it, as the real bridge's host time is inside the op's
+event on a Gaudi.
 """
 
 from __future__ import annotations
@@ -96,7 +125,7 @@ from .runtime import get_device
 from .unrecorded import profiler_enabled, unrecorded
 from ..device.memory import HPUOutOfMemoryError
 
-__all__ = ["HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled"]
+__all__ = ["HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled", "charged_as_one_op"]
 
 log = logging.getLogger(__name__)
 
@@ -145,59 +174,173 @@ def _factory_nbytes(args: tuple, kwargs: dict) -> int | None:
     return n * dtype.itemsize
 
 
-_NOT_A_TRANSFER = object()
+
+class _Token:
+    """What the before hook tells the after hook beside an op's signature."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
 
 
-def _to_copy(dev, func, args, kwargs):
-    """``.to(device)`` between host and device: a PCIe copy or a host read, not a device op."""
-    target, src = kwargs.get("device"), args[0]
-    if target is None or target.type == src.device.type:
-        return _NOT_A_TRANSFER
-    if target.type == "hpu":
-        dev.check_alloc(src.numel() * (kwargs.get("dtype") or src.dtype).itemsize)
-        out = func(*args, **kwargs)
-        dev.to_device(out)
-        return out
-    _read_back(src)
-    return func(*args, **kwargs)
+_DONE = _Token("nothing to record")  # a host read done before the op, or host work
+_TO_DEVICE = _Token("copied to the device")  # .to("hpu") of a host tensor, lift_fresh
+_H2D = _Token("copied into a device tensor")  # hpu.copy_(host tensor)
 
 
-def _copy(dev, func, args, kwargs):
-    """``dst.copy_(src)`` between host and device: a PCIe copy or a host read."""
-    dst, src = args[0], args[1]
-    into_device = dst.device.type == "hpu"
-    if into_device == (src.device.type == "hpu"):
-        return _NOT_A_TRANSFER
-    if not into_device:
+def _transfer(dev, func, args, kwargs):
+    """The before hook of a copy between host and device (NOTE [the bridge over hpu tensors]):
+    a token, or None when the op is device work (a copy or cast on the device)."""
+    if func is _TO_COPY:
+        target, src = kwargs.get("device"), args[0]
+        if target is None or target.type == src.device.type:
+            return None
+        if target.type == "hpu":
+            dev.check_alloc(src.numel() * (kwargs.get("dtype") or src.dtype).itemsize)
+            return _TO_DEVICE
         _read_back(src)
-        return func(*args, **kwargs)
-    out = func(*args, **kwargs)
-    dev.make_resident(dst)
-    dev.charge_h2d(src.nbytes)
-    return out
+        return _DONE
+    if func is _COPY:
+        dst, src = args[0], args[1]
+        into_device = dst.device.type == "hpu"
+        if into_device == (src.device.type == "hpu"):
+            return None
+        if not into_device:
+            _read_back(src)
+            return _DONE
+        return _H2D
+    if func is _LIFT_FRESH:
+        return _TO_DEVICE
+    _read_back(args[0], args[0].element_size())  # _local_scalar_dense: .item() and friends
+    return _DONE
 
 
-def _lift_fresh(dev, func, args, kwargs):
-    """``torch.tensor(data, device="hpu")`` and friends build the tensor unseen (the Python
-    dispatch key excluded), then lift it: its host->device copy is charged here."""
-    out = func(*args, **kwargs)
-    if out.device.type == "hpu":
-        dev.to_device(out)
-    return out
+_TO_COPY, _COPY, _LIFT_FRESH = _aten._to_copy.default, _aten.copy_.default, _aten.lift_fresh.default
+_TRANSFERS = frozenset({_TO_COPY, _COPY, _LIFT_FRESH, _aten._local_scalar_dense.default})
 
 
-def _local_scalar(dev, func, args, kwargs):
-    """``.item()`` and friends reach the dispatcher as ``_local_scalar_dense``: a host read."""
-    _read_back(args[0], args[0].element_size())
-    return func(*args, **kwargs)
+def _before(func, args, kwargs):
+    """Before an op on hpu tensors runs (called by the hpu kernel with torch-function handling
+    off: NOTE [the bridge in the kernel]): the HBM check (NOTE [HBM before host] in
+    :mod:`.op_accounting`) and host reads; returns the op's signature or a token for
+    :func:`_after`.
+
+    Raises:
+        HPUOutOfMemoryError: the op's outputs would not fit; nothing was allocated.
+    """
+    if profiler_enabled():  # NOTE [the emulator's own work is not the user's profile]
+        with unrecorded():
+            return _check(func, args, kwargs)
+    return _check(func, args, kwargs)
 
 
-_TRANSFERS = {_aten._to_copy.default: _to_copy, _aten.copy_.default: _copy,
-              _aten.lift_fresh.default: _lift_fresh, _aten._local_scalar_dense.default: _local_scalar}
+def _check(func, args, kwargs):
+    dev = get_device()
+    if func in _TRANSFERS:
+        token = _transfer(dev, func, args, kwargs)
+        if token is not None:
+            return token
+    if kwargs:
+        device = kwargs.get("device")
+        if device is not None:
+            if device.type != "hpu":
+                return _DONE  # a host tensor (device="cpu"): not device work
+            nbytes = _factory_nbytes(args, kwargs)
+            if nbytes is not None:
+                dev.check_alloc(nbytes)
+    return dev.check_outputs(func, args, kwargs)
+
+
+def _after(func, args, kwargs, out, token):
+    """After an op on hpu tensors ran: its op record, or the copy a transfer made."""
+    if token is _DONE:
+        return
+    if profiler_enabled():
+        with unrecorded():
+            return _account(func, args, kwargs, out, token)
+    return _account(func, args, kwargs, out, token)
+
+
+def _account(func, args, kwargs, out, token):
+    dev = get_device()
+    if token is _TO_DEVICE:
+        if out is None:  # lift_fresh: a view of its argument (NOTE [the bridge in the kernel])
+            out = args[0]
+        if isinstance(out, torch.Tensor) and out.device.type == "hpu":
+            dev.to_device(out)
+        return
+    if token is _H2D:
+        dev.make_resident(args[0])
+        dev.charge_h2d(args[1].nbytes)
+        return
+    try:
+        dev.record(func, args, kwargs, out, token)
+    except HPUOutOfMemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - accounting must never break the user's numerics
+        log.warning("hpu_runtime: could not account %s", func, exc_info=True)
+
+
+skip_dynamo(_before)
+skip_dynamo(_after)
+
+
+_state = threading.local()
+_hooks = None  # the kernel library's switches (ctypes), once per process
+
+
+def _kernel_hooks():
+    global _hooks
+    if _hooks is None:
+        import ctypes
+
+        from .device_type import install
+
+        lib = ctypes.PyDLL(str(install()))
+        lib.hpu_sim_set_hooks.argtypes = [ctypes.py_object, ctypes.py_object]
+        lib.hpu_sim_set_hooks.restype = None
+        lib.hpu_sim_set_active.argtypes = [ctypes.c_int]
+        lib.hpu_sim_set_active.restype = ctypes.c_int
+        lib.hpu_sim_hooks_on.argtypes = []
+        lib.hpu_sim_hooks_on.restype = ctypes.c_int
+        lib.hpu_sim_inside.argtypes = [ctypes.c_int]
+        lib.hpu_sim_inside.restype = None
+        lib.hpu_sim_set_hooks(_before, _after)
+        _hooks = lib
+    return _hooks
+
+
+def charged_as_one_op(func, impl):
+    """``impl`` (a Python kernel of ``func`` for hpu tensors: a custom op's body, a kernel
+    registered for the ``HPU`` key) wrapped so the bridge charges one op per call, as Gaudi runs
+    one kernel, and not the ops of its body (NOTE [the bridge in the kernel])."""
+
+    def kernel(*args, **kwargs):
+        lib = _hooks
+        if lib is None or not lib.hpu_sim_hooks_on():
+            return impl(*args, **kwargs)
+        with _NO_TORCH_FUNCTION():  # as the kernel calls the hooks (NOTE [the bridge's hot path])
+            token = _before(func, args, kwargs)
+        lib.hpu_sim_inside(1)
+        try:
+            out = impl(*args, **kwargs)
+        finally:
+            lib.hpu_sim_inside(-1)
+        with _NO_TORCH_FUNCTION():
+            _after(func, args, kwargs, out, token)
+        return out
+
+    kernel.__wrapped__ = impl
+    return skip_dynamo(kernel)
 
 
 class HpuDispatchMode(TorchDispatchMode):
-    """Hands each aten op to the simulated device; transfers between host and device are charged here."""
+    """The bridge as a Python dispatch mode, for the tracer's fake tensors (NOTE [the bridge in
+    the kernel]): the same hooks around every aten op the mode sees."""
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -209,51 +352,26 @@ class HpuDispatchMode(TorchDispatchMode):
         # out, at no cost per call] in hpu_runtime.bridge.dynamo_skip)
         return False
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.device = get_device()
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        with _NO_TORCH_FUNCTION():  # NOTE [the bridge's hot path]
-            if profiler_enabled():  # NOTE [the emulator's own work is not the user's profile]
-                with unrecorded():
-                    return self._dispatch(func, args, kwargs)
-            return self._dispatch(func, args, kwargs)
-
-    def _dispatch(self, func, args, kwargs):
         if kwargs is None:
             kwargs = {}
-        transfer = _TRANSFERS.get(func)
-        if transfer is not None:
-            out = transfer(self.device, func, args, kwargs)
-            if out is not _NOT_A_TRANSFER:
-                return out
-        if kwargs:
-            dev = kwargs.get("device")
-            if dev is not None:
-                if dev.type != "hpu":
-                    return func(*args, **kwargs)  # a host tensor (device="cpu"): not device work
-                nbytes = _factory_nbytes(args, kwargs)
-                if nbytes is not None:
-                    self.device.check_alloc(nbytes)
-        sig = self.device.check_outputs(func, args, kwargs)  # NOTE [HBM before host] in op_accounting
+        with _NO_TORCH_FUNCTION():  # as the kernel calls the hooks (NOTE [the bridge's hot path])
+            token = _before(func, args, kwargs)
         out = func(*args, **kwargs)
-        try:
-            self.device.record(func, args, kwargs, out, sig)
-        except HPUOutOfMemoryError:
-            raise
-        except Exception:  # noqa: BLE001 - accounting must never break the user's numerics
-            log.warning("hpu_runtime: could not account %s", func, exc_info=True)
+        with _NO_TORCH_FUNCTION():
+            _after(func, args, kwargs, out, token)
         return out
+
 
 skip_dynamo(HpuDispatchMode.__torch_dispatch__)
 
 
-_state = threading.local()
-
-
-def activate() -> None:
+def activate(*, fake: bool = False) -> None:
     """Start charging ops on the calling thread (idempotent).
+
+    ``fake``: charge ops on fake tensors (the tracer's ``FakeTensorMode``, which no kernel
+    sees) through a Python dispatch mode instead of the hpu kernel's hooks (NOTE [the bridge in
+    the kernel]).
 
     The ``hpu`` device type, ``torch.hpu``, ``torch.autocast("hpu")`` and the compile
     backend are registered once per process by ``import hpu_runtime``, not here. Backward
@@ -261,31 +379,37 @@ def activate() -> None:
     otherwise give the device a thread of its own, see NOTE [a device type for the simulated
     Gaudi] in :mod:`hpu_runtime.bridge.device_type`).
     """
-    if getattr(_state, "modes", None):
+    if getattr(_state, "active", None) is not None:
         return
     if torch.Tensor.__repr__ is not _repr:  # once per process (NOTE [the bridge over hpu tensors])
         torch.Tensor.__repr__ = _repr
-    dmode = HpuDispatchMode()
-    dmode.__enter__()
+    if fake:
+        mode = HpuDispatchMode()
+        mode.__enter__()
+        _state.active = mode
+    else:
+        _kernel_hooks().hpu_sim_set_active(1)
+        _state.active = True
     _state.multithreading = torch._C._is_multithreading_enabled()
     torch.autograd.set_multithreading_enabled(False)
-    _state.modes = (dmode,)
 
 
 def deactivate() -> None:
-    """Stop charging ops on the calling thread (pops the mode :func:`activate` pushed)."""
-    modes = getattr(_state, "modes", None)
-    if not modes:
+    """Stop charging ops on the calling thread."""
+    active = getattr(_state, "active", None)
+    if active is None:
         return
-    (dmode,) = modes
-    dmode.__exit__(None, None, None)
+    if active is True:
+        _kernel_hooks().hpu_sim_set_active(0)
+    else:
+        active.__exit__(None, None, None)
     torch.autograd.set_multithreading_enabled(_state.multithreading)
-    _state.modes = None
+    _state.active = None
 
 
 def is_active() -> bool:
     """Whether the bridge charges ops on the calling thread."""
-    return bool(getattr(_state, "modes", None))
+    return getattr(_state, "active", None) is not None
 
 
 class bridge_disabled:  # noqa: N801 - used like a function: `with bridge_disabled():`

@@ -1,9 +1,10 @@
-"""Frames ``torch.compile`` must never compile: the bridge's dispatch mode, the hccl backend.
+"""Frames ``torch.compile`` must never compile: the bridge's hooks and mode, the hccl backend.
 
 NOTE [keeping dynamo out, at no cost per call]
 Dynamo's frame hook sees every Python frame started while a compiled function runs (and,
 after a graph break, while the rest of it runs eagerly), including frames started from C++:
-a dispatch mode's ``__torch_dispatch__``, a Python ProcessGroup's collectives and Work
+the bridge's hooks called by the hpu kernel, a dispatch mode's ``__torch_dispatch__``, a
+Python ProcessGroup's collectives and Work
 methods. These are the device and the network, not user code; compiling them is wrong (see
 NOTE [dynamo and a Python ProcessGroup] in :mod:`hccl.process_group`) or wasted.
 

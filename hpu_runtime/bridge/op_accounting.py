@@ -12,7 +12,7 @@ bf16 autocast region charges (NOTE [fp32 on the host, bf16 on the device] in
 
 NOTE [HBM before host]
 An op's outputs are checked against the simulated HBM before the host allocates them
-(:meth:`OpAccounting.check_outputs`, called by the dispatch mode before it runs the op): an
+(:meth:`OpAccounting.check_outputs`, called by the bridge's hook before the op runs): an
 output larger than the free HBM raises
 :class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` without touching host memory, even
 when its inputs are small (``ones(1).expand(30_000_000_000).contiguous()``, an outer product,
@@ -95,6 +95,11 @@ _NOT_DEVICE_WORK = frozenset({"profiler", "prim", "c10d"})
 C++ backend (a "gloo" group beside "hccl") reach the dispatcher as ``c10d`` ops, which are
 no compute-stream work; "hccl" records its own collectives on the collective stream."""
 
+_HOST_DECISIONS = frozenset({_aten._fused_sdp_choice})
+"""Aten ops that only decide on the host and return a number, never device work:
+``_fused_sdp_choice`` (which attention kernel ``scaled_dot_product_attention`` runs; called only
+where no dispatch mode is on, as on a Gaudi)."""
+
 @dataclass(frozen=True, slots=True)
 class OpFacts:
     """What the bridge needs to know about one op overload, whatever its arguments."""
@@ -170,7 +175,8 @@ def op_facts(func) -> OpFacts:
         view = bool(func.is_view) or func._overloadpacket is _aten._unsafe_view  # a view autograd does not track
         aliased = any(r.alias_info is not None for r in func._schema.returns)
         facts = _FACTS[id(func)] = OpFacts(
-            func=func, name=str(func), ignored=func.namespace in _NOT_DEVICE_WORK, view=view,
+            func=func, name=str(func), view=view,
+            ignored=func.namespace in _NOT_DEVICE_WORK or func._overloadpacket in _HOST_DECISIONS,
             allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
             pointwise=torch.Tag.pointwise in func.tags, keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
             saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)), scalar_inputs=_scalar_inputs(func),

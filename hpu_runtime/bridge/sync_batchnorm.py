@@ -12,8 +12,8 @@ torch ops in the statistics' accumulate dtype (float32 for bf16/fp16/fp32 input,
 float64), by the same formulas as torch's CUDA kernels (``aten/src/ATen/native/cuda/Normalization.cuh``):
 per-channel mean and ``1 / sqrt(biased var + eps)``; the ranks' statistics combined by their
 counts, the running variance updated unbiased; the backward's per-channel sums and the input
-gradient from the all-reduced sums. The bridge charges each as one op (its inner ops run inside
-the dispatch mode's call and are not seen).
+gradient from the all-reduced sums. The bridge charges each as one op (its inner ops are not
+seen: :func:`~hpu_runtime.bridge.dispatch.charged_as_one_op`).
 
 Tested against ``BatchNorm`` of the whole batch in one process (forward, running statistics,
 input and parameter gradients).
@@ -106,7 +106,9 @@ def install() -> None:
     global _lib
     if _lib is not None:
         return
+    from .dispatch import charged_as_one_op
+
     lib = torch.library.Library("aten", "IMPL")
     for fn in _KERNELS:
-        lib.impl(fn.__name__, fn, "HPU")
+        lib.impl(fn.__name__, charged_as_one_op(getattr(torch.ops.aten, fn.__name__).default, fn), "HPU")
     _lib = lib

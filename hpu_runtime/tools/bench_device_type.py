@@ -10,7 +10,7 @@ variant                     what runs
 ==========================  ===========================================================================
 ``plain``                   plain CPU tensors, bridge off
 ``hpu``                     hpu tensors (the landed C++ device type), bridge off: the C++ hop alone
-``bridge``                  hpu tensors under the bridge (dispatch modes, charged to the simulated card)
+``bridge``                  hpu tensors under the bridge (the kernel's hooks, charged to the card)
 ``wrapper``                 a wrapper tensor subclass (``_make_wrapper_subclass(device="hpu")`` over a
                             CPU tensor; ``__torch_dispatch__`` unwraps, runs, rewraps), bridge off
 ``wrapper+bridge``          the wrapper under the bridge (the cost a wrapper design would add)
@@ -53,7 +53,9 @@ Chosen: a device type that keeps CPU storage, in C++ (``hpu_runtime/bridge/csrc`
 ``hpu`` DeviceGuardImpl, accelerator hooks and allocator (the CPU allocator), and one boxed
 kernel for the ``HPU`` dispatch key that views the operands as CPU tensors (same data
 pointer, no copy) and redispatches to the CPU kernels, re-viewing outputs as ``hpu``: a C++
-hop per op, the bridge's dispatch mode staying the only Python one. Measured after it landed
+hop per op, the bridge's dispatch mode staying the only Python one (since November 2026 the
+kernel calls the bridge itself: NOTE [the bridge in the kernel] in
+:mod:`hpu_runtime.bridge.dispatch`). Measured after it landed
 (same machine, shared, 5 rounds of 5,000 ops, bridge off): add 64x64 1.22 µs on CPU tensors,
 1.51 µs on hpu tensors; mm 4.06 against 4.34 µs: about 0.3 µs per op. ``--extension`` times
 the first prototype's build (it registers a second guard: run it in a process of its own). Run::

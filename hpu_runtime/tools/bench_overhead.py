@@ -11,12 +11,12 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 ``--breakdown`` says where the time goes: the step on ``hpu`` tensors with the bridge off
 (the C++ device type alone: what a bridge with its accounting in C++ would start from), the
 plain step under a dispatch mode that does nothing (torch's own cost of a Python mode, which
-any bridge built on one pays per aten op), the bridge's step with its per-op accounting off
-(the HBM check and the op record: what is left is this bridge's floor, its mode and dispatch
-body), the bridge's step without the HBM check before each op (the op record alone: the gap to
-the bridge is the check), the bridge's step, and the part of it spent in ``mark_step`` (the
-launches); the rest is the bridge's per-op work (NOTE [the bridge's hot path] in
-:mod:`hpu_runtime.bridge.dispatch`).
+the bridge paid per aten op until the hpu kernel called it: NOTE [the bridge in the kernel]),
+the bridge's step with its per-op accounting off (the HBM check and the op record: what is
+left is this bridge's floor, the kernel's hooks and their body), the bridge's step without the
+HBM check before each op (the op record alone: the gap to the bridge is the check), the
+bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest is the
+bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
     (the C++ device type alone, backward on the calling thread as the bridge runs it: the floor
     of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
     (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
-    off (the device's own ``uncharged()`` switch: the floor of this bridge's Python mode and
-    dispatch body); with the bridge but no HBM check before each op (the device's
+    off (the device's own ``uncharged()`` switch: the floor of this bridge, the kernel's hooks
+    and their body); with the bridge but no HBM check before each op (the device's
     ``check_outputs`` answering "not computed", so the op record computes the op's signature
     itself: the difference to the bridge is the check alone); with the bridge; and the bridge's
     ``mark_step`` calls alone (the launches: graph key, recipe cache, a compile's schedule on a

@@ -13,8 +13,9 @@ optimizer state (and, in the ``hpu_graphs`` mode, captures the model's HPU graph
 traced step is a steady-state step. :func:`prepare_model` sets a model up for its mode as a
 Gaudi script does (``models.train`` calls it too).
 
-Why here, in ``tools/``: the tracer drives the bridge (its dispatch modes, on a private
-device lent the process's place with :func:`~hpu_runtime.bridge.runtime.using_device`), the
+Why here, in ``tools/``: the tracer drives the bridge (as a dispatch mode over fake tensors,
+on a private device lent the process's place with
+:func:`~hpu_runtime.bridge.runtime.using_device`), the
 API (``mark_step``, the ``hpex`` optimizers) and the device model together, so it sits
 above all three planes, with the planner side that consumes its traces
 (:mod:`hpu_runtime.tools.replay`, ``hccl.sim.ddp_plan``, the study CLIs). The live driver
@@ -425,7 +426,7 @@ def trace_step(factory: Callable[[int], tuple], batch_size: int, *, spec: Device
         named = ddp_parameters(model)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
         prepare_model(model, mode)
-        bridge.activate()
+        bridge.activate(fake=True)
         try:
             for t in (*model.parameters(), *model.buffers()):  # on the card, already there when the step starts
                 dev.make_resident(t)
@@ -520,6 +521,6 @@ def _step_runner(model, inputs, loss_fn, opt, autocast: bool) -> Callable[[], No
         try:
             return tuple(t.clone() for t in inputs)
         finally:
-            bridge.activate()
+            bridge.activate(fake=True)
 
     return lambda: training_step(model, fresh_inputs(), loss_fn, opt, autocast=autocast)

@@ -1,6 +1,8 @@
 // The "hpu" device type of the simulated Gaudi: tensors that say hpu:0, keep CPU storage and run
 // the CPU kernels. Built and loaded by hpu_runtime/bridge/device_type.py, which holds
-// NOTE [a device type for the simulated Gaudi] (what this file registers and why).
+// NOTE [a device type for the simulated Gaudi] (what this file registers and why). The kernel
+// also calls the bridge's accounting hooks around each op (NOTE [the bridge in the kernel] in
+// hpu_runtime/bridge/dispatch.py).
 //
 // Invariant used throughout: an hpu tensor's storage is an ordinary CPU storage (CPU allocator,
 // CPU data pointer); only the TensorImpl says hpu (its device and its dispatch keys). A CPU view
@@ -9,15 +11,23 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/detail/HPUHooksInterface.h>
 #include <ATen/ops/copy_ops.h>
+#include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -193,9 +203,135 @@ bool takes_host_indices(const c10::OperatorName& name) {
          n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
 }
 
+// ---- the bridge's hooks (NOTE [the bridge in the kernel] in hpu_runtime/bridge/dispatch.py) ----
+// Two Python callables set once by the bridge: before(func, args, kwargs) -> token and
+// after(func, args, kwargs, out, token). They are called around every aten op on hpu tensors
+// (and every .to("hpu") of a host tensor) on a thread where the bridge is active, outside the
+// hooks themselves, and not where the Python dispatch key is excluded (torch's own
+// _DisableTorchDispatch, which bridge_disabled() and torch.tensor(..., device="hpu") use).
+PyObject* g_before = nullptr;
+PyObject* g_after = nullptr;
+thread_local bool t_active = false;
+thread_local int t_inside = 0;
+
+inline bool hooks_on() {
+  return t_active && t_inside == 0 && g_after != nullptr &&
+         !c10::impl::tls_is_dispatch_key_excluded(DispatchKey::Python);
+}
+
+// One argument as Python sees it: dtypes, layouts and memory formats travel as ints in an
+// IValue; the schema says which they are.
+py::object to_py(const c10::Argument& a, const IValue& v) {
+  if (v.isInt()) {
+    c10::TypePtr t = a.real_type();
+    if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+    switch (t->kind()) {
+      case c10::TypeKind::ScalarTypeType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(v.toScalarType())));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(v.toLayout())));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(v.toMemoryFormat()));
+      default:
+        break;
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+// The op's arguments as Python sees them in a dispatch mode: positional ones up to the last
+// that differs from its default, keyword-only ones that differ from their default.
+py::tuple py_args(const c10::FunctionSchema& schema, const std::vector<IValue>& argv, py::dict& kwargs) {
+  const auto& arguments = schema.arguments();
+  int64_t last = -1;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto& a = arguments[i];
+    if (a.kwarg_only()) continue;
+    if (!(a.default_value().has_value() && *a.default_value() == argv[i])) last = static_cast<int64_t>(i);
+  }
+  py::tuple args(last + 1);
+  for (int64_t i = 0; i <= last; ++i) args[i] = to_py(arguments[i], argv[i]);
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto& a = arguments[i];
+    if (!a.kwarg_only() || (a.default_value().has_value() && *a.default_value() == argv[i])) continue;
+    kwargs[py::str(a.name())] = to_py(a, argv[i]);
+  }
+  return args;
+}
+
+// Every result aliases an argument and nothing is written: a view (detach, alias, t, expand...).
+bool pure_view(const c10::FunctionSchema& schema) {
+  if (schema.is_mutable() || schema.returns().empty()) return false;
+  for (const auto& r : schema.returns())
+    if (r.alias_info() == nullptr) return false;
+  return true;
+}
+
+struct Inside {
+  Inside() { ++t_inside; }
+  ~Inside() { --t_inside; }
+};
+
+// The hooks run with torch-function handling off (NOTE [the bridge's hot path]), as
+// torch._C.DisableTorchFunction() sets it.
+struct NoTorchFunction {
+  at::impl::TorchFunctionDisabledState old = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+  NoTorchFunction() {
+    at::impl::PythonTorchFunctionTLS::set_disabled_state(at::impl::TorchFunctionDisabledState::ALL_DISABLED);
+  }
+  ~NoTorchFunction() { at::impl::PythonTorchFunctionTLS::set_disabled_state(old); }
+};
+
+// Run `run` (which leaves the op's results on `stack`) between the two hooks.
+template <class F>
+void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  std::vector<IValue> argv(stack->end() - nargs, stack->end());
+  pybind11::gil_scoped_acquire gil;
+  py::dict kwargs;
+  py::tuple args = py_args(schema, argv, kwargs);
+  py::handle func = torch::detail::getTorchApiFunction(op);
+  py::object token;
+  {
+    Inside in;
+    NoTorchFunction off;
+    PyObject* t = PyObject_CallFunctionObjArgs(g_before, func.ptr(), args.ptr(), kwargs.ptr(), nullptr);
+    if (t == nullptr) throw python_error();
+    token = py::reinterpret_steal<py::object>(t);
+  }
+  {
+    Inside in;
+    at::RecordFunctionGuard unrecorded(false);  // the kernel's own ops are not the user's profile
+    pybind11::gil_scoped_release nogil;
+    run();
+  }
+  const size_t nret = schema.returns().size();
+  py::object out;
+  if (pure_view(schema)) {
+    // A view's output is not passed (None): the record needs only its arguments, and wrapping
+    // it would give it a Python object, which torch's own detach()/alias() for a Parameter or
+    // as_subclass() must not find (they run with dispatch modes stashed, where the dispatch
+    // mode never saw them).
+    out = py::none();
+  } else if (nret == 1) {
+    out = torch::jit::toPyObject((*stack)[stack->size() - 1]);
+  } else {
+    py::tuple t(nret);
+    for (size_t j = 0; j < nret; ++j) t[j] = torch::jit::toPyObject((*stack)[stack->size() - nret + j]);
+    out = std::move(t);
+  }
+  Inside in;
+  NoTorchFunction off;
+  PyObject* r = PyObject_CallFunctionObjArgs(g_after, func.ptr(), args.ptr(), kwargs.ptr(), out.ptr(), token.ptr(),
+                                             nullptr);
+  if (r == nullptr) throw python_error();
+  Py_DECREF(r);
+}
+
 // Every op on hpu tensors: run the CPU kernel on CPU views, hand back hpu tensors. As on an
 // accelerator, a host tensor beside hpu ones must be a 0-d scalar (or an index).
-void hpu_fallback(const c10::OperatorHandle& op, DispatchKeySet, torch::jit::Stack* stack) {
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   Call call;
   for (size_t i = stack->size() - schema.arguments().size(); i < stack->size(); ++i) call.arg_to_cpu((*stack)[i]);
@@ -211,12 +347,17 @@ void hpu_fallback(const c10::OperatorHandle& op, DispatchKeySet, torch::jit::Sta
   if (schema.is_mutable()) call.write_back();
 }
 
+void hpu_fallback(const c10::OperatorHandle& op, DispatchKeySet, torch::jit::Stack* stack) {
+  if (hooks_on()) return hooked(op, stack, [&] { run_on_cpu(op, stack); });
+  run_on_cpu(op, stack);
+}
+
 void check_device(std::optional<Device> device) {
   TORCH_CHECK(!device || device->type() != kHpu || device->index() <= 0,
               "the simulated Gaudi has one card per process, hpu:0; got ", *device);
 }
 
-at::Tensor hpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+at::Tensor empty_impl(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                      std::optional<Device> device, std::optional<bool>, std::optional<at::MemoryFormat> memory_format) {
   check_device(device);
   TORCH_CHECK(!layout || *layout == at::kStrided, "hpu tensors are strided; got layout ", *layout);
@@ -226,7 +367,7 @@ at::Tensor hpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
   return t;
 }
 
-at::Tensor hpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+at::Tensor empty_strided_impl(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                              std::optional<at::Layout> layout, std::optional<Device> device, std::optional<bool>) {
   check_device(device);
   TORCH_CHECK(!layout || *layout == at::kStrided, "hpu tensors are strided; got layout ", *layout);
@@ -239,10 +380,65 @@ at::Tensor hpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std
 
 // copy_ between any of hpu and CPU (its composite form would ask for _copy_from, which has no
 // CPU kernel): a CPU copy between views.
-at::Tensor& hpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+at::Tensor& copy_impl(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   at::Tensor dst = is_hpu(self) ? cpu_view(self) : self;
   at::_ops::copy_::redispatch(kCpuKernel, dst, is_hpu(src) ? cpu_view(src) : src, non_blocking);
   return self;
+}
+
+// A direct (unboxed) kernel's call between the bridge's hooks: its arguments boxed for them,
+// `impl` run, its result left for the after hook.
+template <class Impl, class... Args>
+void hooked_direct(const c10::OperatorHandle& op, Impl impl, const Args&... args) {
+  torch::jit::Stack st;
+  torch::jit::push(st, args...);
+  hooked(op, &st, [&] {
+    torch::jit::drop(st, sizeof...(Args));
+    st.emplace_back(impl());
+  });
+}
+
+c10::OperatorHandle aten_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+// The direct kernels, between the bridge's hooks when they are on.
+at::Tensor hpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                     std::optional<Device> device, std::optional<bool> pin, std::optional<at::MemoryFormat> fmt) {
+  if (!hooks_on()) return empty_impl(size, dtype, layout, device, pin, fmt);
+  static const c10::OperatorHandle op = aten_op("aten::empty", "memory_format");
+  at::Tensor out;
+  hooked_direct(op, [&] { return out = empty_impl(size, dtype, layout, device, pin, fmt); }, size, dtype, layout,
+                device, pin, fmt);
+  return out;
+}
+
+at::Tensor hpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                             std::optional<at::Layout> layout, std::optional<Device> device, std::optional<bool> pin) {
+  if (!hooks_on()) return empty_strided_impl(size, stride, dtype, layout, device, pin);
+  static const c10::OperatorHandle op = aten_op("aten::empty_strided", "");
+  at::Tensor out;
+  hooked_direct(op, [&] { return out = empty_strided_impl(size, stride, dtype, layout, device, pin); }, size, stride,
+                dtype, layout, device, pin);
+  return out;
+}
+
+at::Tensor& hpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (!hooks_on()) return copy_impl(self, src, non_blocking);
+  static const c10::OperatorHandle op = aten_op("aten::copy_", "");
+  hooked_direct(op, [&] { return copy_impl(self, src, non_blocking); }, self, src, non_blocking);
+  return self;
+}
+
+// .to("hpu") of a host tensor reaches the dispatcher as the host's _to_copy (the host tensor
+// decides the kernel): between the hooks as one transfer, its empty + copy_ inside it.
+void host_to_copy(const c10::OperatorHandle& op, DispatchKeySet, torch::jit::Stack* stack) {
+  auto run = [&] { op.callBoxedForDispatchKey(DispatchKey::CompositeExplicitAutograd, *stack); };
+  if (hooks_on()) {
+    const IValue& device = (*stack)[stack->size() - 7 + 3];  // _to_copy(self, *, dtype, layout, device, ...)
+    if (device.isDevice() && device.toDevice().type() == kHpu) return hooked(op, stack, run);
+  }
+  run();
 }
 
 // One compute queue: a tensor used on another stream needs no bookkeeping (NOTE [streams and
@@ -377,6 +573,10 @@ TORCH_LIBRARY_IMPL(aten, HPU, m) {
   m.impl("record_stream", TORCH_FN(hpu_record_stream));
 }
 
+TORCH_LIBRARY_IMPL(aten, CPU, m) {
+  m.impl("_to_copy", torch::CppFunction::makeFromBoxedFunction<&host_to_copy>());
+}
+
 TORCH_LIBRARY(hpu_sim, m) { m.def("cpu_view(Tensor(a) self) -> Tensor(a)", &cpu_view_op); }
 
 namespace {
@@ -402,3 +602,23 @@ struct InstallHooks {
 };
 const InstallHooks install_hooks;
 }  // namespace
+
+// The bridge's switches (called through ctypes.PyDLL, with the GIL held).
+extern "C" {
+void hpu_sim_set_hooks(PyObject* before, PyObject* after) {
+  Py_XINCREF(before);
+  Py_XINCREF(after);
+  Py_XDECREF(g_before);
+  Py_XDECREF(g_after);
+  g_before = before;
+  g_after = after;
+}
+int hpu_sim_set_active(int on) {
+  const bool was = t_active;
+  t_active = on != 0;
+  return was ? 1 : 0;
+}
+int hpu_sim_is_active() { return t_active ? 1 : 0; }
+int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
+void hpu_sim_inside(int delta) { t_inside += delta; }
+}
