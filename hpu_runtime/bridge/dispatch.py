@@ -174,7 +174,6 @@ def _factory_nbytes(args: tuple, kwargs: dict) -> int | None:
     return n * dtype.itemsize
 
 
-
 class _Token:
     """What the before hook tells the after hook beside an op's signature."""
 
@@ -190,6 +189,8 @@ class _Token:
 _DONE = _Token("nothing to record")  # a host read done before the op, or host work
 _TO_DEVICE = _Token("copied to the device")  # .to("hpu") of a host tensor, lift_fresh
 _H2D = _Token("copied into a device tensor")  # hpu.copy_(host tensor)
+_TO_COPY, _COPY, _LIFT_FRESH = _aten._to_copy.default, _aten.copy_.default, _aten.lift_fresh.default
+_TRANSFERS = frozenset({_TO_COPY, _COPY, _LIFT_FRESH, _aten._local_scalar_dense.default})
 
 
 def _transfer(dev, func, args, kwargs):
@@ -217,10 +218,6 @@ def _transfer(dev, func, args, kwargs):
         return _TO_DEVICE
     _read_back(args[0], args[0].element_size())  # _local_scalar_dense: .item() and friends
     return _DONE
-
-
-_TO_COPY, _COPY, _LIFT_FRESH = _aten._to_copy.default, _aten.copy_.default, _aten.lift_fresh.default
-_TRANSFERS = frozenset({_TO_COPY, _COPY, _LIFT_FRESH, _aten._local_scalar_dense.default})
 
 
 def _before(func, args, kwargs):
@@ -289,11 +286,12 @@ skip_dynamo(_before)
 skip_dynamo(_after)
 
 
-_state = threading.local()
+_state = threading.local()  # .active: True (the kernel's hooks), an HpuDispatchMode, or None
 _hooks = None  # the kernel library's switches (ctypes), once per process
 
 
 def _kernel_hooks():
+    """The hpu kernel library's C switches (loaded once; the hooks handed to it then)."""
     global _hooks
     if _hooks is None:
         import ctypes

@@ -618,7 +618,6 @@ int hpu_sim_set_active(int on) {
   t_active = on != 0;
   return was ? 1 : 0;
 }
-int hpu_sim_is_active() { return t_active ? 1 : 0; }
 int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
 void hpu_sim_inside(int delta) { t_inside += delta; }
 }
