@@ -6,8 +6,8 @@ call directly. Here each is a :func:`torch.library.custom_op` of the same name, 
 kernel the bridge charges as **one** op per call
 (:func:`~hpu_runtime.bridge.dispatch.charged_as_one_op`: one host-side op cost, one
 graph-key entry, one roofline over the bytes it reads and writes; the ops with a FLOP formula
-below run on the MME), and the implementation inside computes the unfused PyTorch reference on the host, so
-numerics are those of the reference. Backward passes are their own single ops
+below run on the MME), and the implementation inside computes the unfused PyTorch reference on
+the host, so numerics are those of the reference. Backward passes are their own single ops
 (``*_backward``), with explicit gradient formulas. Under ``torch.compile`` and
 ``FakeTensorMode`` each op is one node (fake implementations give the shapes).
 

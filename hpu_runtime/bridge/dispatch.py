@@ -101,12 +101,13 @@ each op would be recorded again underneath the user's: the real CPU kernel it ru
 ``aten::add`` inside the first), the meta and fake-tensor ops of its accounting, the
 transport's copies, each with its Python frames (a ResNet-50 step of Habana's
 Model-References ``train.py``, which profiles ``with_stack=True``: 638,000 Python events and
-158 MB of trace per rank, 97% of them the emulator's). So the hpu kernel runs the op's CPU
-kernel with torch's RecordFunction off, and while a profiler is on the hooks, the
-collectives' own tensor ops (hccl's ``_EmulatorOps``) and the device's ``uncharged()``
-regions (an HPU graph's replay, a fused optimizer's body) run with it off on the thread
-(:class:`~hpu_runtime.bridge.unrecorded.unrecorded`: no ``cpu_op`` events, nothing in
-``key_averages()``), and :mod:`hpu_runtime.api.profiler` drops the emulator's Python frames
+158 MB of trace per rank, 97% of them the emulator's). So the hpu kernel runs the hooks and
+the op's CPU kernel with torch's RecordFunction off, and while a profiler is on, the hooks and
+the op as Python calls them (:func:`_hooked`: the tracer's mode, the bodies of
+:func:`charged_as_one_op`), the collectives' own tensor ops (hccl's ``_EmulatorOps``) and the
+device's ``uncharged()`` regions (an HPU graph's replay, a fused optimizer's body) run with it
+off on the thread (:class:`~hpu_runtime.bridge.unrecorded.unrecorded`: no ``cpu_op`` events,
+nothing in ``key_averages()``), and :mod:`hpu_runtime.api.profiler` drops the emulator's Python frames
 from what the profiler hands the user. The user's op keeps its wall-clock duration, which
 includes the bridge's host work for it, as the real bridge's host time is inside the op's
 event on a Gaudi.
@@ -122,7 +123,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .dynamo_skip import skip_dynamo
 from .runtime import get_device
-from .unrecorded import profiler_enabled, unrecorded
+from .unrecorded import unrecorded
 from ..device.memory import HPUOutOfMemoryError
 
 __all__ = ["HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled", "charged_as_one_op"]
@@ -221,21 +222,13 @@ def _transfer(dev, func, args, kwargs):
 
 
 def _before(func, args, kwargs):
-    """Before an op on hpu tensors runs (called by the hpu kernel with torch-function handling
-    off: NOTE [the bridge in the kernel]): the HBM check (NOTE [HBM before host] in
-    :mod:`.op_accounting`) and host reads; returns the op's signature or a token for
-    :func:`_after`.
+    """Before an op on hpu tensors runs (called as :func:`_hooked` says: NOTE [the bridge in the
+    kernel]): the HBM check (NOTE [HBM before host] in :mod:`.op_accounting`) and host reads;
+    returns the op's signature or a token for :func:`_after`.
 
     Raises:
         HPUOutOfMemoryError: the op's outputs would not fit; nothing was allocated.
     """
-    if profiler_enabled():  # NOTE [the emulator's own work is not the user's profile]
-        with unrecorded():
-            return _check(func, args, kwargs)
-    return _check(func, args, kwargs)
-
-
-def _check(func, args, kwargs):
     dev = get_device()
     if func in _TRANSFERS:
         token = _transfer(dev, func, args, kwargs)
@@ -256,13 +249,6 @@ def _after(func, args, kwargs, out, token):
     """After an op on hpu tensors ran: its op record, or the copy a transfer made."""
     if token is _DONE:
         return
-    if profiler_enabled():
-        with unrecorded():
-            return _account(func, args, kwargs, out, token)
-    return _account(func, args, kwargs, out, token)
-
-
-def _account(func, args, kwargs, out, token):
     dev = get_device()
     if token is _TO_DEVICE:
         if out is None:  # lift_fresh: a view of its argument (NOTE [the bridge in the kernel])
@@ -280,6 +266,21 @@ def _account(func, args, kwargs, out, token):
         raise
     except Exception:  # noqa: BLE001 - accounting must never break the user's numerics
         log.warning("hpu_runtime: could not account %s", func, exc_info=True)
+
+
+def _hooked(func, args, kwargs, run):
+    """``run()`` (the op) between the hooks, as the hpu kernel calls them (``hooked`` in
+    ``csrc/hpu_device.cpp``) for the callers in Python, :class:`HpuDispatchMode` and
+    :func:`charged_as_one_op`: torch-function handling off for the hooks (NOTE [the bridge's
+    hot path]), and, under a profiler, RecordFunction off for the hooks and the op's own work
+    (NOTE [the emulator's own work is not the user's profile])."""
+    with unrecorded():
+        with _NO_TORCH_FUNCTION():
+            token = _before(func, args, kwargs)
+        out = run()
+        with _NO_TORCH_FUNCTION():
+            _after(func, args, kwargs, out, token)
+    return out
 
 
 skip_dynamo(_before)
@@ -302,7 +303,7 @@ def _kernel_hooks():
         lib.hpu_sim_set_hooks.argtypes = [ctypes.py_object, ctypes.py_object]
         lib.hpu_sim_set_hooks.restype = None
         lib.hpu_sim_set_active.argtypes = [ctypes.c_int]
-        lib.hpu_sim_set_active.restype = ctypes.c_int
+        lib.hpu_sim_set_active.restype = None
         lib.hpu_sim_hooks_on.argtypes = []
         lib.hpu_sim_hooks_on.restype = ctypes.c_int
         lib.hpu_sim_inside.argtypes = [ctypes.c_int]
@@ -321,16 +322,15 @@ def charged_as_one_op(func, impl):
         lib = _hooks
         if lib is None or not lib.hpu_sim_hooks_on():
             return impl(*args, **kwargs)
-        with _NO_TORCH_FUNCTION():  # as the kernel calls the hooks (NOTE [the bridge's hot path])
-            token = _before(func, args, kwargs)
-        lib.hpu_sim_inside(1)
-        try:
-            out = impl(*args, **kwargs)
-        finally:
-            lib.hpu_sim_inside(-1)
-        with _NO_TORCH_FUNCTION():
-            _after(func, args, kwargs, out, token)
-        return out
+
+        def body():
+            lib.hpu_sim_inside(1)  # its ops: inside the op, as a kernel's own ops are
+            try:
+                return impl(*args, **kwargs)
+            finally:
+                lib.hpu_sim_inside(-1)
+
+        return _hooked(func, args, kwargs, body)
 
     kernel.__wrapped__ = impl
     return skip_dynamo(kernel)
@@ -353,12 +353,7 @@ class HpuDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        with _NO_TORCH_FUNCTION():  # as the kernel calls the hooks (NOTE [the bridge's hot path])
-            token = _before(func, args, kwargs)
-        out = func(*args, **kwargs)
-        with _NO_TORCH_FUNCTION():
-            _after(func, args, kwargs, out, token)
-        return out
+        return _hooked(func, args, kwargs, lambda: func(*args, **kwargs))
 
 
 skip_dynamo(HpuDispatchMode.__torch_dispatch__)

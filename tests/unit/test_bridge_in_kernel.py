@@ -72,6 +72,15 @@ def test_a_python_kernel_is_one_op_and_its_body_is_unseen():
     wrapped = scaled_sum_one(x, y)
     assert dev.ops_recorded == n + 1 and _keys(dev)[-1] == f"{lib}.scaled_sum_one.default"
     assert torch.equal(wrapped.cpu(), unwrapped.cpu())
+    # a profile holds the op the script called, not its body (the reference: the unwrapped op's
+    # body, which the profiler records as torch does)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        scaled_sum_one(x, y)
+    names = {e.key for e in prof.key_averages()}
+    assert f"{lib}::scaled_sum_one" in names and "aten::mul" not in names
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        scaled_sum(x, y)
+    assert "aten::mul" in {e.key for e in prof.key_averages()}
 
 
 def test_hooks_are_off_on_other_threads_and_under_bridge_disabled():

@@ -288,6 +288,9 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   std::vector<IValue> argv(stack->end() - nargs, stack->end());
+  // neither the hooks' ops nor the kernel's own are the user's profile (NOTE [the emulator's
+  // own work is not the user's profile] in hpu_runtime/bridge/dispatch.py)
+  at::RecordFunctionGuard unrecorded(false);
   pybind11::gil_scoped_acquire gil;
   py::dict kwargs;
   py::tuple args = py_args(schema, argv, kwargs);
@@ -302,7 +305,6 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   }
   {
     Inside in;
-    at::RecordFunctionGuard unrecorded(false);  // the kernel's own ops are not the user's profile
     pybind11::gil_scoped_release nogil;
     run();
   }
@@ -613,11 +615,7 @@ void hpu_sim_set_hooks(PyObject* before, PyObject* after) {
   g_before = before;
   g_after = after;
 }
-int hpu_sim_set_active(int on) {
-  const bool was = t_active;
-  t_active = on != 0;
-  return was ? 1 : 0;
-}
+void hpu_sim_set_active(int on) { t_active = on != 0; }
 int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
 void hpu_sim_inside(int delta) { t_inside += delta; }
 }
