@@ -36,8 +36,9 @@ The bridge was a Python ``TorchDispatchMode`` until November 2026: every aten op
 thread then made torch's trip from C++ into Python and back (the mode's dispatch-rule lookup,
 the mode stack, the op's re-entry through ``OpOverload.__call__``), 2.1x plain PyTorch on the
 digits MLP for a mode that does nothing. Now the hpu kernel (``bridge/csrc/hpu_device.cpp``)
-calls the bridge itself, ``_before(func, args, kwargs)`` before it runs the op's CPU kernel
-and ``_after(func, args, kwargs, out, token)`` after, with the op overload and the arguments
+calls the bridge itself, ``_before(func, args, kwargs, entry)`` before it runs the op's CPU
+kernel (``entry``: NOTE [an op's entry, kept by the kernel]) and ``_after(func, args, kwargs,
+out, token)`` after, with the op overload and the arguments
 as a dispatch mode gets them (positional ones up to the last that differs from its default,
 keyword-only ones by name, dtypes as ``torch.dtype``). What reaches the hooks:
 
@@ -70,24 +71,51 @@ with its arguments as Python objects (about 0.8 us here: with hooks that return 
 throwaway variant, the digits MLP's step was 1.38-1.41x plain PyTorch, against 1.17x with the
 bridge off), the hooks' own body (the transfer and factory checks), and the accounting: the HBM
 check (:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`) and
-:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record` (graph-key entry, memoized
-cost, storages read and written, one op record). The kernel runs the hooks with
+:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record` (storages read and written, one
+op record). What depends on the op and its signature only (the signature itself, the op's
+facts, its output bytes, its graph-key entry and cost) is computed once per signature and kept
+by the kernel (NOTE [an op's entry, kept by the kernel]). The kernel runs the hooks with
 torch-function handling off (set in C++, at no cost; the Python context manager cost about
 0.15x plain on the digits MLP): they read tensor attributes (``shape``, ``dtype``,
 ``untyped_storage()``...) several times per op, and a tensor subclass's (or a user's)
 ``__torch_function__`` would otherwise see each read (about 2 us each, for reads that
-otherwise cost 0.1 us). ``python -m
-hpu_runtime.tools.bench_overhead --breakdown`` measures the whole and its parts (wall-clock,
-against plain PyTorch): the bridge with its accounting switched off (the breakdown's "bridge,
-no accounting": the kernel's hooks and their body) is 1.8x plain, the whole bridge 3.3-3.4x
-(4.4-4.5x as a dispatch mode);
-the accounting is the rest, about 5 us per op (the step dispatches 109 aten ops): the HBM check
-about 0.2x plain (the breakdown's "bridge, no HBM check": 3.15x) and the op record about 1.35x. A bridge
-within 2x of plain PyTorch needs that accounting in the C++ kernel too: a stripped Python
-record behind the same hooks (steady state only, no scalars, saves or autocast; another
-throwaway variant) still made 2.8x, so Python per op cannot fit; the graph's pricing at ``mark_step`` would then have to
-reuse a recipe's accounting rather than loop over its ops, as the real bridge reuses a
-recipe.
+otherwise cost 0.1 us). ``python -m hpu_runtime.tools.bench_overhead --breakdown`` measures
+the whole and its parts (wall-clock, against plain PyTorch): the bridge with its accounting
+switched off (the breakdown's "bridge, no accounting": the kernel's hooks and their body) is
+1.8x plain, the whole bridge 2.8-2.9x (3.3-3.4x before the kernel kept entries, 4.4-4.5x as a
+dispatch mode); the accounting is the rest, about 4 us per op (the step hooks 87 aten ops):
+the HBM check about 0.1x plain (the breakdown's "bridge, no HBM check") and the op record
+about 1x. A bridge within 2x of plain PyTorch needs the op record in the C++
+kernel too: a stripped Python record behind the same hooks (steady state only, no scalars,
+saves or autocast; a throwaway variant) still made 2.8x, so Python per op cannot fit; the
+graph's pricing at ``mark_step`` would then have to reuse a recipe's accounting rather than
+loop over its ops, as the real bridge reuses a recipe.
+
+NOTE [an op's entry, kept by the kernel]
+Most of what the bridge needs about an op depends on the op and its signature only: the
+signature itself (NOTE [graph key] in :mod:`hpu_runtime.bridge.graph_key`), the op's
+:class:`~hpu_runtime.bridge.op_accounting.OpFacts`, the bytes its outputs allocate (NOTE [HBM
+before host]), its graph-key entry and its cost. The bridge computes them once, into an
+:class:`~hpu_runtime.bridge.op_accounting.OpEntry`, and the hpu kernel keeps that entry keyed by
+the signature as words (``signature_words`` in ``csrc/hpu_device.cpp``: the op, then for each
+argument Python gets its position and what the signature keeps of it: a tensor's dtype and
+sizes, a number's type and value, a wrapped number's value, a string's bytes, a list's
+elements). On a later call whose words are equal, the before hook gets the entry and skips all
+of that, as Habana's eager bridge keys each op in C++ (``EagerExec::calculate_operator_key`` in
+HabanaAI/gaudi-pytorch-bridge ``habana_eager/eager_exec.cpp``). The words are compared in full,
+not by hash alone, so two signatures never share an entry; a call whose arguments the words
+cannot state exactly (a tensor subclass such as a fake tensor, symbolic sizes, a script
+object) gets no entry and the bridge computes its signature itself, as the tracer's mode does
+for every op. What depends on the call and not on its signature is never kept: the storages an
+op reads and writes, whether autograd records it, and whether a copy moves data between host
+and device (``copy_``, ``_to_copy``, ``lift_fresh``, ``_local_scalar_dense``: their signature
+leaves the devices out, so their entries are never reused,
+:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.fast`). The HBM check itself runs at every
+call, against the entry's bytes. An entry's graph-key entry and cost are those of the device
+that computed them (:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.gen`), in its mode
+(lazy or eager, inside a compiled region or not) and precision: after ``reset_device`` or a
+change of either they are computed again. The kernel keeps at most 65,536 entries and starts
+afresh beyond (new constants every step, a ``steps[i]``, must not pile up).
 
 The hccl transport runs its own tensor ops under :func:`bridge_disabled` so the bridge never
 charges the emulator's data movement as device work; collectives are recorded by the
@@ -125,6 +153,7 @@ from .dynamo_skip import skip_dynamo
 from .runtime import get_device
 from .unrecorded import unrecorded
 from ..device.memory import HPUOutOfMemoryError
+from .op_accounting import TRANSFER_OPS, OpEntry
 
 __all__ = ["HpuDispatchMode", "activate", "deactivate", "is_active", "bridge_disabled", "charged_as_one_op"]
 
@@ -191,7 +220,6 @@ _DONE = _Token("nothing to record")  # a host read done before the op, or host w
 _TO_DEVICE = _Token("copied to the device")  # .to("hpu") of a host tensor, lift_fresh
 _H2D = _Token("copied into a device tensor")  # hpu.copy_(host tensor)
 _TO_COPY, _COPY, _LIFT_FRESH = _aten._to_copy.default, _aten.copy_.default, _aten.lift_fresh.default
-_TRANSFERS = frozenset({_TO_COPY, _COPY, _LIFT_FRESH, _aten._local_scalar_dense.default})
 
 
 def _transfer(dev, func, args, kwargs):
@@ -221,28 +249,31 @@ def _transfer(dev, func, args, kwargs):
     return _DONE
 
 
-def _before(func, args, kwargs):
+def _before(func, args, kwargs, entry=None):
     """Before an op on hpu tensors runs (called as :func:`_hooked` says: NOTE [the bridge in the
     kernel]): the HBM check (NOTE [HBM before host] in :mod:`.op_accounting`) and host reads;
-    returns the op's signature or a token for :func:`_after`.
+    returns the op's :class:`~hpu_runtime.bridge.op_accounting.OpEntry` or a token for
+    :func:`_after`. ``entry``: the entry the kernel kept for this op and signature (NOTE [an
+    op's entry, kept by the kernel]), or None.
 
     Raises:
         HPUOutOfMemoryError: the op's outputs would not fit; nothing was allocated.
     """
     dev = get_device()
-    if func in _TRANSFERS:
-        token = _transfer(dev, func, args, kwargs)
-        if token is not None:
-            return token
-    if kwargs:
-        device = kwargs.get("device")
-        if device is not None:
-            if device.type != "hpu":
-                return _DONE  # a host tensor (device="cpu"): not device work
-            nbytes = _factory_nbytes(args, kwargs)
-            if nbytes is not None:
-                dev.check_alloc(nbytes)
-    return dev.check_outputs(func, args, kwargs)
+    if entry is None or not entry.fast:
+        if func in TRANSFER_OPS:
+            token = _transfer(dev, func, args, kwargs)
+            if token is not None:
+                return token
+        nbytes = None
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None:
+                if device.type != "hpu":
+                    return _DONE  # a host tensor (device="cpu"): not device work
+                nbytes = _factory_nbytes(args, kwargs)
+        entry = dev.op_entry(func, args, kwargs, nbytes)
+    return dev.check_outputs(func, args, kwargs, entry)
 
 
 def _after(func, args, kwargs, out, token):
@@ -300,7 +331,7 @@ def _kernel_hooks():
         from .device_type import install
 
         lib = ctypes.PyDLL(str(install()))
-        lib.hpu_sim_set_hooks.argtypes = [ctypes.py_object, ctypes.py_object]
+        lib.hpu_sim_set_hooks.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
         lib.hpu_sim_set_hooks.restype = None
         lib.hpu_sim_set_active.argtypes = [ctypes.c_int]
         lib.hpu_sim_set_active.restype = None
@@ -308,7 +339,7 @@ def _kernel_hooks():
         lib.hpu_sim_hooks_on.restype = ctypes.c_int
         lib.hpu_sim_inside.argtypes = [ctypes.c_int]
         lib.hpu_sim_inside.restype = None
-        lib.hpu_sim_set_hooks(_before, _after)
+        lib.hpu_sim_set_hooks(_before, _after, OpEntry)
         _hooks = lib
     return _hooks
 

@@ -17,9 +17,9 @@ output larger than the free HBM raises
 :class:`~hpu_runtime.device.memory.HPUOutOfMemoryError` without touching host memory, even
 when its inputs are small (``ones(1).expand(30_000_000_000).contiguous()``, an outer product,
 a broadcast). The output size comes from running the op once on ``meta`` tensors (no
-storage) the first time an (op, signature) is seen, then from a memo: the steady-state cost
-is one dictionary lookup per op, and the signature is computed once for both the check and
-:meth:`OpAccounting.record`. A pointwise op's output shape is its tensor inputs' broadcast
+storage) the first time an (op, signature) is seen, then from the op's entry (NOTE [an op's
+entry, kept by the kernel] in :mod:`hpu_runtime.bridge.dispatch`): the steady-state cost is
+one comparison per op. A pointwise op's output shape is its tensor inputs' broadcast
 shape, so its memo key leaves float arguments out (Adam's bias corrections are new floats
 every step and would otherwise cost a meta run per op per step). Ops without a meta kernel, or whose output shape depends on the
 data (``nonzero``), are checked after they ran, when their outputs become resident.
@@ -30,6 +30,7 @@ hands it its lock, which every method here takes around the parts it touches.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +49,8 @@ from .graph_key import SCALAR_INPUT, op_signature, output_signature
 from .launcher import Launcher
 from .unrecorded import unrecorded
 
-__all__ = ["AUTOGRAD_SAVES", "FP32_AUTOCAST_OPS", "OpAccounting", "OpFacts", "OpInfo", "op_facts"]
+__all__ = ["AUTOGRAD_SAVES", "FP32_AUTOCAST_OPS", "TRANSFER_OPS", "OpAccounting", "OpEntry", "OpFacts", "OpInfo",
+           "op_facts"]
 
 _Tensor = torch.Tensor
 _aten = torch.ops.aten
@@ -100,6 +102,12 @@ _HOST_DECISIONS = frozenset({_aten._fused_sdp_choice})
 ``_fused_sdp_choice`` (which attention kernel ``scaled_dot_product_attention`` runs; called only
 where no dispatch mode is on, as on a Gaudi)."""
 
+TRANSFER_OPS = frozenset({_aten._to_copy.default, _aten.copy_.default, _aten.lift_fresh.default,
+                          _aten._local_scalar_dense.default})
+"""The ops that may copy between host and device (NOTE [the bridge over hpu tensors] in
+:mod:`hpu_runtime.bridge.dispatch`): which they do depends on their tensors' devices."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpFacts:
     """What the bridge needs to know about one op overload, whatever its arguments."""
@@ -130,6 +138,8 @@ class OpFacts:
     """The entries of :attr:`scalar_inputs` that are wrapped numbers (a Python number where the
     op takes a tensor): the only ones the eager bridge makes device tensors (NOTE [scalars as
     graph inputs])."""
+    transfer: bool
+    """In :data:`TRANSFER_OPS`."""
 
 
 _SCALARS_AS_INPUTS: dict[str, tuple[tuple[str, bool], ...]] = {
@@ -180,8 +190,50 @@ def op_facts(func) -> OpFacts:
             allocates=not view and not aliased, dynamic=torch.Tag.dynamic_output_shape in func.tags,
             pointwise=torch.Tag.pointwise in func.tags, keeps_fp32=func._overloadpacket in FP32_AUTOCAST_OPS,
             saves=AUTOGRAD_SAVES.get(func._overloadpacket, (_ALL, _ALL)), scalar_inputs=_scalar_inputs(func),
-            wrapped_inputs=_scalar_inputs(func, wrapped_only=True))
+            wrapped_inputs=_scalar_inputs(func, wrapped_only=True), transfer=func in TRANSFER_OPS)
     return facts
+
+
+_GENERATIONS = itertools.count()
+"""Hands each :class:`OpAccounting` a number of its own, for :attr:`OpEntry.gen`."""
+
+
+class OpEntry:
+    """One op overload called with one signature: what the bridge computes for it once and
+    reuses at every later call with the same signature (NOTE [an op's entry, kept by the
+    kernel] in :mod:`hpu_runtime.bridge.dispatch`). Made by :meth:`OpAccounting.entry`.
+
+    Attributes:
+        facts: the op's :class:`OpFacts`.
+        sig: its signature (:func:`~hpu_runtime.bridge.graph_key.op_signature`).
+        fast: reusable as it is: not in :data:`TRANSFER_OPS` (whether those copy between host
+            and device depends on their tensors' devices, which a signature leaves out).
+        factory_nbytes: bytes a factory with ``device="hpu"`` allocates, checked against the
+            HBM before it runs; None: not such a factory, or a size not known before.
+        out_nbytes: bytes its outputs allocate, checked against the HBM before it runs (0: not
+            checked before it runs, NOTE [HBM before host]); None until first needed.
+        gen: the :class:`OpAccounting` (its number) that computed ``mk``, ``info`` and
+            ``scalars`` for the scalar inputs ``inputs`` (an :class:`OpFacts` tuple) and the
+            precision ``low``; -1: none yet.
+        mk: its graph-key entry; info: its :class:`OpInfo`; scalars: the Python numbers it puts
+            on the device (NOTE [scalars as graph inputs]).
+    """
+
+    __slots__ = ("facts", "sig", "fast", "factory_nbytes", "out_nbytes", "gen", "inputs", "low", "mk", "info",
+                 "scalars")
+
+    def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None) -> None:
+        self.facts = facts
+        self.sig = sig
+        self.fast = not facts.transfer
+        self.factory_nbytes = factory_nbytes
+        self.out_nbytes: int | None = None
+        self.gen = -1
+        self.inputs = self.low = self.mk = self.info = self.scalars = None
+
+
+_GENERATIONS = itertools.count()
+"""Numbers each :class:`OpAccounting` (:attr:`OpEntry.gen`)."""
 
 
 _FLOAT = float  # stands for any float argument in a cost key
@@ -302,55 +354,77 @@ class OpAccounting:
         self._costs: dict = {}  # cost key (float arguments left out) -> OpInfo
         self._out_bytes: dict = {}  # (op, signature) -> bytes its outputs allocate (NOTE [HBM before host])
         self._in_kernel = 0  # > 0 inside fused_kernel(): the host ops are not charged one by one
+        self.gen = next(_GENERATIONS)  # this accounting's number (OpEntry.gen)
 
-    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:
-        """Before ``func`` runs: raise if its outputs would not fit in the free HBM (NOTE [HBM
-        before host]); returns the op's signature for :meth:`record` (None: not computed).
+    def entry(self, func, args: tuple, kwargs: dict, factory_nbytes: int | None = None) -> OpEntry:
+        """A new :class:`OpEntry` for ``func`` called with these arguments; ``factory_nbytes``:
+        bytes it allocates if it is a factory with ``device="hpu"``."""
+        facts = _FACTS.get(id(func))
+        if facts is None or facts.func is not func:
+            facts = op_facts(func)
+        return OpEntry(facts, op_signature(args, kwargs), factory_nbytes)
+
+    def check_outputs(self, func, args: tuple, kwargs: dict, entry: OpEntry) -> OpEntry:
+        """Before ``func`` runs: raise if a factory's size or its outputs would not fit in the
+        free HBM (NOTE [HBM before host]); returns ``entry`` (its :meth:`entry`) for :meth:`record`.
 
         Raises:
             HPUOutOfMemoryError: the outputs would not fit; nothing was allocated.
         """
-        facts = _FACTS.get(id(func))
-        if facts is None or facts.func is not func:
-            facts = op_facts(func)
-        if facts.ignored or not facts.allocates or facts.dynamic or self._in_kernel:
-            return None
-        sig = op_signature(args, kwargs)
+        hbm = self.residency.hbm
+        nbytes = entry.factory_nbytes
+        if nbytes is not None and nbytes > hbm.free_bytes:
+            hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
+        if self._in_kernel:
+            return entry
+        nbytes = entry.out_nbytes
+        if nbytes is None:
+            nbytes = entry.out_nbytes = self._output_bytes(entry, args, kwargs)
+        if nbytes > hbm.free_bytes:
+            hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
+        return entry
+
+    def _output_bytes(self, entry: OpEntry, args: tuple, kwargs: dict) -> int:
+        """:attr:`OpEntry.out_nbytes`: from a run on meta tensors, memoized by (op, signature);
+        0 for ops not checked before they run."""
+        facts = entry.facts
+        if facts.ignored or not facts.allocates or facts.dynamic:
+            return 0
+        sig = entry.sig
         # a pointwise op's output size depends on no scalar: Adam's new floats every step reuse it
         key = (facts.name, _without_floats(sig) if facts.pointwise else sig)
         nbytes = self._out_bytes.get(key)
         if nbytes is None:
             if len(self._out_bytes) >= _OUT_BYTES_LIMIT:
                 self._out_bytes.clear()
-            nbytes = self._out_bytes[key] = _meta_output_bytes(func, args, kwargs)
-        hbm = self.residency.hbm
-        if nbytes > hbm.free_bytes:
-            hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
-        return sig
+            nbytes = self._out_bytes[key] = _meta_output_bytes(facts.func, args, kwargs)
+        return nbytes
 
-    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:
+    def record(self, func, args: tuple, kwargs: dict, out: object, entry: OpEntry) -> None:
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the hot path; see
-        NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`); ``sig``: its
-        signature if :meth:`check_outputs` computed it."""
-        facts = _FACTS.get(id(func))
-        if facts is None or facts.func is not func:
-            facts = op_facts(func)
+        NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`); ``entry``: its
+        :meth:`entry`, as :meth:`check_outputs` returned it."""
+        facts = entry.facts
         if facts.ignored or self._in_kernel:
             return
-        if sig is None:
-            sig = op_signature(args, kwargs)
-        scalars = ()
         launcher = self.launcher
         inputs = facts.scalar_inputs if launcher.lazy else facts.wrapped_inputs if launcher.region is None else ()
-        if inputs:  # NOTE [scalars as graph inputs]: lazy mode, and eager ops outside compiled regions
-            sig, scalars = self._scalars_as_inputs(inputs, sig, args, kwargs)
         low = self.fp32_as_bf16 and not facts.keeps_fp32
-        mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
-        info = self._memo.get(mk)
-        if info is None:
-            info = self._op_info(facts, mk, args, kwargs, out, low)
+        if entry.gen == self.gen and entry.inputs is inputs and entry.low is low:
+            mk, info, scalars = entry.mk, entry.info, entry.scalars
+        else:
+            sig, scalars = entry.sig, ()
+            if inputs:  # NOTE [scalars as graph inputs]: lazy mode, and eager ops outside compiled regions
+                sig, scalars = self._scalars_as_inputs(inputs, sig, args, kwargs)
+            mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
+            info = self._memo.get(mk)
+            if info is None:
+                info = self._op_info(facts, mk, args, kwargs, out, low)
+            if not facts.dynamic:  # a dynamic op's cost depends on its outputs' shapes too
+                entry.gen, entry.inputs, entry.low, entry.mk, entry.info, entry.scalars = (
+                    self.gen, inputs, low, mk, info, scalars)
         if info.dynamic:
-            mk = (facts.name, sig, output_signature(out))
+            mk = (*mk[:2], output_signature(out))
         with self.lock:
             first = args[0] if args else None
             on_host = isinstance(first, _Tensor) and first.is_cpu  # NOTE [device residency and HBM]

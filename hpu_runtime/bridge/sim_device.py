@@ -41,7 +41,7 @@ from ..device.spec import DeviceSpec
 from ..device.timeline import StepTimes, Stream, TraceEvent
 from .fallback import FallbackPolicy
 from .launcher import CapturedGraph, GraphInfo, Launcher
-from .op_accounting import OpAccounting
+from .op_accounting import OpAccounting, OpEntry
 from .recipe_cache import RecipeCache
 
 __all__ = ["GraphInfo", "SimDevice", "StepTimes", "Stream"]
@@ -113,8 +113,9 @@ class SimDevice:
         self.ops = OpAccounting(spec, self.residency, self.card, self.launcher,
                                 fallback if fallback is not None else FallbackPolicy(), self.lock)
         # The bridge's hot path, bound on the instance so a dispatched op costs no extra call.
-        self.record = self.ops.record
+        self.op_entry = self.ops.entry
         self.check_outputs = self.ops.check_outputs
+        self.record = self.ops.record
 
     # ---- residency and HBM -------------------------------------------------------------------
     def is_resident(self, t: torch.Tensor) -> bool:
@@ -154,15 +155,20 @@ class SimDevice:
             self.launcher.copy_h2d(nbytes)
 
     # ---- ops and graphs ----------------------------------------------------------------------
-    def record(self, func, args: tuple, kwargs: dict, out: object, sig: tuple | None = None) -> None:  # shadowed
+    def op_entry(self, func, args: tuple, kwargs: dict, factory_nbytes: int | None = None) -> OpEntry:  # shadowed
+        """A new entry for ``func`` called with these arguments (see
+        :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.entry`)."""
+        return self.ops.entry(func, args, kwargs, factory_nbytes)
+
+    def check_outputs(self, func, args: tuple, kwargs: dict, entry: OpEntry) -> OpEntry:  # shadowed in __init__
+        """Raise ``HPUOutOfMemoryError`` before ``func`` runs if its outputs would not fit (see
+        :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`); returns ``entry``."""
+        return self.ops.check_outputs(func, args, kwargs, entry)
+
+    def record(self, func, args: tuple, kwargs: dict, out: object, entry: OpEntry) -> None:  # shadowed
         """Account one dispatched aten op ``func(*args, **kwargs) -> out`` (the bridge's hot
         path; see :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record`)."""
-        self.ops.record(func, args, kwargs, out, sig)
-
-    def check_outputs(self, func, args: tuple, kwargs: dict) -> tuple | None:  # shadowed in __init__
-        """Raise ``HPUOutOfMemoryError`` before ``func`` runs if its outputs would not fit (see
-        :meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`)."""
-        return self.ops.check_outputs(func, args, kwargs)
+        self.ops.record(func, args, kwargs, out, entry)
 
     def uncharged(self):
         """Context manager: the body's tensor ops run (real numerics) and are not charged."""

@@ -132,9 +132,9 @@ def _noop_dispatch_mode():
     return NoopDispatchMode
 
 
-def _no_hbm_check(func, args, kwargs) -> None:
-    """The breakdown's stand-in for the device's ``check_outputs``: no check, no signature."""
-    return None
+def _no_hbm_check(func, args, kwargs, entry):
+    """The breakdown's stand-in for the device's ``check_outputs``: the op's entry, unchecked."""
+    return entry
 
 
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
@@ -144,8 +144,8 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
     (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
     off (the device's own ``uncharged()`` switch: the floor of this bridge, the kernel's hooks
     and their body); with the bridge but no HBM check before each op (the device's
-    ``check_outputs`` answering "not computed", so the op record computes the op's signature
-    itself: the difference to the bridge is the check alone); with the bridge; and the bridge's
+    ``check_outputs`` handing the op's entry on unchecked: the difference to the bridge is the
+    check alone); with the bridge; and the bridge's
     ``mark_step`` calls alone (the launches: graph key, recipe cache, a compile's schedule on a
     miss)."""
     import torch

@@ -116,3 +116,116 @@ def test_host_to_device_copies_are_one_transfer_each():
     assert dev.ops_recorded == ops + 1
     dev.log = None
     assert torch.equal(z.cpu(), host) and torch.equal(y.cpu(), torch.tensor([1.0, 2.0]))
+
+
+class _SpyHooks:
+    """The kernel's hooks with a spy on the before hook: each call's op, its signature as
+    :func:`~hpu_runtime.bridge.graph_key.op_signature` computes it from the arguments Python
+    got, and the entry the kernel handed in (None on a signature's first call)."""
+
+    def __init__(self) -> None:
+        from hpu_runtime.bridge import dispatch
+        from hpu_runtime.bridge.graph_key import op_signature
+
+        self.calls = []
+        before = dispatch._before
+
+        def spy(func, args, kwargs, entry=None):
+            self.calls.append((str(func), op_signature(args, kwargs), entry))
+            return before(func, args, kwargs, entry)
+
+        self._dispatch, self._spy = dispatch, spy
+
+    def __enter__(self):
+        self._dispatch._kernel_hooks().hpu_sim_set_hooks(self._spy, self._dispatch._after, self._dispatch.OpEntry)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        d = self._dispatch
+        d._kernel_hooks().hpu_sim_set_hooks(d._before, d._after, d.OpEntry)
+
+
+def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
+    """The kernel keeps the bridge's entry per (op, signature) and hands it back on a later call
+    with an equal signature only (the reference: Python's op_signature of the arguments the
+    hook got): the same shapes again reuse it; another shape, another scalar value, an int where
+    a float was, a wrapped number's new value and another dtype each get a new entry."""
+    hpu.reset_device("gaudi2")
+    x, y = torch.randn(4, 3, device="hpu"), torch.randn(5, 3, device="hpu")
+    with _SpyHooks() as spy:
+        for _ in range(2):
+            x * 2.0, x * 2, x * 3.0, y * 2.0, x.to(torch.bfloat16) * 2.0
+            torch.add(x, x, alpha=2), torch.add(x, x, alpha=3)
+            x.sum(dim=[0]), x.sum(dim=[1]), torch.cat([x, y]), torch.cat([x, x])
+    calls = [c for c in spy.calls if c[0] != "aten._to_copy.default"]
+    first, second = calls[:len(calls) // 2], calls[len(calls) // 2:]
+    assert len(first) == 11 and [c[0] for c in first] == [c[0] for c in second]
+    sigs = [(name, sig) for name, sig, _ in first]
+    assert len({(name, repr(sig)) for name, sig in sigs}) == 11  # every call of a round is another signature
+    assert all(entry is None for _, _, entry in first)  # first sight of each
+    for (name, sig, entry), (_, sig0, _) in zip(second, first):
+        assert entry is not None, name  # the entry made in the first round
+        assert entry.facts.name == name and repr(entry.sig) == repr(sig) == repr(sig0)
+
+
+def test_entries_never_turn_a_transfer_into_device_work():
+    """copy_ from the host, then from the device, then from the host again, with equal
+    signatures: each host source is a host->device copy (no op), the device source one op."""
+    dev = hpu.reset_device("gaudi2")
+    host, dst = torch.randn(32), torch.empty(32, device="hpu")
+    src = host.to("hpu")
+    dev.log = []
+    ops = dev.ops_recorded
+    dst.copy_(host)
+    dst.copy_(src)
+    dst.copy_(host)
+    assert dev.ops_recorded == ops + 1
+    assert [e[0] for e in dev.log if e[0] in ("h2d", "op")] == ["h2d", "op", "h2d"]
+    dev.log = None
+
+
+def test_the_hbm_check_holds_when_the_entry_is_reused():
+    """The same factory and the same op with a kept entry are refused once the HBM no longer
+    has room for them, before the host allocates (the reference: the HBM's free bytes)."""
+    import dataclasses
+
+    import pytest
+
+    from hpu_runtime.device.memory import HPUOutOfMemoryError
+    from hpu_runtime.device.spec import get_device_spec
+
+    dev = hpu.reset_device(dataclasses.replace(get_device_spec("gaudi2"), hbm_bytes=64 << 20))
+    try:
+        n = dev.hbm.free_bytes // 4 // 3 + 1  # a third of the free HBM and a bit, in fp32 elements
+        keep = [torch.empty(n, device="hpu")]  # seen once: its entry is kept
+        a = torch.ones(1, device="hpu")
+        keep.append(a.expand(n).contiguous())  # likewise
+        with pytest.raises(HPUOutOfMemoryError):
+            torch.empty(n, device="hpu")  # the factory again, a kept entry: no longer fits
+        with pytest.raises(HPUOutOfMemoryError):
+            a.expand(n).contiguous()
+        del keep
+        assert torch.empty(n, device="hpu").shape == (n,)
+    finally:
+        hpu.reset_device("gaudi2")
+
+
+def test_a_device_reset_prices_a_kept_entry_for_the_new_device():
+    """An entry made on Gaudi2 is priced for first-gen Gaudi after reset_device("gaudi") (the
+    reference: the cost model itself for each device, and their MME rates differ)."""
+    from hpu_runtime.device.cost_model import op_cost
+    from hpu_runtime.device.spec import get_device_spec
+
+    costs = []
+    for name in ("gaudi2", "gaudi", "gaudi2"):
+        dev = hpu.reset_device(name)
+        a, b = torch.randn(64, 128, device="hpu"), torch.randn(128, 32, device="hpu")
+        dev.log = []
+        out = a @ b
+        (op,) = [e[1] for e in dev.log if e[0] == "op"]
+        dev.log = None
+        with hpu.bridge_disabled():
+            expected = op_cost(get_device_spec(name), torch.ops.aten.mm.default, (a, b), {}, out, False)
+        assert op.cost == expected
+        costs.append(op.cost.device_ns)
+    assert costs[0] == costs[2] != costs[1]

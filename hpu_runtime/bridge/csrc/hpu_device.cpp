@@ -30,10 +30,14 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -204,10 +208,11 @@ bool takes_host_indices(const c10::OperatorName& name) {
 }
 
 // ---- the bridge's hooks (NOTE [the bridge in the kernel] in hpu_runtime/bridge/dispatch.py) ----
-// Two Python callables set once by the bridge: before(func, args, kwargs) -> token and
-// after(func, args, kwargs, out, token). They are called around every aten op on hpu tensors
-// (and every .to("hpu") of a host tensor) on a thread where the bridge is active, outside the
-// hooks themselves, and not where the Python dispatch key is excluded (torch's own
+// Two Python callables set once by the bridge: before(func, args, kwargs, entry) -> token and
+// after(func, args, kwargs, out, token); entry is what an earlier before() returned for the
+// same op and signature, if that was an op entry (g_entries below), else None. They are called
+// around every aten op on hpu tensors (and every .to("hpu") of a host tensor) on a thread where
+// the bridge is active, outside the hooks themselves, and not where the Python dispatch key is excluded (torch's own
 // _DisableTorchDispatch, which bridge_disabled() and torch.tensor(..., device="hpu") use).
 PyObject* g_before = nullptr;
 PyObject* g_after = nullptr;
@@ -239,24 +244,175 @@ py::object to_py(const c10::Argument& a, const IValue& v) {
   return torch::jit::toPyObject(v);
 }
 
-// The op's arguments as Python sees them in a dispatch mode: positional ones up to the last
-// that differs from its default, keyword-only ones that differ from their default.
-py::tuple py_args(const c10::FunctionSchema& schema, const std::vector<IValue>& argv, py::dict& kwargs) {
+// Which arguments Python sees in a dispatch mode: positional ones up to the last that differs
+// from its default, keyword-only ones that differ from their default.
+std::vector<bool> passed_args(const c10::FunctionSchema& schema, const std::vector<IValue>& argv) {
   const auto& arguments = schema.arguments();
+  std::vector<bool> passed(arguments.size(), false);
   int64_t last = -1;
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto& a = arguments[i];
-    if (a.kwarg_only()) continue;
-    if (!(a.default_value().has_value() && *a.default_value() == argv[i])) last = static_cast<int64_t>(i);
+    const bool is_default = a.default_value().has_value() && *a.default_value() == argv[i];
+    if (a.kwarg_only()) {
+      passed[i] = !is_default;
+    } else if (!is_default) {
+      last = static_cast<int64_t>(i);
+    }
   }
-  py::tuple args(last + 1);
-  for (int64_t i = 0; i <= last; ++i) args[i] = to_py(arguments[i], argv[i]);
+  for (int64_t i = 0; i <= last; ++i) passed[i] = true;
+  return passed;
+}
+
+// The op's arguments as Python sees them in a dispatch mode (passed_args).
+py::tuple py_args(const c10::FunctionSchema& schema, const std::vector<IValue>& argv, const std::vector<bool>& passed,
+                  py::dict& kwargs) {
+  const auto& arguments = schema.arguments();
+  size_t npos = 0;
+  for (size_t i = 0; i < arguments.size(); ++i)
+    if (passed[i] && !arguments[i].kwarg_only()) npos = i + 1;
+  py::tuple args(npos);
+  for (size_t i = 0; i < npos; ++i) args[i] = to_py(arguments[i], argv[i]);
   for (size_t i = 0; i < arguments.size(); ++i) {
-    const auto& a = arguments[i];
-    if (!a.kwarg_only() || (a.default_value().has_value() && *a.default_value() == argv[i])) continue;
-    kwargs[py::str(a.name())] = to_py(a, argv[i]);
+    if (passed[i] && arguments[i].kwarg_only()) kwargs[py::str(arguments[i].name())] = to_py(arguments[i], argv[i]);
   }
   return args;
+}
+
+// ---- the op entries the kernel keeps (NOTE [an op's entry, kept by the kernel] in
+// hpu_runtime/bridge/dispatch.py) ----
+// An op's signature as words: the op, then each argument Python sees, as its position, a tag and
+// what graph_key.op_signature keeps of it (a tensor's dtype and sizes, a number's type and value,
+// a string's bytes...). Two calls with the same words have equal signatures. The words are the
+// key itself, compared in full on a lookup, so no two signatures share an entry.
+enum Tag : int64_t { kNone = -1, kTensor = -2, kInt = -3, kDouble = -4, kBool = -5, kString = -6, kDevice = -7,
+                     kList = -8, kGenerator = -9, kStorage = -10 };
+
+// A tensor: its dtype and sizes. A wrapped number (a Python number where the op takes a
+// tensor, which Python gets back as that number): its value.
+bool tensor_words(const at::Tensor& t, std::vector<int64_t>& w) {
+  const TensorImpl* impl = t.unsafeGetTensorImpl();
+  // a tensor subclass (a fake tensor on hpu reaches this kernel from its own dispatch), or sizes
+  // that are symbolic or custom: Python reads them itself
+  if (impl->key_set().has(DispatchKey::Python) || impl->has_symbolic_sizes_strides() || impl->is_nested()) return false;
+  if (impl->is_wrapped_number()) {
+    switch (t.scalar_type()) {
+      case at::kDouble: {
+        const double d = *t.const_data_ptr<double>();
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        w.push_back(kDouble);
+        w.push_back(bits);
+        return true;
+      }
+      case at::kLong:
+        w.push_back(kInt);
+        w.push_back(*t.const_data_ptr<int64_t>());
+        return true;
+      case at::kBool:
+        w.push_back(kBool);
+        w.push_back(*t.const_data_ptr<bool>() ? 1 : 0);
+        return true;
+      default:
+        return false;
+    }
+  }
+  w.push_back(kTensor);
+  w.push_back(static_cast<int64_t>(t.scalar_type()));
+  const auto sizes = t.sizes();
+  w.push_back(static_cast<int64_t>(sizes.size()));
+  w.insert(w.end(), sizes.begin(), sizes.end());
+  return true;
+}
+
+// false: an argument the words cannot say exactly (a symbolic size, a complex number, a script
+// object...): the call is not keyed, and the bridge computes its signature itself.
+bool value_words(const IValue& v, std::vector<int64_t>& w) {
+  if (v.isNone()) {
+    w.push_back(kNone);
+  } else if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      w.push_back(kNone);
+    } else if (!tensor_words(t, w)) {
+      return false;
+    }
+  } else if (v.isBool()) {
+    w.push_back(kBool);
+    w.push_back(v.toBool() ? 1 : 0);
+  } else if (v.isInt()) {
+    w.push_back(kInt);
+    w.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    w.push_back(kDouble);
+    w.push_back(bits);
+  } else if (v.isSymInt()) {
+    const auto i = v.toSymInt().maybe_as_int();
+    if (!i) return false;
+    w.push_back(kInt);
+    w.push_back(*i);
+  } else if (v.isString()) {
+    const std::string& str = v.toStringRef();
+    w.push_back(kString);
+    w.push_back(static_cast<int64_t>(str.size()));
+    for (size_t at = 0; at < str.size(); at += sizeof(int64_t)) {
+      int64_t chunk = 0;
+      std::memcpy(&chunk, str.data() + at, std::min(sizeof chunk, str.size() - at));
+      w.push_back(chunk);
+    }
+  } else if (v.isDevice()) {
+    w.push_back(kDevice);
+    w.push_back(static_cast<int64_t>(v.toDevice().type()));
+    w.push_back(v.toDevice().index());
+  } else if (v.isList()) {  // int, float, bool, tensor and optional-tensor lists alike
+    const auto list = v.toListRef();
+    w.push_back(kList);
+    w.push_back(static_cast<int64_t>(list.size()));
+    for (const IValue& x : list) {
+      if (x.isList() || !value_words(x, w)) return false;
+    }
+  } else if (v.isGenerator()) {
+    w.push_back(kGenerator);  // any generator: graph_key keeps its type, never its identity
+  } else if (v.isStorage()) {
+    w.push_back(kStorage);
+    w.push_back(static_cast<int64_t>(v.toStorage().nbytes()));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool signature_words(const c10::OperatorHandle& op, const std::vector<IValue>& argv, const std::vector<bool>& passed,
+                     std::vector<int64_t>& w) {
+  w.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (!passed[i]) continue;
+    w.push_back(static_cast<int64_t>(i));
+    if (!value_words(argv[i], w)) return false;
+  }
+  return true;
+}
+
+struct WordsHash {
+  size_t operator()(const std::vector<int64_t>& w) const noexcept {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ w.size();
+    for (int64_t x : w) {
+      h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// signature words -> the bridge's entry for them (a new reference), under the GIL.
+std::unordered_map<std::vector<int64_t>, PyObject*, WordsHash> g_entries;
+PyTypeObject* g_entry_type = nullptr;
+constexpr size_t kMaxEntries = size_t{1} << 16;  // new constants every step must not pile up
+
+void clear_entries() {
+  for (auto& kv : g_entries) Py_DECREF(kv.second);
+  g_entries.clear();
 }
 
 // Every result aliases an argument and nothing is written: a view (detach, alias, t, expand...).
@@ -292,16 +448,30 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   // own work is not the user's profile] in hpu_runtime/bridge/dispatch.py)
   at::RecordFunctionGuard unrecorded(false);
   pybind11::gil_scoped_acquire gil;
+  const std::vector<bool> passed = passed_args(schema, argv);
   py::dict kwargs;
-  py::tuple args = py_args(schema, argv, kwargs);
+  py::tuple args = py_args(schema, argv, passed, kwargs);
   py::handle func = torch::detail::getTorchApiFunction(op);
+  std::vector<int64_t> words;
+  words.reserve(32);
+  const bool keyed = signature_words(op, argv, passed, words);
+  PyObject* entry = nullptr;
+  if (keyed) {
+    const auto it = g_entries.find(words);
+    if (it != g_entries.end()) entry = it->second;
+  }
   py::object token;
   {
     Inside in;
     NoTorchFunction off;
-    PyObject* t = PyObject_CallFunctionObjArgs(g_before, func.ptr(), args.ptr(), kwargs.ptr(), nullptr);
+    PyObject* t = PyObject_CallFunctionObjArgs(g_before, func.ptr(), args.ptr(), kwargs.ptr(),
+                                               entry != nullptr ? entry : Py_None, nullptr);
     if (t == nullptr) throw python_error();
     token = py::reinterpret_steal<py::object>(t);
+  }
+  if (keyed && entry == nullptr && Py_TYPE(token.ptr()) == g_entry_type) {
+    if (g_entries.size() >= kMaxEntries) clear_entries();
+    g_entries.emplace(std::move(words), token.inc_ref().ptr());
   }
   {
     Inside in;
@@ -607,13 +777,17 @@ const InstallHooks install_hooks;
 
 // The bridge's switches (called through ctypes.PyDLL, with the GIL held).
 extern "C" {
-void hpu_sim_set_hooks(PyObject* before, PyObject* after) {
+void hpu_sim_set_hooks(PyObject* before, PyObject* after, PyObject* entry_type) {
   Py_XINCREF(before);
   Py_XINCREF(after);
+  Py_XINCREF(entry_type);
   Py_XDECREF(g_before);
   Py_XDECREF(g_after);
+  Py_XDECREF(reinterpret_cast<PyObject*>(g_entry_type));
   g_before = before;
   g_after = after;
+  g_entry_type = reinterpret_cast<PyTypeObject*>(entry_type);
+  clear_entries();
 }
 void hpu_sim_set_active(int on) { t_active = on != 0; }
 int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
