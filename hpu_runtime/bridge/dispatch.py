@@ -71,8 +71,8 @@ with its arguments as Python objects (about 0.8 us here: with hooks that return 
 throwaway variant, the digits MLP's step was 1.38-1.41x plain PyTorch, against 1.17x with the
 bridge off), the hooks' own body (the transfer and factory checks), and the accounting: the HBM
 check (:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`) and
-:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record` (storages read and written, one
-op record). What depends on the op and its signature only (the signature itself, the op's
+:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record` (storages read and written,
+NOTE [an op's storages, in the kernel library] in :mod:`.op_accounting`; one op record). What depends on the op and its signature only (the signature itself, the op's
 facts, its output bytes, its graph-key entry and cost) is computed once per signature and kept
 by the kernel (NOTE [an op's entry, kept by the kernel]). The kernel runs the hooks with
 torch-function handling off (set in C++, at no cost; the Python context manager cost about
@@ -82,14 +82,19 @@ torch-function handling off (set in C++, at no cost; the Python context manager 
 otherwise cost 0.1 us). ``python -m hpu_runtime.tools.bench_overhead --breakdown`` measures
 the whole and its parts (wall-clock, against plain PyTorch): the bridge with its accounting
 switched off (the breakdown's "bridge, no accounting": the kernel's hooks and their body) is
-1.8x plain, the whole bridge 2.8-2.9x (3.3-3.4x before the kernel kept entries, 4.4-4.5x as a
-dispatch mode); the accounting is the rest, about 4 us per op (the step hooks 87 aten ops):
-the HBM check about 0.1x plain (the breakdown's "bridge, no HBM check") and the op record
-about 1x. A bridge within 2x of plain PyTorch needs the op record in the C++
-kernel too: a stripped Python record behind the same hooks (steady state only, no scalars,
-saves or autocast; a throwaway variant) still made 2.8x, so Python per op cannot fit; the
-graph's pricing at ``mark_step`` would then have to reuse a recipe's accounting rather than
-loop over its ops, as the real bridge reuses a recipe.
+1.8x plain, the whole bridge 2.75-2.9x (3.3-3.4x before the kernel kept entries and the op
+record's storage loop moved into the kernel library, 4.4-4.5x as a dispatch mode); the
+accounting is the rest, about 3.8 us per op (the step hooks 87 aten ops): the HBM check about
+0.1x plain (the breakdown's "bridge, no HBM check") and the op record about 0.9x. Throwaway
+variants in one run (2.86x whole) split the record: without its storages (``storage_io``
+answering nothing: no residency, no HBM) 2.33x, without appending the record to the pending
+graph 2.65x, the record returning at once 1.87x. So what is left is Python per op: the record's
+own body, the residency's registration and frees (``Residency.register``, the storages'
+weak-reference callbacks, the HBM counters), appending the record; and the hooks' two calls
+with their arguments as Python objects. A bridge within 2x of plain PyTorch needs those in the
+C++ kernel too: residency and HBM counters keyed by the storage in C++, the op log appended
+there, and the graph's pricing at ``mark_step`` reusing a recipe's accounting rather than
+looping over its ops, as the real bridge reuses a recipe.
 
 NOTE [an op's entry, kept by the kernel]
 Most of what the bridge needs about an op depends on the op and its signature only: the

@@ -24,6 +24,22 @@ shape, so its memo key leaves float arguments out (Adam's bias corrections are n
 every step and would otherwise cost a meta run per op per step). Ops without a meta kernel, or whose output shape depends on the
 data (``nonzero``), are checked after they ran, when their outputs become resident.
 
+NOTE [an op's storages, in the kernel library]
+What an op record says of storages is worked out per call, since it depends on the tensors
+and not on the signature: the serial and bytes of each device-resident tensor argument
+(registering an hpu storage the bridge has not seen made), the serial, bytes and kept flag of
+each device result (registering a new storage, which allocates it on the HBM), and the
+arguments autograd keeps for the op's backward (:data:`AUTOGRAD_SAVES`, when an argument
+requires grad and grad mode is on). That loop over the op's tensors was the op record's
+largest part in Python (about 0.5x plain PyTorch on the digits MLP: a throwaway record without
+it gave 2.07x against 2.63x in the same run), so it is ``storage_io`` in the hpu kernel
+library (``csrc/hpu_device.cpp``), a builtin function the record calls for live and traced
+ops alike (one implementation: fake tensors reach it as real ones do). It reads the same
+Python objects the record did (``id(t.untyped_storage())`` in :attr:`Residency.refs
+<hpu_runtime.device.residency.Residency.refs>`, :meth:`Residency.register
+<hpu_runtime.device.residency.Residency.register>` for a new storage, a ``StorageRef``'s
+serial), so residency, HBM and serials stay where they were.
+
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.
 """
@@ -40,7 +56,7 @@ import torch
 
 from ..api import metrics
 from ..device.card import Card
-from ..device.cost_model import OpCost, charged_nbytes, host_op_time_ns, op_cost, op_time_ns, pcie_ns
+from ..device.cost_model import OpCost, host_op_time_ns, op_cost, op_time_ns, pcie_ns
 from ..device.lazy_graph import OpRecord
 from ..device.residency import Residency
 from ..device.spec import DeviceSpec
@@ -286,22 +302,6 @@ class OpInfo:
     dynamic: bool
 
 
-def _saved_arguments(pattern, tensors: list, serials: list) -> tuple[int, ...]:
-    """Serials of the resident tensor arguments autograd keeps (see :data:`AUTOGRAD_SAVES`)."""
-    if pattern == _ALL:
-        return tuple(s for s in serials if s >= 0)
-    if pattern == "mul" or pattern == "div":
-        if len(tensors) < 2:
-            return ()
-        kept = []
-        if tensors[0].requires_grad and serials[1] >= 0:
-            kept.append(serials[1])
-        if pattern == "mul" and tensors[1].requires_grad and serials[0] >= 0:
-            kept.append(serials[0])
-        return tuple(kept)
-    return tuple(serials[i] for i in pattern if i < len(serials) and serials[i] >= 0)
-
-
 def out_tensors(out: object) -> list:
     """The tensors among an op's outputs."""
     if isinstance(out, _Tensor):
@@ -320,6 +320,38 @@ def _dtypes(args: tuple, kwargs: dict, out: object) -> set:
             found.update(x.dtype for x in a if isinstance(x, _Tensor))
     found.update(o.dtype for o in out_tensors(out))
     return found
+
+
+_STORAGE_IO = None
+
+
+def _storage_io():
+    """The kernel library's ``storage_io`` (NOTE [an op's storages, in the kernel library]),
+    loaded once: ``storage_io(resident, register, args, kwargs, out, allocates, low, saves_in,
+    saves_out) -> (reads, writes, saves)``, or None when the op reads and writes nothing on the
+    device. ``resident``: :attr:`Residency.refs`; ``register``: :meth:`Residency.register`;
+    ``args`` a tuple, ``kwargs`` a dict or None; ``allocates``: the results are new storages;
+    ``low``: fp32 counts 2 bytes an element; ``saves_in``/``saves_out``: the op's
+    :data:`AUTOGRAD_SAVES` entry. ``reads``: ``(serial, bytes)`` per resident tensor argument;
+    ``writes``: :data:`~hpu_runtime.device.lazy_graph.Write` per device result; ``saves``:
+    serials of the arguments autograd keeps.
+
+    Raises (from the function):
+        TypeError: ``args`` not a tuple, ``kwargs`` neither a dict nor None.
+        NotImplementedError: a tensor without storage.
+        HPUOutOfMemoryError: a new result does not fit in the HBM.
+    """
+    global _STORAGE_IO
+    if _STORAGE_IO is None:
+        import ctypes
+
+        from .device_type import install
+
+        lib = ctypes.PyDLL(str(install()))
+        lib.hpu_sim_storage_io.argtypes = []
+        lib.hpu_sim_storage_io.restype = ctypes.py_object
+        _STORAGE_IO = lib.hpu_sim_storage_io()
+    return _STORAGE_IO
 
 
 class OpAccounting:
@@ -434,47 +466,11 @@ class OpAccounting:
                 return
             if not info.allocates and on_host:
                 return  # in place on a host tensor (parameter init, a CPU step counter): host work
-            resident = self.residency.refs
-            register = self.residency.register
-            reads = []
-            tensors, serials = [], []  # every tensor argument, and its serial (-1: not resident)
-            rg = False  # autograd will record this op (and keep what AUTOGRAD_SAVES says)
-            for a in (*args, *kwargs.values()) if kwargs else args:
-                if isinstance(a, _Tensor):
-                    rg = rg or a.requires_grad
-                    st = a.untyped_storage()
-                    ref = resident.get(id(st))
-                    if ref is None and not a.is_cpu:  # an hpu tensor the bridge has not seen made
-                        ref = register(st)
-                    tensors.append(a)
-                    serials.append(-1 if ref is None else ref.serial)
-                    if ref is not None:
-                        reads.append((ref.serial, charged_nbytes(a, low) if low else a.nbytes))
-                elif isinstance(a, (list, tuple)):
-                    for x in a:
-                        if isinstance(x, _Tensor):
-                            rg = rg or x.requires_grad
-                            st = x.untyped_storage()
-                            ref = resident.get(id(st))
-                            if ref is None and not x.is_cpu:
-                                ref = register(st)
-                            tensors.append(x)
-                            serials.append(-1 if ref is None else ref.serial)
-                            if ref is not None:
-                                reads.append((ref.serial, charged_nbytes(x, low) if low else x.nbytes))
-            rg = rg and torch.is_grad_enabled()
-            saved = facts.saves[1] if rg else ()
-            writes = []
-            allocates = info.allocates
-            for k, o in enumerate((out,) if isinstance(out, _Tensor) else out_tensors(out)):
-                if o.is_cpu:
-                    continue  # a host result
-                st = o.untyped_storage()
-                ref = register(st) if allocates else resident.get(id(st))
-                writes.append((-1 if ref is None else ref.serial, charged_nbytes(o, low) if low else o.nbytes,
-                               allocates, saved == _ALL or k in saved))
-            if not reads and not writes:
+            io = (_STORAGE_IO or _storage_io())(self.residency.refs, self.residency.register, args, kwargs or None,
+                                                out, info.allocates, low, *facts.saves)
+            if io is None:
                 return  # host work: nothing on the device read or written
+            reads, writes, saves = io
             for v in scalars:
                 self._scalar_to_device(v)
             if info.fallback:
@@ -482,10 +478,9 @@ class OpAccounting:
                 return
             if low and info.cost.engine == "MME":
                 self._charge_weight_casts(args)
-            saves = _saved_arguments(facts.saves[0], tensors, serials) if rg else ()
             if launcher.capture is not None:
-                launcher.capture.append((func, args, kwargs, out, allocates))
-            launcher.append_op(OpRecord(mk, info.cost, tuple(reads), tuple(writes), saves))
+                launcher.capture.append((func, args, kwargs, out, info.allocates))
+            launcher.append_op(OpRecord(mk, info.cost, reads, writes, saves))
 
     def _scalars_as_inputs(self, inputs: tuple, sig: tuple, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
         """``(sig, values)``: ``sig`` with each Python number that the lazy bridge makes a graph

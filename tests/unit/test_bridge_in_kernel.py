@@ -229,3 +229,45 @@ def test_a_device_reset_prices_a_kept_entry_for_the_new_device():
         assert op.cost == expected
         costs.append(op.cost.device_ns)
     assert costs[0] == costs[2] != costs[1]
+
+
+def test_storage_io_reads_writes_and_saves_as_worked_out_by_hand():
+    """The op record's storages from the kernel library (NOTE [an op's storages, in the kernel
+    library]) on a fresh residency, against serials, bytes and saves worked out by hand from
+    PyTorch's derivatives.yaml patterns."""
+    import pytest
+
+    from hpu_runtime.bridge.op_accounting import _storage_io
+    from hpu_runtime.device.memory import HBMModel
+    from hpu_runtime.device.residency import Residency
+    from hpu_runtime.device.spec import get_device_spec
+
+    io = _storage_io()
+    res = Residency(HBMModel.from_spec(get_device_spec("gaudi2")))
+    with hpu.bridge_disabled():
+        a = torch.randn(4, 8, device="hpu", requires_grad=True)  # fp32: 128 bytes
+        b = torch.randn(4, 8, device="hpu")
+        host = torch.tensor(2.0)
+        out = torch.empty(4, 8, device="hpu")
+        pair = (torch.empty(2, device="hpu"), torch.empty(3))  # an hpu and a host result
+    # mul(a, b), a requiring grad: reads a and b (each registered at first sight: serials 0, 1),
+    # writes a new storage (serial 2), autograd keeps b (the factor of the input that requires grad)
+    reads, writes, saves = io(res.refs, res.register, (a, b), None, out, True, False, "mul", ())
+    assert reads == ((0, 128), (1, 128)) and writes == ((2, 128, True, False),) and saves == (1,)
+    assert res.hbm.stats().in_use_bytes == 3 * a.untyped_storage().nbytes()
+    # in bf16 accounting fp32 counts 2 bytes; a host scalar is no read; positions (0,) of the
+    # results kept: the first, the hpu one (the host one is not written on the device)
+    reads, writes, saves = io(res.refs, res.register, (b, host), {"alpha": 1}, pair, True, True, (1,), (0,))
+    assert reads == ((1, 64),) and writes == ((3, 4, True, False),) and saves == ()  # nothing requires grad
+    # a list argument (cat) and "all": every resident argument kept; the output in place (not
+    # allocating) keeps its serial
+    with hpu.bridge_disabled():
+        c = torch.ones(4, 8, device="hpu", requires_grad=True)
+    reads, writes, saves = io(res.refs, res.register, ([a, c],), {}, out, False, False, "all", "all")
+    assert reads == ((0, 128), (4, 128)) and writes == ((2, 128, False, True),) and saves == (0, 4)
+    with torch.no_grad():  # grad off: autograd keeps nothing
+        assert io(res.refs, res.register, (a, b), None, out, True, False, "all", "all")[2] == ()
+    # host work: nothing on the device read or written
+    assert io(res.refs, res.register, (host,), None, torch.zeros(1), True, False, "all", "all") is None
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        io(res.refs, res.register, [a], None, out, True, False, "all", "all")

@@ -25,6 +25,8 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
@@ -423,6 +425,165 @@ bool pure_view(const c10::FunctionSchema& schema) {
   return true;
 }
 
+// ---- an op record's storages (NOTE [an op's storages, in the kernel library] in
+// hpu_runtime/bridge/op_accounting.py) ----
+// storage_io(resident, register, args, kwargs, out, allocates, low, saves_in, saves_out) ->
+// (reads, writes, saves), or None when the op reads and writes nothing on the device. A builtin
+// function (METH_FASTCALL) that the op record calls from Python, for live and traced ops alike.
+struct StorageIo {
+  PyObject* resident;  // id(storage) -> StorageRef
+  PyObject* reg;       // Residency.register
+  bool low;
+  py::list reads;
+  std::vector<int64_t> serials;  // every tensor argument's serial, -1: not resident
+  std::vector<bool> grads;       // and whether it requires grad
+};
+
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw python_error();
+  return o;  // kept for the process
+}
+
+int64_t charged_nbytes(const at::Tensor& t, bool low) {  // as cost_model.charged_nbytes
+  if (low && t.scalar_type() == at::kFloat) return t.numel() * 2;
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// The storage of `t` as Python sees it (t.untyped_storage()), and its StorageRef if resident
+// (registering an hpu storage the bridge has not seen made, when `reg` is given).
+py::object storage_ref(const at::Tensor& t, PyObject* resident, PyObject* reg) {
+  TORCH_CHECK_NOT_IMPLEMENTED(t.has_storage(), "the bridge cannot account a tensor without storage");
+  py::object st = py::reinterpret_steal<py::object>(THPStorage_Wrap(t.storage()));
+  if (!st) throw python_error();
+  py::object key = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(st.ptr()));
+  if (!key) throw python_error();
+  PyObject* ref = PyDict_GetItemWithError(resident, key.ptr());
+  if (ref != nullptr) return py::reinterpret_borrow<py::object>(ref);
+  if (PyErr_Occurred()) throw python_error();
+  if (reg == nullptr) return py::object();
+  PyObject* made = PyObject_CallOneArg(reg, st.ptr());
+  if (made == nullptr) throw python_error();
+  return py::reinterpret_steal<py::object>(made);
+}
+
+int64_t serial_of(const py::object& ref) {
+  static PyObject* name = interned("serial");
+  if (!ref) return -1;
+  py::object s = py::reinterpret_steal<py::object>(PyObject_GetAttr(ref.ptr(), name));
+  if (!s) throw python_error();
+  const int64_t v = PyLong_AsLongLong(s.ptr());
+  if (v == -1 && PyErr_Occurred()) throw python_error();
+  return v;
+}
+
+void read_arg(StorageIo& io, PyObject* a) {
+  if (!THPVariable_Check(a)) return;
+  const at::Tensor& t = THPVariable_Unpack(a);
+  const bool on_host = t.is_cpu();
+  const py::object ref = storage_ref(t, io.resident, on_host ? nullptr : io.reg);
+  const int64_t serial = serial_of(ref);
+  io.serials.push_back(serial);
+  io.grads.push_back(t.requires_grad());
+  if (ref) io.reads.append(py::make_tuple(serial, charged_nbytes(t, io.low)));
+}
+
+void read_value(StorageIo& io, PyObject* v) {
+  if (PyList_Check(v) || PyTuple_Check(v)) {
+    PyObject* seq = PySequence_Fast(v, "");
+    if (seq == nullptr) throw python_error();
+    py::object keep = py::reinterpret_steal<py::object>(seq);
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; ++i) read_arg(io, items[i]);
+  } else {
+    read_arg(io, v);
+  }
+}
+
+bool is_str(PyObject* o, const char* s) { return PyUnicode_Check(o) && PyUnicode_CompareWithASCIIString(o, s) == 0; }
+
+// The serials of the resident arguments autograd keeps (op_accounting.AUTOGRAD_SAVES).
+py::tuple saved_arguments(PyObject* pattern, const StorageIo& io) {
+  std::vector<int64_t> kept;
+  const auto& s = io.serials;
+  if (is_str(pattern, "all")) {
+    for (int64_t x : s)
+      if (x >= 0) kept.push_back(x);
+  } else if (is_str(pattern, "mul") || is_str(pattern, "div")) {
+    if (s.size() >= 2) {
+      if (io.grads[0] && s[1] >= 0) kept.push_back(s[1]);
+      if (is_str(pattern, "mul") && io.grads[1] && s[0] >= 0) kept.push_back(s[0]);
+    }
+  } else {
+    py::tuple positions = py::reinterpret_borrow<py::tuple>(pattern);
+    for (const auto& p : positions) {
+      const auto i = p.cast<size_t>();
+      if (i < s.size() && s[i] >= 0) kept.push_back(s[i]);
+    }
+  }
+  py::tuple out(kept.size());
+  for (size_t i = 0; i < kept.size(); ++i) out[i] = kept[i];
+  return out;
+}
+
+bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or positions
+  if (is_str(pattern, "all")) return true;
+  if (!PyTuple_Check(pattern)) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(pattern); ++i)
+    if (PyLong_AsSsize_t(PyTuple_GET_ITEM(pattern, i)) == k) return true;
+  return false;
+}
+
+PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "storage_io takes 9 arguments");
+    return nullptr;
+  }
+  PyObject *args = argv[2], *kwargs = argv[3], *out = argv[4];
+  if (!PyTuple_Check(args) || (kwargs != Py_None && !PyDict_Check(kwargs)) || !PyDict_Check(argv[0])) {
+    PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None, resident a dict");
+    return nullptr;
+  }
+  StorageIo io{argv[0], argv[1], argv[6] == Py_True, py::list(), {}, {}};
+  const bool allocates = argv[5] == Py_True;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) read_value(io, PyTuple_GET_ITEM(args, i));
+  if (kwargs != Py_None) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(kwargs, &pos, &k, &v)) read_value(io, v);
+  }
+  bool rg = false;
+  for (bool g : io.grads) rg = rg || g;
+  rg = rg && at::GradMode::is_enabled();
+  PyObject* saves_out = rg ? argv[8] : nullptr;
+  py::list writes;
+  std::vector<PyObject*> outs;
+  if (THPVariable_Check(out)) {
+    outs.push_back(out);
+  } else if (PyList_Check(out) || PyTuple_Check(out)) {
+    for (Py_ssize_t i = 0; i < PySequence_Size(out); ++i) {
+      PyObject* o = PyList_Check(out) ? PyList_GET_ITEM(out, i) : PyTuple_GET_ITEM(out, i);
+      if (THPVariable_Check(o)) outs.push_back(o);
+    }
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const at::Tensor& t = THPVariable_Unpack(outs[k]);
+    if (t.is_cpu()) continue;  // a host result
+    const py::object ref = storage_ref(t, io.resident, allocates ? io.reg : nullptr);
+    const bool kept = saves_out != nullptr && in_pattern(saves_out, static_cast<Py_ssize_t>(k));
+    writes.append(py::make_tuple(serial_of(ref), charged_nbytes(t, io.low), allocates, kept));
+  }
+  if (io.reads.empty() && writes.empty()) Py_RETURN_NONE;
+  py::tuple saves = rg ? saved_arguments(argv[7], io) : py::tuple();
+  return py::make_tuple(py::tuple(io.reads), py::tuple(writes), saves).release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef g_storage_io_def = {"storage_io", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&storage_io)),
+                                METH_FASTCALL, "An op record's storages (hpu_runtime.bridge.op_accounting)."};
+
 struct Inside {
   Inside() { ++t_inside; }
   ~Inside() { --t_inside; }
@@ -791,5 +952,6 @@ void hpu_sim_set_hooks(PyObject* before, PyObject* after, PyObject* entry_type) 
 }
 void hpu_sim_set_active(int on) { t_active = on != 0; }
 int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
+PyObject* hpu_sim_storage_io() { return PyCFunction_New(&g_storage_io_def, nullptr); }
 void hpu_sim_inside(int delta) { t_inside += delta; }
 }
