@@ -148,20 +148,21 @@ class _SpyHooks:
 def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
     """The kernel keeps the bridge's entry per (op, signature) and hands it back on a later call
     with an equal signature only (the reference: Python's op_signature of the arguments the
-    hook got): the same shapes again reuse it; another shape, another scalar value, an int where
-    a float was, a wrapped number's new value and another dtype each get a new entry."""
+    hook got): the same shapes again reuse it; another shape, another scalar value (an int or a
+    float Scalar), an int where a float was, a wrapped number's new value and another dtype each
+    get a new entry."""
     hpu.reset_device("gaudi2")
     x, y = torch.randn(4, 3, device="hpu"), torch.randn(5, 3, device="hpu")
     with _SpyHooks() as spy:
         for _ in range(2):
             x * 2.0, x * 2, x * 3.0, y * 2.0, x.to(torch.bfloat16) * 2.0
-            torch.add(x, x, alpha=2), torch.add(x, x, alpha=3)
+            torch.add(x, x, alpha=2), torch.add(x, x, alpha=3), x.pow(2.5), x.pow(3.5)  # Scalar int, float
             x.sum(dim=[0]), x.sum(dim=[1]), torch.cat([x, y]), torch.cat([x, x])
     calls = [c for c in spy.calls if c[0] != "aten._to_copy.default"]
     first, second = calls[:len(calls) // 2], calls[len(calls) // 2:]
-    assert len(first) == 11 and [c[0] for c in first] == [c[0] for c in second]
+    assert len(first) == 13 and [c[0] for c in first] == [c[0] for c in second]
     sigs = [(name, sig) for name, sig, _ in first]
-    assert len({(name, repr(sig)) for name, sig in sigs}) == 11  # every call of a round is another signature
+    assert len({(name, repr(sig)) for name, sig in sigs}) == 13  # every call of a round is another signature
     assert all(entry is None for _, _, entry in first)  # first sight of each
     for (name, sig, entry), (_, sig0, _) in zip(second, first):
         assert entry is not None, name  # the entry made in the first round
@@ -194,16 +195,22 @@ def test_the_hbm_check_holds_when_the_entry_is_reused():
     from hpu_runtime.device.memory import HPUOutOfMemoryError
     from hpu_runtime.device.spec import get_device_spec
 
+    import traceback
+
+    def refused_before_it_runs(op) -> None:  # by the before hook, not when its result is made resident
+        with pytest.raises(HPUOutOfMemoryError) as err:
+            op()
+        names = [frame.name for frame in traceback.extract_tb(err.value.__traceback__)]
+        assert "_before" in names and "_after" not in names, names
+
     dev = hpu.reset_device(dataclasses.replace(get_device_spec("gaudi2"), hbm_bytes=64 << 20))
     try:
         n = dev.hbm.free_bytes // 4 // 3 + 1  # a third of the free HBM and a bit, in fp32 elements
         keep = [torch.empty(n, device="hpu")]  # seen once: its entry is kept
         a = torch.ones(1, device="hpu")
         keep.append(a.expand(n).contiguous())  # likewise
-        with pytest.raises(HPUOutOfMemoryError):
-            torch.empty(n, device="hpu")  # the factory again, a kept entry: no longer fits
-        with pytest.raises(HPUOutOfMemoryError):
-            a.expand(n).contiguous()
+        refused_before_it_runs(lambda: torch.empty(n, device="hpu"))  # a kept entry: no longer fits
+        refused_before_it_runs(lambda: a.expand(n).contiguous())
         del keep
         assert torch.empty(n, device="hpu").shape == (n,)
     finally:
