@@ -111,7 +111,10 @@ the signature as words (``signature_words`` in ``csrc/hpu_device.cpp``: the op, 
 argument Python gets its position and what the signature keeps of it: a tensor's dtype and
 sizes, a number's type and value, a wrapped number's value, a string's bytes, a list's
 elements). On a later call whose words are equal, the before hook gets the entry and skips all
-of that, as Habana's eager bridge keys each op in C++ (``EagerExec::calculate_operator_key`` in
+of that (and when the entry has nothing left to check before the op runs, no transfer, no
+factory size, no output bytes, as for a view or an in-place op, the kernel skips the before hook
+and hands the entry to the after hook: about 0.08x plain on the digits MLP, where 48 of the 87
+hooked ops per step are such), as Habana's eager bridge keys each op in C++ (``EagerExec::calculate_operator_key`` in
 HabanaAI/gaudi-pytorch-bridge ``habana_eager/eager_exec.cpp``). The words are compared in full,
 not by hash alone, so two signatures never share an entry; a call whose arguments the words
 cannot state exactly (a tensor subclass such as a fake tensor, symbolic sizes, a script

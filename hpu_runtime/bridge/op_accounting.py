@@ -228,6 +228,9 @@ class OpEntry:
             HBM before it runs; None: not such a factory, or a size not known before.
         out_nbytes: bytes its outputs allocate, checked against the HBM before it runs (0: not
             checked before it runs, NOTE [HBM before host]); None until first needed.
+        before: the before hook has something to do for it (False once ``out_nbytes`` is 0 for
+            a ``fast`` entry with no ``factory_nbytes``: a view, an in-place op); the kernel then
+            hands the entry straight to the after hook.
         gen: the :class:`OpAccounting` (its number) that computed ``mk``, ``info`` and
             ``scalars`` for the scalar inputs ``inputs`` (an :class:`OpFacts` tuple) and the
             precision ``low``; -1: none yet.
@@ -235,8 +238,8 @@ class OpEntry:
             on the device (NOTE [scalars as graph inputs]).
     """
 
-    __slots__ = ("facts", "sig", "fast", "factory_nbytes", "out_nbytes", "gen", "inputs", "low", "mk", "info",
-                 "scalars")
+    __slots__ = ("facts", "sig", "fast", "factory_nbytes", "out_nbytes", "before", "gen", "inputs", "low", "mk",
+                 "info", "scalars")
 
     def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None) -> None:
         self.facts = facts
@@ -244,6 +247,7 @@ class OpEntry:
         self.fast = not facts.transfer
         self.factory_nbytes = factory_nbytes
         self.out_nbytes: int | None = None
+        self.before = True
         self.gen = -1
         self.inputs = self.low = self.mk = self.info = self.scalars = None
 
@@ -412,6 +416,7 @@ class OpAccounting:
         nbytes = entry.out_nbytes
         if nbytes is None:
             nbytes = entry.out_nbytes = self._output_bytes(entry, args, kwargs)
+            entry.before = bool(nbytes) or not entry.fast or entry.factory_nbytes is not None
         if nbytes > hbm.free_bytes:
             hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
         return entry

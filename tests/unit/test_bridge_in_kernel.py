@@ -278,3 +278,23 @@ def test_storage_io_reads_writes_and_saves_as_worked_out_by_hand():
     assert io(res.refs, res.register, (host,), None, torch.zeros(1), True, False, "all", "all") is None
     with pytest.raises(TypeError, match="args must be a tuple"):
         io(res.refs, res.register, [a], None, out, True, False, "all", "all")
+
+
+def test_a_kept_entry_with_nothing_to_check_skips_the_before_hook_and_is_still_recorded():
+    """A view and an in-place op (no output bytes, no transfer, no factory) are seen by the
+    before hook once; later calls go straight to the after hook and are recorded as before (the
+    reference: the ops and graph-key entries of the first round); an allocating op keeps its
+    check every time."""
+    dev = hpu.reset_device("gaudi2")
+    x = torch.randn(4, 3, device="hpu")
+    rounds = []
+    with _SpyHooks() as spy:
+        for _ in range(3):
+            hpu.mark_step()
+            n, ops = len(spy.calls), dev.ops_recorded
+            x.t(), x.add_(1.0), x * 2.0
+            rounds.append(([c[0] for c in spy.calls[n:]], dev.ops_recorded - ops, _keys(dev)))
+    assert rounds[0][0] == ["aten.t.default", "aten.add_.Tensor", "aten.mul.Tensor"]
+    assert rounds[1][0] == rounds[2][0] == ["aten.mul.Tensor"]  # the view and the in-place op skip it
+    assert rounds[0][1:] == rounds[1][1:] == rounds[2][1:] == (2, ["aten.t.default", "aten.add_.Tensor",
+                                                                   "aten.mul.Tensor"])

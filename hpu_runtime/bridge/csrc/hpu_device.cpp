@@ -412,6 +412,16 @@ std::unordered_map<std::vector<int64_t>, PyObject*, WordsHash> g_entries;
 PyTypeObject* g_entry_type = nullptr;
 constexpr size_t kMaxEntries = size_t{1} << 16;  // new constants every step must not pile up
 
+// Whether the before hook has anything to do for a kept entry (OpEntry.before: False once the
+// bridge knows it checks nothing: no transfer, no factory size, no output bytes).
+bool needs_before(PyObject* entry) {
+  static PyObject* name = PyUnicode_InternFromString("before");
+  PyObject* v = PyObject_GetAttr(entry, name);
+  if (v == nullptr) throw python_error();
+  Py_DECREF(v);  // a bool: immortal here, alive while the entry is
+  return v != Py_False;
+}
+
 void clear_entries() {
   for (auto& kv : g_entries) Py_DECREF(kv.second);
   g_entries.clear();
@@ -622,7 +632,9 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
     if (it != g_entries.end()) entry = it->second;
   }
   py::object token;
-  {
+  if (entry != nullptr && !needs_before(entry)) {
+    token = py::reinterpret_borrow<py::object>(entry);
+  } else {
     Inside in;
     NoTorchFunction off;
     PyObject* t = PyObject_CallFunctionObjArgs(g_before, func.ptr(), args.ptr(), kwargs.ptr(),
