@@ -66,7 +66,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DeviceTypeBuildError", "cpu_view", "install", "library_path"]
+__all__ = ["DeviceTypeBuildError", "cpu_view", "install", "library", "library_path"]
 
 _SOURCES = tuple(Path(__file__).with_name("csrc") / f for f in ("hpu_device.cpp", "hpu_autocast.cpp"))
 _LOCK_TIMEOUT_S = 900.0
@@ -198,6 +198,38 @@ def install() -> Path:
     _fake_strides_as_the_kernels_make_them()
     _loaded = so
     return so
+
+
+_library = None  # the loaded library's C functions (ctypes), once installed
+
+
+def library():
+    """The library's C functions, through ``ctypes.PyDLL`` (called with the GIL held), with their
+    signatures declared: the bridge's switches (``hpu_sim_set_hooks``, ``hpu_sim_set_active``,
+    ``hpu_sim_hooks_on``, ``hpu_sim_inside``: NOTE [the bridge in the kernel] in
+    :mod:`hpu_runtime.bridge.dispatch`) and ``hpu_sim_storage_io`` (NOTE [an op's storages, in
+    the kernel library] in :mod:`hpu_runtime.bridge.op_accounting`). Installs it first.
+
+    Raises:
+        DeviceTypeBuildError: as :func:`install`.
+    """
+    global _library
+    if _library is None:
+        import ctypes
+
+        lib = ctypes.PyDLL(str(install()))
+        lib.hpu_sim_set_hooks.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
+        lib.hpu_sim_set_hooks.restype = None
+        lib.hpu_sim_set_active.argtypes = [ctypes.c_int]
+        lib.hpu_sim_set_active.restype = None
+        lib.hpu_sim_hooks_on.argtypes = []
+        lib.hpu_sim_hooks_on.restype = ctypes.c_int
+        lib.hpu_sim_inside.argtypes = [ctypes.c_int]
+        lib.hpu_sim_inside.restype = None
+        lib.hpu_sim_storage_io.argtypes = []
+        lib.hpu_sim_storage_io.restype = ctypes.py_object
+        _library = lib
+    return _library
 
 
 def _noncontiguous_supported(device) -> bool:

@@ -123,7 +123,7 @@ for every op. What depends on the call and not on its signature is never kept: t
 op reads and writes, whether autograd records it, and whether a copy moves data between host
 and device (``copy_``, ``_to_copy``, ``lift_fresh``, ``_local_scalar_dense``: their signature
 leaves the devices out, so their entries are never reused,
-:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.fast`). The HBM check itself runs at every
+:attr:`~hpu_runtime.bridge.op_accounting.OpFacts.transfer`). The HBM check itself runs at every
 call, against the entry's bytes. An entry's graph-key entry and cost are those of the device
 that computed them (:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.gen`), in its mode
 (lazy or eager, inside a compiled region or not) and precision: after ``reset_device`` or a
@@ -273,7 +273,7 @@ def _before(func, args, kwargs, entry=None):
         HPUOutOfMemoryError: the op's outputs would not fit; nothing was allocated.
     """
     dev = get_device()
-    if entry is None or not entry.fast:
+    if entry is None or entry.facts.transfer:
         if func in TRANSFER_OPS:
             token = _transfer(dev, func, args, kwargs)
             if token is not None:
@@ -336,22 +336,13 @@ _hooks = None  # the kernel library's switches (ctypes), once per process
 
 
 def _kernel_hooks():
-    """The hpu kernel library's C switches (loaded once; the hooks handed to it then)."""
+    """The hpu kernel library's C switches (:func:`~hpu_runtime.bridge.device_type.library`),
+    the hooks handed to it the first time."""
     global _hooks
     if _hooks is None:
-        import ctypes
+        from .device_type import library
 
-        from .device_type import install
-
-        lib = ctypes.PyDLL(str(install()))
-        lib.hpu_sim_set_hooks.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
-        lib.hpu_sim_set_hooks.restype = None
-        lib.hpu_sim_set_active.argtypes = [ctypes.c_int]
-        lib.hpu_sim_set_active.restype = None
-        lib.hpu_sim_hooks_on.argtypes = []
-        lib.hpu_sim_hooks_on.restype = ctypes.c_int
-        lib.hpu_sim_inside.argtypes = [ctypes.c_int]
-        lib.hpu_sim_inside.restype = None
+        lib = library()
         lib.hpu_sim_set_hooks(_before, _after, OpEntry)
         _hooks = lib
     return _hooks

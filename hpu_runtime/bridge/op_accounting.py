@@ -222,14 +222,14 @@ class OpEntry:
     Attributes:
         facts: the op's :class:`OpFacts`.
         sig: its signature (:func:`~hpu_runtime.bridge.graph_key.op_signature`).
-        fast: reusable as it is: not in :data:`TRANSFER_OPS` (whether those copy between host
-            and device depends on their tensors' devices, which a signature leaves out).
         factory_nbytes: bytes a factory with ``device="hpu"`` allocates, checked against the
             HBM before it runs; None: not such a factory, or a size not known before.
         out_nbytes: bytes its outputs allocate, checked against the HBM before it runs (0: not
             checked before it runs, NOTE [HBM before host]); None until first needed.
         before: the before hook has something to do for it (False once ``out_nbytes`` is 0 for
-            a ``fast`` entry with no ``factory_nbytes``: a view, an in-place op); the kernel then
+            an entry with no ``factory_nbytes`` whose op is no transfer: a view, an in-place op;
+            a transfer's entry is never reused, since whether it copies between host and device
+            depends on its tensors' devices, which a signature leaves out); the kernel then
             hands the entry straight to the after hook.
         gen: the :class:`OpAccounting` (its number) that computed ``mk``, ``info`` and
             ``scalars`` for the scalar inputs ``inputs`` (an :class:`OpFacts` tuple) and the
@@ -238,22 +238,17 @@ class OpEntry:
             on the device (NOTE [scalars as graph inputs]).
     """
 
-    __slots__ = ("facts", "sig", "fast", "factory_nbytes", "out_nbytes", "before", "gen", "inputs", "low", "mk",
-                 "info", "scalars")
+    __slots__ = ("facts", "sig", "factory_nbytes", "out_nbytes", "before", "gen", "inputs", "low", "mk", "info",
+                 "scalars")
 
     def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None) -> None:
         self.facts = facts
         self.sig = sig
-        self.fast = not facts.transfer
         self.factory_nbytes = factory_nbytes
         self.out_nbytes: int | None = None
         self.before = True
         self.gen = -1
         self.inputs = self.low = self.mk = self.info = self.scalars = None
-
-
-_GENERATIONS = itertools.count()
-"""Numbers each :class:`OpAccounting` (:attr:`OpEntry.gen`)."""
 
 
 _FLOAT = float  # stands for any float argument in a cost key
@@ -347,14 +342,9 @@ def _storage_io():
     """
     global _STORAGE_IO
     if _STORAGE_IO is None:
-        import ctypes
+        from .device_type import library
 
-        from .device_type import install
-
-        lib = ctypes.PyDLL(str(install()))
-        lib.hpu_sim_storage_io.argtypes = []
-        lib.hpu_sim_storage_io.restype = ctypes.py_object
-        _STORAGE_IO = lib.hpu_sim_storage_io()
+        _STORAGE_IO = library().hpu_sim_storage_io()
     return _STORAGE_IO
 
 
@@ -416,7 +406,7 @@ class OpAccounting:
         nbytes = entry.out_nbytes
         if nbytes is None:
             nbytes = entry.out_nbytes = self._output_bytes(entry, args, kwargs)
-            entry.before = bool(nbytes) or not entry.fast or entry.factory_nbytes is not None
+            entry.before = bool(nbytes) or entry.facts.transfer or entry.factory_nbytes is not None
         if nbytes > hbm.free_bytes:
             hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
         return entry

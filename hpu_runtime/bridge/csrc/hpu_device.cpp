@@ -214,8 +214,9 @@ bool takes_host_indices(const c10::OperatorName& name) {
 // after(func, args, kwargs, out, token); entry is what an earlier before() returned for the
 // same op and signature, if that was an op entry (g_entries below), else None. They are called
 // around every aten op on hpu tensors (and every .to("hpu") of a host tensor) on a thread where
-// the bridge is active, outside the hooks themselves, and not where the Python dispatch key is excluded (torch's own
-// _DisableTorchDispatch, which bridge_disabled() and torch.tensor(..., device="hpu") use).
+// the bridge is active, outside the hooks themselves, and not where the Python dispatch key is
+// excluded (torch's own _DisableTorchDispatch, which bridge_disabled() and torch.tensor(...,
+// device="hpu") use).
 PyObject* g_before = nullptr;
 PyObject* g_after = nullptr;
 thread_local bool t_active = false;
@@ -289,8 +290,10 @@ py::tuple py_args(const c10::FunctionSchema& schema, const std::vector<IValue>& 
 enum Tag : int64_t { kNone = -1, kTensor = -2, kInt = -3, kDouble = -4, kBool = -5, kString = -6, kDevice = -7,
                      kList = -8, kGenerator = -9, kStorage = -10 };
 
+bool value_words(const IValue& v, std::vector<int64_t>& w);
+
 // A tensor: its dtype and sizes. A wrapped number (a Python number where the op takes a
-// tensor, which Python gets back as that number): its value.
+// tensor, which Python gets back as that number): its value, as that number's words.
 bool tensor_words(const at::Tensor& t, std::vector<int64_t>& w) {
   const TensorImpl* impl = t.unsafeGetTensorImpl();
   // a tensor subclass (a fake tensor on hpu reaches this kernel from its own dispatch), or sizes
@@ -298,22 +301,12 @@ bool tensor_words(const at::Tensor& t, std::vector<int64_t>& w) {
   if (impl->key_set().has(DispatchKey::Python) || impl->has_symbolic_sizes_strides() || impl->is_nested()) return false;
   if (impl->is_wrapped_number()) {
     switch (t.scalar_type()) {
-      case at::kDouble: {
-        const double d = *t.const_data_ptr<double>();
-        int64_t bits;
-        std::memcpy(&bits, &d, sizeof bits);
-        w.push_back(kDouble);
-        w.push_back(bits);
-        return true;
-      }
+      case at::kDouble:
+        return value_words(IValue(*t.const_data_ptr<double>()), w);
       case at::kLong:
-        w.push_back(kInt);
-        w.push_back(*t.const_data_ptr<int64_t>());
-        return true;
+        return value_words(IValue(*t.const_data_ptr<int64_t>()), w);
       case at::kBool:
-        w.push_back(kBool);
-        w.push_back(*t.const_data_ptr<bool>() ? 1 : 0);
-        return true;
+        return value_words(IValue(*t.const_data_ptr<bool>()), w);
       default:
         return false;
     }
@@ -412,10 +405,16 @@ std::unordered_map<std::vector<int64_t>, PyObject*, WordsHash> g_entries;
 PyTypeObject* g_entry_type = nullptr;
 constexpr size_t kMaxEntries = size_t{1} << 16;  // new constants every step must not pile up
 
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw python_error();
+  return o;  // kept for the process
+}
+
 // Whether the before hook has anything to do for a kept entry (OpEntry.before: False once the
 // bridge knows it checks nothing: no transfer, no factory size, no output bytes).
 bool needs_before(PyObject* entry) {
-  static PyObject* name = PyUnicode_InternFromString("before");
+  static PyObject* name = interned("before");
   PyObject* v = PyObject_GetAttr(entry, name);
   if (v == nullptr) throw python_error();
   Py_DECREF(v);  // a bool: immortal here, alive while the entry is
@@ -448,12 +447,6 @@ struct StorageIo {
   std::vector<int64_t> serials;  // every tensor argument's serial, -1: not resident
   std::vector<bool> grads;       // and whether it requires grad
 };
-
-PyObject* interned(const char* s) {
-  PyObject* o = PyUnicode_InternFromString(s);
-  if (o == nullptr) throw python_error();
-  return o;  // kept for the process
-}
 
 int64_t charged_nbytes(const at::Tensor& t, bool low) {  // as cost_model.charged_nbytes
   if (low && t.scalar_type() == at::kFloat) return t.numel() * 2;
@@ -498,17 +491,20 @@ void read_arg(StorageIo& io, PyObject* a) {
   if (ref) io.reads.append(py::make_tuple(serial, charged_nbytes(t, io.low)));
 }
 
-void read_value(StorageIo& io, PyObject* v) {
-  if (PyList_Check(v) || PyTuple_Check(v)) {
-    PyObject* seq = PySequence_Fast(v, "");
-    if (seq == nullptr) throw python_error();
-    py::object keep = py::reinterpret_steal<py::object>(seq);
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject** items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; ++i) read_arg(io, items[i]);
+// f(item) for each item of `v` if it is a list or tuple, else f(v).
+template <class F>
+void each_item(PyObject* v, F f) {
+  if (PyList_Check(v)) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); ++i) f(PyList_GET_ITEM(v, i));
+  } else if (PyTuple_Check(v)) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); ++i) f(PyTuple_GET_ITEM(v, i));
   } else {
-    read_arg(io, v);
+    f(v);
   }
+}
+
+void read_value(StorageIo& io, PyObject* v) {
+  each_item(v, [&](PyObject* a) { read_arg(io, a); });
 }
 
 bool is_str(PyObject* o, const char* s) { return PyUnicode_Check(o) && PyUnicode_CompareWithASCIIString(o, s) == 0; }
@@ -569,15 +565,10 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   rg = rg && at::GradMode::is_enabled();
   PyObject* saves_out = rg ? argv[8] : nullptr;
   py::list writes;
-  std::vector<PyObject*> outs;
-  if (THPVariable_Check(out)) {
-    outs.push_back(out);
-  } else if (PyList_Check(out) || PyTuple_Check(out)) {
-    for (Py_ssize_t i = 0; i < PySequence_Size(out); ++i) {
-      PyObject* o = PyList_Check(out) ? PyList_GET_ITEM(out, i) : PyTuple_GET_ITEM(out, i);
-      if (THPVariable_Check(o)) outs.push_back(o);
-    }
-  }
+  std::vector<PyObject*> outs;  // the tensors among the results, as op_accounting.out_tensors
+  each_item(out, [&](PyObject* o) {
+    if (THPVariable_Check(o)) outs.push_back(o);
+  });
   for (size_t k = 0; k < outs.size(); ++k) {
     const at::Tensor& t = THPVariable_Unpack(outs[k]);
     if (t.is_cpu()) continue;  // a host result
