@@ -207,8 +207,9 @@ def library():
     """The library's C functions, through ``ctypes.PyDLL`` (called with the GIL held), with their
     signatures declared: the bridge's switches (``hpu_sim_set_hooks``, ``hpu_sim_set_active``,
     ``hpu_sim_hooks_on``, ``hpu_sim_inside``: NOTE [the bridge in the kernel] in
-    :mod:`hpu_runtime.bridge.dispatch`) and ``hpu_sim_storage_io`` (NOTE [an op's storages, in
-    the kernel library] in :mod:`hpu_runtime.bridge.op_accounting`). Installs it first.
+    :mod:`hpu_runtime.bridge.dispatch`), ``hpu_sim_set_hbm`` (the current device's HBM counters,
+    for the kernel's own check before an op: NOTE [an op's entry, kept by the kernel]) and
+    ``hpu_sim_builtins`` (:func:`builtins`). Installs it first.
 
     Raises:
         DeviceTypeBuildError: as :func:`install`.
@@ -226,10 +227,32 @@ def library():
         lib.hpu_sim_hooks_on.restype = ctypes.c_int
         lib.hpu_sim_inside.argtypes = [ctypes.c_int]
         lib.hpu_sim_inside.restype = None
-        lib.hpu_sim_storage_io.argtypes = []
-        lib.hpu_sim_storage_io.restype = ctypes.py_object
+        lib.hpu_sim_set_hbm.argtypes = [ctypes.py_object]
+        lib.hpu_sim_set_hbm.restype = None
+        lib.hpu_sim_builtins.argtypes = []
+        lib.hpu_sim_builtins.restype = ctypes.py_object
         _library = lib
     return _library
+
+
+_builtins: dict | None = None
+
+
+def builtins() -> dict:
+    """The library's builtin functions (called like Python functions, at the cost of a C call),
+    by name: ``storage_io`` (NOTE [an op's storages, in the kernel library] in
+    :mod:`hpu_runtime.bridge.op_accounting`); the HBM counters' ``hbm_check``,
+    ``hbm_allocate``, ``hbm_free`` and ``hbm_reset`` (:class:`~hpu_runtime.device.memory.HBMModel`);
+    ``residency_register`` and ``residency_on_free``
+    (:class:`~hpu_runtime.device.residency.Residency`). Installs the library first.
+
+    Raises:
+        DeviceTypeBuildError: as :func:`install`.
+    """
+    global _builtins
+    if _builtins is None:
+        _builtins = library().hpu_sim_builtins()
+    return _builtins
 
 
 def _noncontiguous_supported(device) -> bool:

@@ -111,11 +111,17 @@ the signature as words (``signature_words`` in ``csrc/hpu_device.cpp``: the op, 
 argument Python gets its position and what the signature keeps of it: a tensor's dtype and
 sizes, a number's type and value, a wrapped number's value, a string's bytes, a list's
 elements). On a later call whose words are equal, the before hook gets the entry and skips all
-of that (and when the entry has nothing left to check before the op runs, no transfer, no
-factory size, no output bytes, as for a view or an in-place op, the kernel skips the before hook
-and hands the entry to the after hook: about 0.08x plain on the digits MLP, where 48 of the 87
-hooked ops per step are such), as Habana's eager bridge keys each op in C++ (``EagerExec::calculate_operator_key`` in
-HabanaAI/gaudi-pytorch-bridge ``habana_eager/eager_exec.cpp``). The words are compared in full,
+of that. When the entry has nothing left to check before the op runs (no transfer, no factory
+size, no output bytes, as for a view or an in-place op: 48 of the 87 hooked ops per step of the
+digits MLP, about 0.08x plain), the kernel skips the before hook and hands the entry to the
+after hook; when all that is left is its output bytes against the free HBM
+(:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.kernel_nbytes`), the kernel compares them
+with the HBM counters of the device :func:`~hpu_runtime.bridge.runtime.get_device` returns
+(published to it by :mod:`hpu_runtime.bridge.runtime`, NOTE [the HBM counters, in the kernel
+library] in :mod:`hpu_runtime.device.memory`) and calls the before hook only when they do not
+fit (it then raises). Habana's eager bridge keys each op in C++ likewise
+(``EagerExec::calculate_operator_key`` in HabanaAI/gaudi-pytorch-bridge
+``habana_eager/eager_exec.cpp``). The words are compared in full,
 not by hash alone, so two signatures never share an entry; a call whose arguments the words
 cannot state exactly (a tensor subclass such as a fake tensor, symbolic sizes, a script
 object) gets no entry and the bridge computes its signature itself, as the tracer's mode does

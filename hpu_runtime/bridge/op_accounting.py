@@ -34,11 +34,12 @@ requires grad and grad mode is on). That loop over the op's tensors was the op r
 largest part in Python (about 0.5x plain PyTorch on the digits MLP: a throwaway record without
 it gave 2.07x against 2.63x in the same run), so it is ``storage_io`` in the hpu kernel
 library (``csrc/hpu_device.cpp``), a builtin function the record calls for live and traced
-ops alike (one implementation: fake tensors reach it as real ones do). It reads the same
-Python objects the record did (``id(t.untyped_storage())`` in :attr:`Residency.refs
-<hpu_runtime.device.residency.Residency.refs>`, :meth:`Residency.register
-<hpu_runtime.device.residency.Residency.register>` for a new storage, a ``StorageRef``'s
-serial), so residency, HBM and serials stay where they were.
+ops alike (one implementation: fake tensors reach it as real ones do). It reads the residency's
+Python dict (``id(t.untyped_storage())`` in :attr:`Residency.refs
+<hpu_runtime.device.residency.Residency.refs>`) and registers a new storage in the same library
+(``residency_register``: the HBM counters, the serial, the weak reference whose callback frees
+it, all without entering Python: NOTE [the HBM counters, in the kernel library] in
+:mod:`hpu_runtime.device.memory`).
 
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.
@@ -231,6 +232,10 @@ class OpEntry:
             a transfer's entry is never reused, since whether it copies between host and device
             depends on its tensors' devices, which a signature leaves out); the kernel then
             hands the entry straight to the after hook.
+        kernel_nbytes: ``out_nbytes`` when comparing them with the free HBM is all the before hook
+            would do (no transfer, no factory size, some output bytes): the kernel compares them
+            itself and calls the before hook only when they do not fit, which then raises; None
+            otherwise.
         gen: the :class:`OpAccounting` (its number) that computed ``mk``, ``info`` and
             ``scalars`` for the scalar inputs ``inputs`` (an :class:`OpFacts` tuple) and the
             precision ``low``; -1: none yet.
@@ -238,8 +243,8 @@ class OpEntry:
             on the device (NOTE [scalars as graph inputs]).
     """
 
-    __slots__ = ("facts", "sig", "factory_nbytes", "out_nbytes", "before", "gen", "inputs", "low", "mk", "info",
-                 "scalars")
+    __slots__ = ("facts", "sig", "factory_nbytes", "out_nbytes", "before", "kernel_nbytes", "gen", "inputs", "low",
+                 "mk", "info", "scalars")
 
     def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None) -> None:
         self.facts = facts
@@ -247,6 +252,7 @@ class OpEntry:
         self.factory_nbytes = factory_nbytes
         self.out_nbytes: int | None = None
         self.before = True
+        self.kernel_nbytes: int | None = None
         self.gen = -1
         self.inputs = self.low = self.mk = self.info = self.scalars = None
 
@@ -326,25 +332,26 @@ _STORAGE_IO = None
 
 def _storage_io():
     """The kernel library's ``storage_io`` (NOTE [an op's storages, in the kernel library]),
-    loaded once: ``storage_io(resident, register, args, kwargs, out, allocates, low, saves_in,
-    saves_out) -> (reads, writes, saves)``, or None when the op reads and writes nothing on the
-    device. ``resident``: :attr:`Residency.refs`; ``register``: :meth:`Residency.register`;
-    ``args`` a tuple, ``kwargs`` a dict or None; ``allocates``: the results are new storages;
-    ``low``: fp32 counts 2 bytes an element; ``saves_in``/``saves_out``: the op's
-    :data:`AUTOGRAD_SAVES` entry. ``reads``: ``(serial, bytes)`` per resident tensor argument;
-    ``writes``: :data:`~hpu_runtime.device.lazy_graph.Write` per device result; ``saves``:
-    serials of the arguments autograd keeps.
+    loaded once: ``storage_io(state, args, kwargs, out, allocates, low, saves_in, saves_out) ->
+    (reads, writes, saves)``, or None when the op reads and writes nothing on the device.
+    ``state``: :attr:`Residency.state <hpu_runtime.device.residency.Residency.state>`; ``args``
+    a tuple, ``kwargs`` a dict or None; ``allocates``: the results are new storages (registered
+    with the residency); ``low``: fp32 counts 2 bytes an element; ``saves_in``/``saves_out``: the
+    op's :data:`AUTOGRAD_SAVES` entry. ``reads``: ``(serial, bytes)`` per resident tensor argument
+    (an hpu storage not resident yet is registered); ``writes``:
+    :data:`~hpu_runtime.device.lazy_graph.Write` per device result; ``saves``: serials of the
+    arguments autograd keeps.
 
     Raises (from the function):
-        TypeError: ``args`` not a tuple, ``kwargs`` neither a dict nor None.
+        TypeError: ``args`` not a tuple, ``kwargs`` neither a dict nor None, a malformed state.
         NotImplementedError: a tensor without storage.
         HPUOutOfMemoryError: a new result does not fit in the HBM.
     """
     global _STORAGE_IO
     if _STORAGE_IO is None:
-        from .device_type import library
+        from .device_type import builtins
 
-        _STORAGE_IO = library().hpu_sim_storage_io()
+        _STORAGE_IO = builtins()["storage_io"]
     return _STORAGE_IO
 
 
@@ -406,7 +413,9 @@ class OpAccounting:
         nbytes = entry.out_nbytes
         if nbytes is None:
             nbytes = entry.out_nbytes = self._output_bytes(entry, args, kwargs)
-            entry.before = bool(nbytes) or entry.facts.transfer or entry.factory_nbytes is not None
+            checks_more = entry.facts.transfer or entry.factory_nbytes is not None
+            entry.before = bool(nbytes) or checks_more
+            entry.kernel_nbytes = nbytes if nbytes and not checks_more else None
         if nbytes > hbm.free_bytes:
             hbm.check_alloc(nbytes)  # raises (under the HBM's lock)
         return entry
@@ -461,8 +470,8 @@ class OpAccounting:
                 return
             if not info.allocates and on_host:
                 return  # in place on a host tensor (parameter init, a CPU step counter): host work
-            io = (_STORAGE_IO or _storage_io())(self.residency.refs, self.residency.register, args, kwargs or None,
-                                                out, info.allocates, low, *facts.saves)
+            io = (_STORAGE_IO or _storage_io())(self.residency.state, args, kwargs or None, out, info.allocates, low,
+                                                *facts.saves)
             if io is None:
                 return  # host work: nothing on the device read or written
             reads, writes, saves = io

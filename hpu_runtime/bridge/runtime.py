@@ -49,6 +49,15 @@ def _device_kwargs(cfg: RuntimeConfig) -> dict:
                 fallback=cfg.fallback)
 
 
+def _publish(dev: SimDevice | None) -> None:
+    """Hand the hpu kernel the HBM counters of the device :func:`get_device` returns, for its own
+    check of an op's output bytes (NOTE [an op's entry, kept by the kernel] in
+    :mod:`hpu_runtime.bridge.dispatch`)."""
+    from .device_type import library
+
+    library().hpu_sim_set_hbm(None if dev is None else dev.hbm.counters)
+
+
 def get_device() -> SimDevice:
     """This process's simulated Gaudi, created on first use from the environment.
 
@@ -67,6 +76,7 @@ def get_device() -> SimDevice:
             cfg = RuntimeConfig.from_env()
             _device = SimDevice(cfg.spec, **_device_kwargs(cfg))
             _config = cfg
+            _publish(_device)
         return _device
 
 
@@ -100,6 +110,9 @@ def reset_device(spec: DeviceSpec | str | None = None) -> SimDevice:
     with dev.lock:
         dev.__init__(resolved if resolved is not None else cfg.spec, **_device_kwargs(cfg))
         _config = cfg
+    with _device_lock:
+        if _device is dev:
+            _publish(dev)
     metrics.reset_all()
     return dev
 
@@ -115,8 +128,10 @@ def using_device(dev: SimDevice) -> Iterator[SimDevice]:
     global _device
     with _device_lock:
         saved, _device = _device, dev
+        _publish(dev)
     try:
         yield dev
     finally:
         with _device_lock:
             _device = saved
+            _publish(saved)

@@ -15,9 +15,14 @@ Each resident storage gets a *serial*, an integer handed out once and never reus
 Python ``id`` is reused as soon as an object dies): op records name storages by serial
 (NOTE [op records and storage serials] in :mod:`hpu_runtime.device.lazy_graph`).
 
-Not thread-safe on its own: the owner (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
-calls it under its lock. Storages are duck-typed (``nbytes()``, weak-referenceable), so
-this module needs no torch import.
+Registering a storage and freeing it are builtins of the hpu kernel library
+(``residency_register`` and the weak references' callback ``residency_on_free`` makes:
+:func:`hpu_runtime.bridge.device_type.builtins`), which the op record's ``storage_io`` calls
+without entering Python (NOTE [an op's storages, in the kernel library] in
+:mod:`hpu_runtime.bridge.op_accounting`), each atomic under the GIL as the HBM counters they
+update (NOTE [the HBM counters, in the kernel library] in :mod:`.memory`). The owner
+(:class:`~hpu_runtime.bridge.sim_device.SimDevice`) still calls it under its lock. Storages are
+duck-typed (``nbytes()``, weak-referenceable).
 """
 
 from __future__ import annotations
@@ -45,43 +50,31 @@ class Residency:
     Attributes:
         refs: ``id(storage) -> StorageRef`` of every resident storage (read it directly on
             hot paths: ``refs.get(id(t.untyped_storage()))``).
+        state: ``(refs, hbm.counters, StorageRef, on_free, hbm.oom)``, what the kernel
+            library's builtins take (``storage_io``, ``residency_register``).
     """
 
-    __slots__ = ("hbm", "refs", "_next_serial")
+    __slots__ = ("hbm", "refs", "state", "_register")
 
     def __init__(self, hbm: HBMModel) -> None:
+        from ..bridge.device_type import builtins
+
+        fn = builtins()
         self.hbm = hbm
         self.refs: dict[int, StorageRef] = {}
-        self._next_serial = 0
+        self.state = (self.refs, hbm.counters, StorageRef, fn["residency_on_free"](self.refs, hbm.counters), hbm.oom)
+        self._register = fn["residency_register"]
 
     def register(self, storage) -> StorageRef:
-        """Make ``storage`` resident (allocating its bytes on the HBM) unless it is; its ref.
+        """Make ``storage`` resident (allocating its bytes on the HBM, taking the next serial)
+        unless it is; its ref.
 
         Raises:
-            HPUOutOfMemoryError: if it does not fit in the remaining HBM.
+            HPUOutOfMemoryError: if it does not fit in the remaining HBM; nothing changes then.
         """
-        key = id(storage)
-        ref = self.refs.get(key)
-        if ref is None:
-            nbytes = storage.nbytes()
-            self.hbm.allocate(nbytes)
-            ref = StorageRef(storage, self._on_free)
-            ref.key = key
-            ref.nbytes = nbytes
-            ref.serial = self._next_serial
-            self._next_serial += 1
-            self.refs[key] = ref
-        return ref
+        return self._register(self.state, storage)
 
     def serial_of(self, t) -> int:
         """The serial of tensor ``t``'s resident storage, or -1 if it is not resident."""
         ref = self.refs.get(id(t.untyped_storage()))
         return -1 if ref is None else ref.serial
-
-    def _on_free(self, ref: StorageRef) -> None:
-        if self.refs.get(ref.key) is ref:
-            del self.refs[ref.key]
-            try:
-                self.hbm.free(ref.nbytes)
-            except ValueError:  # accounting restarted (reset_device) while the storage lived
-                pass

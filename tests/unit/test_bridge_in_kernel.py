@@ -121,13 +121,16 @@ def test_host_to_device_copies_are_one_transfer_each():
 class _SpyHooks:
     """The kernel's hooks with a spy on the before hook: each call's op, its signature as
     :func:`~hpu_runtime.bridge.graph_key.op_signature` computes it from the arguments Python
-    got, and the entry the kernel handed in (None on a signature's first call)."""
+    got, and the entry the kernel handed in (None on a signature's first call).
+    ``kernel_check=False``: the kernel does not compare a kept entry's output bytes with the
+    free HBM itself, so the before hook sees every call that has something to check."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel_check: bool = True) -> None:
         from hpu_runtime.bridge import dispatch
         from hpu_runtime.bridge.graph_key import op_signature
 
         self.calls = []
+        self._kernel_check = kernel_check
         before = dispatch._before
 
         def spy(func, args, kwargs, entry=None):
@@ -137,12 +140,17 @@ class _SpyHooks:
         self._dispatch, self._spy = dispatch, spy
 
     def __enter__(self):
-        self._dispatch._kernel_hooks().hpu_sim_set_hooks(self._spy, self._dispatch._after, self._dispatch.OpEntry)
+        lib = self._dispatch._kernel_hooks()
+        lib.hpu_sim_set_hooks(self._spy, self._dispatch._after, self._dispatch.OpEntry)
+        if not self._kernel_check:
+            lib.hpu_sim_set_hbm(None)
         return self
 
     def __exit__(self, *exc) -> None:
         d = self._dispatch
-        d._kernel_hooks().hpu_sim_set_hooks(d._before, d._after, d.OpEntry)
+        lib = d._kernel_hooks()
+        lib.hpu_sim_set_hooks(d._before, d._after, d.OpEntry)
+        lib.hpu_sim_set_hbm(hpu.get_device().hbm.counters)
 
 
 def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
@@ -153,7 +161,7 @@ def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
     get a new entry."""
     hpu.reset_device("gaudi2")
     x, y = torch.randn(4, 3, device="hpu"), torch.randn(5, 3, device="hpu")
-    with _SpyHooks() as spy:
+    with _SpyHooks(kernel_check=False) as spy:
         for _ in range(2):
             x * 2.0, x * 2, x * 3.0, y * 2.0, x.to(torch.bfloat16) * 2.0
             torch.add(x, x, alpha=2), torch.add(x, x, alpha=3), x.pow(2.5), x.pow(3.5)  # Scalar int, float
@@ -259,32 +267,32 @@ def test_storage_io_reads_writes_and_saves_as_worked_out_by_hand():
         pair = (torch.empty(2, device="hpu"), torch.empty(3))  # an hpu and a host result
     # mul(a, b), a requiring grad: reads a and b (each registered at first sight: serials 0, 1),
     # writes a new storage (serial 2), autograd keeps b (the factor of the input that requires grad)
-    reads, writes, saves = io(res.refs, res.register, (a, b), None, out, True, False, "mul", ())
+    reads, writes, saves = io(res.state, (a, b), None, out, True, False, "mul", ())
     assert reads == ((0, 128), (1, 128)) and writes == ((2, 128, True, False),) and saves == (1,)
     assert res.hbm.stats().in_use_bytes == 3 * a.untyped_storage().nbytes()
     # in bf16 accounting fp32 counts 2 bytes; a host scalar is no read; positions (0,) of the
     # results kept: the first, the hpu one (the host one is not written on the device)
-    reads, writes, saves = io(res.refs, res.register, (b, host), {"alpha": 1}, pair, True, True, (1,), (0,))
+    reads, writes, saves = io(res.state, (b, host), {"alpha": 1}, pair, True, True, (1,), (0,))
     assert reads == ((1, 64),) and writes == ((3, 4, True, False),) and saves == ()  # nothing requires grad
     # a list argument (cat) and "all": every resident argument kept; the output in place (not
     # allocating) keeps its serial
     with hpu.bridge_disabled():
         c = torch.ones(4, 8, device="hpu", requires_grad=True)
-    reads, writes, saves = io(res.refs, res.register, ([a, c],), {}, out, False, False, "all", "all")
+    reads, writes, saves = io(res.state, ([a, c],), {}, out, False, False, "all", "all")
     assert reads == ((0, 128), (4, 128)) and writes == ((2, 128, False, True),) and saves == (0, 4)
     with torch.no_grad():  # grad off: autograd keeps nothing
-        assert io(res.refs, res.register, (a, b), None, out, True, False, "all", "all")[2] == ()
+        assert io(res.state, (a, b), None, out, True, False, "all", "all")[2] == ()
     # host work: nothing on the device read or written
-    assert io(res.refs, res.register, (host,), None, torch.zeros(1), True, False, "all", "all") is None
+    assert io(res.state, (host,), None, torch.zeros(1), True, False, "all", "all") is None
     with pytest.raises(TypeError, match="args must be a tuple"):
-        io(res.refs, res.register, [a], None, out, True, False, "all", "all")
+        io(res.state, [a], None, out, True, False, "all", "all")
 
 
-def test_a_kept_entry_with_nothing_to_check_skips_the_before_hook_and_is_still_recorded():
+def test_a_kept_entry_with_nothing_left_to_check_skips_the_before_hook_and_is_still_recorded():
     """A view and an in-place op (no output bytes, no transfer, no factory) are seen by the
-    before hook once; later calls go straight to the after hook and are recorded as before (the
-    reference: the ops and graph-key entries of the first round); an allocating op keeps its
-    check every time."""
+    before hook once, and so is an allocating op whose output bytes fit (the kernel compares
+    them with the free HBM itself); later calls go straight to the after hook and are recorded
+    as before (the reference: the ops and graph-key entries of the first round)."""
     dev = hpu.reset_device("gaudi2")
     x = torch.randn(4, 3, device="hpu")
     rounds = []
@@ -295,6 +303,76 @@ def test_a_kept_entry_with_nothing_to_check_skips_the_before_hook_and_is_still_r
             x.t(), x.add_(1.0), x * 2.0
             rounds.append(([c[0] for c in spy.calls[n:]], dev.ops_recorded - ops, _keys(dev)))
     assert rounds[0][0] == ["aten.t.default", "aten.add_.Tensor", "aten.mul.Tensor"]
-    assert rounds[1][0] == rounds[2][0] == ["aten.mul.Tensor"]  # the view and the in-place op skip it
+    assert rounds[1][0] == rounds[2][0] == []  # each skips it
     assert rounds[0][1:] == rounds[1][1:] == rounds[2][1:] == (2, ["aten.t.default", "aten.add_.Tensor",
                                                                    "aten.mul.Tensor"])
+
+
+def test_the_kernel_compares_a_kept_entrys_output_bytes_with_the_current_device():
+    """A kept allocating op skips the before hook while its output fits in the HBM of the device
+    get_device() returns, and is refused by the before hook (nothing allocated) when it does not:
+    inside using_device() of a private card whose HBM is smaller than the output (the reference:
+    the output's bytes by hand, 4 x 3 fp32 = 48, against each card's capacity), then again
+    after it."""
+    import dataclasses
+    import traceback
+
+    import pytest
+
+    from hpu_runtime.bridge.runtime import using_device
+    from hpu_runtime.bridge.sim_device import SimDevice
+    from hpu_runtime.device.memory import HPUOutOfMemoryError
+    from hpu_runtime.device.spec import get_device_spec
+
+    hpu.reset_device("gaudi2")
+    x = torch.randn(4, 3, device="hpu")
+    small = SimDevice(dataclasses.replace(get_device_spec("gaudi2"), hbm_bytes=40))
+    with _SpyHooks() as spy:
+        x * 2.0, x * 2.0
+        assert [c[0] for c in spy.calls] == ["aten.mul.Tensor"]  # seen once: 48 bytes fit in 96 GB
+        with using_device(small):
+            with pytest.raises(HPUOutOfMemoryError, match="tried to allocate 48 bytes") as err:
+                x * 2.0
+        assert "_before" in [f.name for f in traceback.extract_tb(err.value.__traceback__)]
+        assert small.hbm.stats().num_allocs == 0
+        assert [c[0] for c in spy.calls] == ["aten.mul.Tensor"] * 2  # the kernel handed it to the hook
+        x * 2.0
+        assert len(spy.calls) == 2  # the process's card again: it fits
+
+
+def test_storages_freed_on_other_threads_are_counted_exactly():
+    """Registrations on one thread and frees (the storages' deaths) on four others, racing: the
+    HBM's live bytes and counts end equal to the storages still alive, summed by hand, and
+    every serial is distinct (NOTE [the HBM counters, in the kernel library])."""
+    from hpu_runtime.device.memory import HBMModel
+    from hpu_runtime.device.residency import Residency
+
+    res = Residency(HBMModel(capacity_bytes=1 << 30))
+    with hpu.bridge_disabled():
+        batches = [[torch.empty(n % 7 + 1) for n in range(b, b + 50)] for b in range(40)]
+    kept = [t for batch in batches[::2] for t in batch]
+    to_free = batches[1::2]
+    serials = [res.register(t.untyped_storage()).serial for batch in batches for t in batch]
+    del batches
+    go = threading.Event()
+
+    def free(mine):
+        go.wait(timeout=30)
+        mine.clear()  # the storages die here, on this thread
+
+    threads = [threading.Thread(target=free, args=(to_free[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    go.set()
+    with hpu.bridge_disabled():
+        more = [torch.empty(3) for _ in range(500)]
+    serials += [res.register(t.untyped_storage()).serial for t in more]
+    for t in threads:
+        t.join(timeout=30)
+    to_free.clear()
+    alive = kept + more
+    stats = res.hbm.stats()
+    assert stats.in_use_bytes == sum(t.untyped_storage().nbytes() for t in alive)
+    assert stats.active_allocs == len(res.refs) == len(alive)
+    assert stats.num_allocs == 40 * 50 + 500 and stats.num_frees == 20 * 50
+    assert len(set(serials)) == len(serials) == 40 * 50 + 500

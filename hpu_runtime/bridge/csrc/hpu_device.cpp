@@ -411,14 +411,17 @@ PyObject* interned(const char* s) {
   return o;  // kept for the process
 }
 
+bool kernel_fits(PyObject* entry);
+
 // Whether the before hook has anything to do for a kept entry (OpEntry.before: False once the
-// bridge knows it checks nothing: no transfer, no factory size, no output bytes).
+// bridge knows it checks nothing: no transfer, no factory size, no output bytes), or only the
+// comparison of its output bytes with the free HBM, which the kernel makes itself (kernel_fits).
 bool needs_before(PyObject* entry) {
   static PyObject* name = interned("before");
   PyObject* v = PyObject_GetAttr(entry, name);
   if (v == nullptr) throw python_error();
   Py_DECREF(v);  // a bool: immortal here, alive while the entry is
-  return v != Py_False;
+  return v != Py_False && !kernel_fits(entry);
 }
 
 void clear_entries() {
@@ -434,14 +437,255 @@ bool pure_view(const c10::FunctionSchema& schema) {
   return true;
 }
 
+// ---- the HBM counters and the residency (NOTE [device residency and HBM] in
+// hpu_runtime/device/residency.py) ----
+// An HBM model's counters are an array('q') of kNumCounters int64s that Python reads and only
+// these functions write, under the GIL: each call is atomic, so the HBM needs no lock. A
+// residency's state is a tuple (refs, counters, StorageRef, on_free, oom): refs maps
+// id(storage) -> StorageRef (a weakref.ref subclass with slots key, nbytes, serial), on_free
+// is the weak references' callback (free_callback below), oom(nbytes) builds the
+// out-of-memory error.
+enum Counter : int { kCapacity, kLive, kPeak, kAllocs, kFrees, kActive, kMaxAlloc, kNextSerial, kNumCounters };
+
+struct Counters {
+  Py_buffer view{};
+  int64_t* c = nullptr;
+  explicit Counters(PyObject* arr) {
+    if (PyObject_GetBuffer(arr, &view, PyBUF_WRITABLE | PyBUF_FORMAT) != 0) throw python_error();
+    if (view.itemsize != 8 || view.len != kNumCounters * 8 || view.format == nullptr ||
+        std::strcmp(view.format, "q") != 0) {
+      PyBuffer_Release(&view);
+      PyErr_Format(PyExc_TypeError, "HBM counters must be an array('q') of %d items", static_cast<int>(kNumCounters));
+      throw python_error();
+    }
+    c = static_cast<int64_t*>(view.buf);
+  }
+  Counters(const Counters&) = delete;
+  Counters& operator=(const Counters&) = delete;
+  ~Counters() { PyBuffer_Release(&view); }
+  int64_t& operator[](Counter i) { return c[i]; }
+};
+
+// Raise the error oom(nbytes) builds (HPUOutOfMemoryError, naming the request and the HBM).
+[[noreturn]] void raise_oom(PyObject* oom, int64_t nbytes) {
+  py::object n = py::reinterpret_steal<py::object>(PyLong_FromLongLong(nbytes));
+  if (!n) throw python_error();
+  PyObject* e = PyObject_CallOneArg(oom, n.ptr());
+  if (e == nullptr) throw python_error();
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e)), e);
+  Py_DECREF(e);
+  throw python_error();
+}
+
+void hbm_allocate(Counters& c, int64_t nbytes, PyObject* oom) {
+  if (c[kLive] + nbytes > c[kCapacity]) raise_oom(oom, nbytes);
+  c[kLive] += nbytes;
+  ++c[kAllocs];
+  ++c[kActive];
+  c[kMaxAlloc] = std::max(c[kMaxAlloc], nbytes);
+  c[kPeak] = std::max(c[kPeak], c[kLive]);
+}
+
+void hbm_free(Counters& c, int64_t nbytes) {
+  c[kLive] -= nbytes;
+  ++c[kFrees];
+  --c[kActive];
+}
+
+int64_t as_int64(PyObject* v) {
+  const int64_t n = PyLong_AsLongLong(v);
+  if (n == -1 && PyErr_Occurred()) throw python_error();
+  return n;
+}
+
+bool check_nargs(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
+  if (nargs == want) return true;
+  PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, want, nargs);
+  return false;
+}
+
+// hbm_check(counters, nbytes, oom): raise if nbytes more would not fit.
+PyObject* hbm_check_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("hbm_check", nargs, 3)) return nullptr;
+  Counters c(argv[0]);
+  const int64_t nbytes = as_int64(argv[1]);
+  if (c[kLive] + nbytes > c[kCapacity]) raise_oom(argv[2], nbytes);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// hbm_allocate(counters, nbytes, oom): check and account an allocation.
+PyObject* hbm_allocate_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("hbm_allocate", nargs, 3)) return nullptr;
+  Counters c(argv[0]);
+  hbm_allocate(c, as_int64(argv[1]), argv[2]);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// hbm_free(counters, nbytes, device): account a release; ValueError if more than is live.
+PyObject* hbm_free_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("hbm_free", nargs, 3)) return nullptr;
+  Counters c(argv[0]);
+  const int64_t nbytes = as_int64(argv[1]);
+  if (nbytes > c[kLive]) {
+    PyErr_Format(PyExc_ValueError, "%S: freeing %lld bytes but only %lld are live", argv[2],
+                 static_cast<long long>(nbytes), static_cast<long long>(c[kLive]));
+    return nullptr;
+  }
+  hbm_free(c, nbytes);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// hbm_reset(counters, what): what 0: the peak to the live bytes; 1: the allocation and free
+// counts to zero.
+PyObject* hbm_reset_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("hbm_reset", nargs, 2)) return nullptr;
+  Counters c(argv[0]);
+  if (as_int64(argv[1]) == 0) {
+    c[kPeak] = c[kLive];
+  } else {
+    c[kAllocs] = c[kFrees] = 0;
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+struct ResidencyState {
+  PyObject* refs;
+  PyObject* counters;
+  PyObject* ref_type;
+  PyObject* on_free;
+  PyObject* oom;
+};
+
+ResidencyState residency_state(PyObject* state) {
+  if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) != 5 || !PyDict_Check(PyTuple_GET_ITEM(state, 0))) {
+    PyErr_SetString(PyExc_TypeError, "a residency's state is (refs: dict, counters, StorageRef, on_free, oom)");
+    throw python_error();
+  }
+  return {PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1), PyTuple_GET_ITEM(state, 2),
+          PyTuple_GET_ITEM(state, 3), PyTuple_GET_ITEM(state, 4)};
+}
+
+void set_attr(PyObject* o, PyObject* name, PyObject* v) {
+  const int rc = v == nullptr ? -1 : PyObject_SetAttr(o, name, v);
+  Py_XDECREF(v);
+  if (rc != 0) throw python_error();
+}
+
+// The StorageRef of `storage` (a Python storage: weak-referenceable, with nbytes()), made
+// resident unless it is: its bytes allocated on the HBM (HPUOutOfMemoryError if they do not
+// fit: nothing changes then), the next serial, a weak reference whose callback frees them.
+py::object register_storage(const ResidencyState& r, PyObject* storage, PyObject* key) {
+  static PyObject* const nbytes_name = interned("nbytes");
+  static PyObject* const key_name = interned("key");
+  static PyObject* const serial_name = interned("serial");
+  PyObject* found = PyDict_GetItemWithError(r.refs, key);
+  if (found != nullptr) return py::reinterpret_borrow<py::object>(found);
+  if (PyErr_Occurred()) throw python_error();
+  py::object n = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(storage, nbytes_name));
+  if (!n) throw python_error();
+  const int64_t nbytes = as_int64(n.ptr());
+  Counters c(r.counters);
+  hbm_allocate(c, nbytes, r.oom);
+  py::object ref = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(r.ref_type, storage, r.on_free,
+                                                                                  nullptr));
+  if (!ref) {
+    hbm_free(c, nbytes);
+    throw python_error();
+  }
+  Py_INCREF(key);
+  set_attr(ref.ptr(), key_name, key);
+  Py_INCREF(n.ptr());
+  set_attr(ref.ptr(), nbytes_name, n.ptr());
+  set_attr(ref.ptr(), serial_name, PyLong_FromLongLong(c[kNextSerial]++));
+  if (PyDict_SetItem(r.refs, key, ref.ptr()) != 0) throw python_error();
+  return ref;
+}
+
+// residency_register(state, storage) -> StorageRef (Residency.register).
+PyObject* residency_register_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("residency_register", nargs, 2)) return nullptr;
+  const ResidencyState r = residency_state(argv[0]);
+  py::object key = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(argv[1]));
+  if (!key) return nullptr;
+  return register_storage(r, argv[1], key.ptr()).release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+// The weak references' callback: a storage died; if its ref is still the one in refs, forget
+// it and free its bytes. self: (refs, counters).
+PyObject* free_callback(PyObject* self, PyObject* ref) {
+  static PyObject* const key_name = interned("key");
+  static PyObject* const nbytes_name = interned("nbytes");
+  HANDLE_TH_ERRORS
+  PyObject* refs = PyTuple_GET_ITEM(self, 0);
+  py::object key = py::reinterpret_steal<py::object>(PyObject_GetAttr(ref, key_name));
+  if (!key) return nullptr;
+  PyObject* found = PyDict_GetItemWithError(refs, key.ptr());
+  if (found == nullptr && PyErr_Occurred()) return nullptr;
+  if (found == ref) {
+    py::object n = py::reinterpret_steal<py::object>(PyObject_GetAttr(ref, nbytes_name));
+    if (!n) return nullptr;
+    const int64_t nbytes = as_int64(n.ptr());
+    if (PyDict_DelItem(refs, key.ptr()) != 0) return nullptr;
+    Counters c(PyTuple_GET_ITEM(self, 1));
+    if (nbytes <= c[kLive]) hbm_free(c, nbytes);
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef g_free_callback_def = {"free_callback", &free_callback, METH_O,
+                                   "A resident storage died: free its HBM bytes (hpu_runtime.device.residency)."};
+
+// residency_on_free(refs, counters) -> the weak references' callback for a residency.
+PyObject* residency_on_free_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("residency_on_free", nargs, 2)) return nullptr;
+  if (!PyDict_Check(argv[0])) {
+    PyErr_SetString(PyExc_TypeError, "residency_on_free: refs must be a dict");
+    return nullptr;
+  }
+  { Counters check(argv[1]); }
+  py::tuple self = py::make_tuple(py::handle(argv[0]), py::handle(argv[1]));
+  return PyCFunction_New(&g_free_callback_def, self.ptr());
+  END_HANDLE_TH_ERRORS
+}
+
+// The current device's HBM counters (hpu_sim_set_hbm), for the kernel's own check of a kept
+// entry's output bytes (kernel_fits below); None: none published.
+PyObject* g_hbm = nullptr;
+
+// Whether a kept entry's only check before the op is its output bytes (OpEntry.kernel_nbytes, an
+// int: no transfer, no factory size) and they fit in the current device's free HBM. When they do
+// not, the before hook runs and raises HPUOutOfMemoryError as it would have.
+bool kernel_fits(PyObject* entry) {
+  static PyObject* const name = interned("kernel_nbytes");
+  if (g_hbm == nullptr) return false;
+  py::object v = py::reinterpret_steal<py::object>(PyObject_GetAttr(entry, name));
+  if (!v) throw python_error();
+  if (v.ptr() == Py_None) return false;
+  const int64_t nbytes = as_int64(v.ptr());
+  Counters c(g_hbm);
+  return nbytes <= c[kCapacity] - c[kLive];
+}
+
 // ---- an op record's storages (NOTE [an op's storages, in the kernel library] in
 // hpu_runtime/bridge/op_accounting.py) ----
-// storage_io(resident, register, args, kwargs, out, allocates, low, saves_in, saves_out) ->
-// (reads, writes, saves), or None when the op reads and writes nothing on the device. A builtin
-// function (METH_FASTCALL) that the op record calls from Python, for live and traced ops alike.
+// storage_io(state, args, kwargs, out, allocates, low, saves_in, saves_out) -> (reads, writes,
+// saves), or None when the op reads and writes nothing on the device; state: the residency's. A
+// builtin function (METH_FASTCALL) that the op record calls from Python, for live and traced ops
+// alike.
 struct StorageIo {
-  PyObject* resident;  // id(storage) -> StorageRef
-  PyObject* reg;       // Residency.register
+  ResidencyState r;
   bool low;
   py::list reads;
   std::vector<int64_t> serials;  // every tensor argument's serial, -1: not resident
@@ -454,20 +698,18 @@ int64_t charged_nbytes(const at::Tensor& t, bool low) {  // as cost_model.charge
 }
 
 // The storage of `t` as Python sees it (t.untyped_storage()), and its StorageRef if resident
-// (registering an hpu storage the bridge has not seen made, when `reg` is given).
-py::object storage_ref(const at::Tensor& t, PyObject* resident, PyObject* reg) {
+// (registering an hpu storage the bridge has not seen made, when `reg`).
+py::object storage_ref(const at::Tensor& t, const ResidencyState& r, bool reg) {
   TORCH_CHECK_NOT_IMPLEMENTED(t.has_storage(), "the bridge cannot account a tensor without storage");
   py::object st = py::reinterpret_steal<py::object>(THPStorage_Wrap(t.storage()));
   if (!st) throw python_error();
   py::object key = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(st.ptr()));
   if (!key) throw python_error();
-  PyObject* ref = PyDict_GetItemWithError(resident, key.ptr());
+  if (reg) return register_storage(r, st.ptr(), key.ptr());
+  PyObject* ref = PyDict_GetItemWithError(r.refs, key.ptr());
   if (ref != nullptr) return py::reinterpret_borrow<py::object>(ref);
   if (PyErr_Occurred()) throw python_error();
-  if (reg == nullptr) return py::object();
-  PyObject* made = PyObject_CallOneArg(reg, st.ptr());
-  if (made == nullptr) throw python_error();
-  return py::reinterpret_steal<py::object>(made);
+  return py::object();
 }
 
 int64_t serial_of(const py::object& ref) {
@@ -484,7 +726,7 @@ void read_arg(StorageIo& io, PyObject* a) {
   if (!THPVariable_Check(a)) return;
   const at::Tensor& t = THPVariable_Unpack(a);
   const bool on_host = t.is_cpu();
-  const py::object ref = storage_ref(t, io.resident, on_host ? nullptr : io.reg);
+  const py::object ref = storage_ref(t, io.r, !on_host);
   const int64_t serial = serial_of(ref);
   io.serials.push_back(serial);
   io.grads.push_back(t.requires_grad());
@@ -543,17 +785,14 @@ bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or posit
 
 PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 9) {
-    PyErr_SetString(PyExc_TypeError, "storage_io takes 9 arguments");
+  if (!check_nargs("storage_io", nargs, 8)) return nullptr;
+  PyObject *args = argv[1], *kwargs = argv[2], *out = argv[3];
+  if (!PyTuple_Check(args) || (kwargs != Py_None && !PyDict_Check(kwargs))) {
+    PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None");
     return nullptr;
   }
-  PyObject *args = argv[2], *kwargs = argv[3], *out = argv[4];
-  if (!PyTuple_Check(args) || (kwargs != Py_None && !PyDict_Check(kwargs)) || !PyDict_Check(argv[0])) {
-    PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None, resident a dict");
-    return nullptr;
-  }
-  StorageIo io{argv[0], argv[1], argv[6] == Py_True, py::list(), {}, {}};
-  const bool allocates = argv[5] == Py_True;
+  StorageIo io{residency_state(argv[0]), argv[5] == Py_True, py::list(), {}, {}};
+  const bool allocates = argv[4] == Py_True;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) read_value(io, PyTuple_GET_ITEM(args, i));
   if (kwargs != Py_None) {
     Py_ssize_t pos = 0;
@@ -563,7 +802,7 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   bool rg = false;
   for (bool g : io.grads) rg = rg || g;
   rg = rg && at::GradMode::is_enabled();
-  PyObject* saves_out = rg ? argv[8] : nullptr;
+  PyObject* saves_out = rg ? argv[7] : nullptr;
   py::list writes;
   std::vector<PyObject*> outs;  // the tensors among the results, as op_accounting.out_tensors
   each_item(out, [&](PyObject* o) {
@@ -572,18 +811,33 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   for (size_t k = 0; k < outs.size(); ++k) {
     const at::Tensor& t = THPVariable_Unpack(outs[k]);
     if (t.is_cpu()) continue;  // a host result
-    const py::object ref = storage_ref(t, io.resident, allocates ? io.reg : nullptr);
+    const py::object ref = storage_ref(t, io.r, allocates);
     const bool kept = saves_out != nullptr && in_pattern(saves_out, static_cast<Py_ssize_t>(k));
     writes.append(py::make_tuple(serial_of(ref), charged_nbytes(t, io.low), allocates, kept));
   }
   if (io.reads.empty() && writes.empty()) Py_RETURN_NONE;
-  py::tuple saves = rg ? saved_arguments(argv[7], io) : py::tuple();
+  py::tuple saves = rg ? saved_arguments(argv[6], io) : py::tuple();
   return py::make_tuple(py::tuple(io.reads), py::tuple(writes), saves).release().ptr();
   END_HANDLE_TH_ERRORS
 }
 
-PyMethodDef g_storage_io_def = {"storage_io", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&storage_io)),
-                                METH_FASTCALL, "An op record's storages (hpu_runtime.bridge.op_accounting)."};
+template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
+constexpr PyCFunction fastcall() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(F));
+}
+
+// The library's builtin functions, handed to Python by hpu_sim_builtins().
+PyMethodDef g_builtins[] = {
+    {"storage_io", fastcall<&storage_io>(), METH_FASTCALL, "An op record's storages (hpu_runtime.bridge.op_accounting)."},
+    {"hbm_check", fastcall<&hbm_check_py>(), METH_FASTCALL, "HBMModel.check_alloc (hpu_runtime.device.memory)."},
+    {"hbm_allocate", fastcall<&hbm_allocate_py>(), METH_FASTCALL, "HBMModel.allocate (hpu_runtime.device.memory)."},
+    {"hbm_free", fastcall<&hbm_free_py>(), METH_FASTCALL, "HBMModel.free (hpu_runtime.device.memory)."},
+    {"hbm_reset", fastcall<&hbm_reset_py>(), METH_FASTCALL, "HBMModel.reset_peak/reset_accumulated."},
+    {"residency_register", fastcall<&residency_register_py>(), METH_FASTCALL,
+     "Residency.register (hpu_runtime.device.residency)."},
+    {"residency_on_free", fastcall<&residency_on_free_py>(), METH_FASTCALL,
+     "A residency's weak-reference callback (hpu_runtime.device.residency)."},
+    {nullptr, nullptr, 0, nullptr}};
 
 struct Inside {
   Inside() { ++t_inside; }
@@ -955,6 +1209,27 @@ void hpu_sim_set_hooks(PyObject* before, PyObject* after, PyObject* entry_type) 
 }
 void hpu_sim_set_active(int on) { t_active = on != 0; }
 int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
-PyObject* hpu_sim_storage_io() { return PyCFunction_New(&g_storage_io_def, nullptr); }
+// {name: builtin function} of g_builtins.
+PyObject* hpu_sim_builtins() {
+  PyObject* d = PyDict_New();
+  if (d == nullptr) return nullptr;
+  for (PyMethodDef* m = g_builtins; m->ml_name != nullptr; ++m) {
+    PyObject* f = PyCFunction_New(m, nullptr);
+    if (f == nullptr || PyDict_SetItemString(d, m->ml_name, f) != 0) {
+      Py_XDECREF(f);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(f);
+  }
+  return d;
+}
+// The current device's HBM counters (an array('q'), hpu_runtime.device.memory), or None.
+void hpu_sim_set_hbm(PyObject* counters) {
+  PyObject* old = g_hbm;
+  g_hbm = counters == Py_None ? nullptr : counters;
+  Py_XINCREF(g_hbm);
+  Py_XDECREF(old);
+}
 void hpu_sim_inside(int delta) { t_inside += delta; }
 }
