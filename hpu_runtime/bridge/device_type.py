@@ -207,8 +207,9 @@ def library():
     """The library's C functions, through ``ctypes.PyDLL`` (called with the GIL held), with their
     signatures declared: the bridge's switches (``hpu_sim_set_hooks``, ``hpu_sim_set_active``,
     ``hpu_sim_hooks_on``, ``hpu_sim_inside``: NOTE [the bridge in the kernel] in
-    :mod:`hpu_runtime.bridge.dispatch`), ``hpu_sim_set_hbm`` (the current device's HBM counters,
-    for the kernel's own check before an op: NOTE [an op's entry, kept by the kernel]) and
+    :mod:`hpu_runtime.bridge.dispatch`), ``hpu_sim_set_device`` (the current device's HBM counters,
+    accounting and ``OpRecord`` type, for the kernel's own check before an op and its own op
+    record: NOTE [an op's entry, kept by the kernel], NOTE [the op record, in the kernel]) and
     ``hpu_sim_builtins`` (:func:`builtins`). Installs it first.
 
     Raises:
@@ -227,8 +228,8 @@ def library():
         lib.hpu_sim_hooks_on.restype = ctypes.c_int
         lib.hpu_sim_inside.argtypes = [ctypes.c_int]
         lib.hpu_sim_inside.restype = None
-        lib.hpu_sim_set_hbm.argtypes = [ctypes.py_object]
-        lib.hpu_sim_set_hbm.restype = None
+        lib.hpu_sim_set_device.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
+        lib.hpu_sim_set_device.restype = ctypes.c_int
         lib.hpu_sim_builtins.argtypes = []
         lib.hpu_sim_builtins.restype = ctypes.py_object
         _library = lib
@@ -244,7 +245,8 @@ def builtins() -> dict:
     :mod:`hpu_runtime.bridge.op_accounting`); the HBM counters' ``hbm_check``,
     ``hbm_allocate``, ``hbm_free`` and ``hbm_reset`` (:class:`~hpu_runtime.device.memory.HBMModel`);
     ``residency_register`` and ``residency_on_free``
-    (:class:`~hpu_runtime.device.residency.Residency`). Installs the library first.
+    (:class:`~hpu_runtime.device.residency.Residency`); ``launcher_append``
+    (:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op`). Installs the library first.
 
     Raises:
         DeviceTypeBuildError: as :func:`install`.

@@ -84,6 +84,20 @@ class CapturedGraph:
         return out
 
 
+_APPEND = None
+
+
+def _launcher_append():
+    """The kernel library's ``launcher_append(launcher, op) -> 0 | 1 | 2`` (1: eager mode launches
+    the op now; 2: the graph reached ``max_compound_ops``), loaded once."""
+    global _APPEND
+    if _APPEND is None:
+        from .device_type import builtins
+
+        _APPEND = builtins()["launcher_append"]
+    return _APPEND
+
+
 class Launcher:
     """Accumulates ops into the pending graph and launches it on ``card``.
 
@@ -144,24 +158,15 @@ class Launcher:
 
     # ---- accumulate ------------------------------------------------------------------------
     def append_op(self, op: OpRecord) -> None:
-        """Add one op record to the pending graph (eager mode: launch it at once)."""
-        card = self.card
-        if card.ready_after:
-            self._dep_ns = max(self._dep_ns, card.dependency_ns(op))
-        if self.log is not None:
-            self.log.append(("op", op))
-        self.ops_recorded += 1
-        pending = self.pending
-        accumulate = self.lazy or self.region is not None
-        if not pending:
-            self._host_start = card.host_ns
-        card.host_ns += self._op_host_ns if accumulate else self._eager_ns
-        pending.append(op.cost)
-        self._keys.append(op.key)
-        self._ops.append(op)
-        if not accumulate:
+        """Add one op record to the pending graph (eager mode: launch it at once). The record
+        joins the graph in the hpu kernel library (``launcher_append``: the dependency on a
+        collective's output, the ``("op", record)`` log event, ``ops_recorded``, the host's
+        time per op, the graph's lists), as the kernel's own op records do (NOTE [the op record,
+        in the kernel] in :mod:`hpu_runtime.bridge.op_accounting`); the launches are here."""
+        launch = (_APPEND or _launcher_append())(self, op)
+        if launch == 1:
             self.launch("eager", 0)
-        elif self.max_compound_ops and self.region is None and len(pending) >= self.max_compound_ops:
+        elif launch == 2:
             self.launch("max_compound_op_size")
 
     def append_view(self, key: object) -> None:

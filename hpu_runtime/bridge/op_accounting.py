@@ -41,6 +41,23 @@ Python dict (``id(t.untyped_storage())`` in :attr:`Residency.refs
 it, all without entering Python: NOTE [the HBM counters, in the kernel library] in
 :mod:`hpu_runtime.device.memory`).
 
+NOTE [the op record, in the kernel]
+Once an op's entry carries its record for the state it is called in
+(:attr:`OpEntry.fast`: the graph-key entry and cost worked out in lazy mode outside compiled
+regions and HPU-graph captures, in fp32, for an op the device runs), the hpu kernel makes the
+record itself and the after hook is not called: under the device's lock it checks that the
+state still holds (the accounting of the device :func:`~hpu_runtime.bridge.runtime.get_device`
+returns, published to the kernel with its HBM counters, the same generation; no fused kernel's
+body; lazy mode, no region, no capture, no bf16 emulation) and that every Python number the op
+puts on the device is there already, then makes what :meth:`OpAccounting.record` makes: a
+view's graph-key entry, or the storages (``storage_io``'s own code), an
+:class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in the pending graph (the
+library's ``launcher_append``, which :meth:`~hpu_runtime.bridge.launcher.Launcher.append_op`
+calls as well). Anything else (a new entry, another mode, a scalar new to the device, an error
+while reading the storages) goes to the after hook, which records as it always did.
+``tests/unit/test_bridge_in_kernel.py`` checks a training step's events, timeline and
+parameters against the after hook's alone.
+
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.
 """
@@ -241,10 +258,15 @@ class OpEntry:
             precision ``low``; -1: none yet.
         mk: its graph-key entry; info: its :class:`OpInfo`; scalars: the Python numbers it puts
             on the device (NOTE [scalars as graph inputs]).
+        fast: what the hpu kernel needs to make its op record itself (NOTE [the op record, in the
+            kernel]): ``(gen, view, allocates, mk, cost, saves_in, saves_out, scalar_keys)``,
+            set with ``mk`` when it was computed in lazy mode outside a compiled region, in
+            fp32, for an op the device runs (no CPU fallback, no data-dependent shape); None
+            otherwise.
     """
 
     __slots__ = ("facts", "sig", "factory_nbytes", "out_nbytes", "before", "kernel_nbytes", "gen", "inputs", "low",
-                 "mk", "info", "scalars")
+                 "mk", "info", "scalars", "fast")
 
     def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None) -> None:
         self.facts = facts
@@ -254,7 +276,7 @@ class OpEntry:
         self.before = True
         self.kernel_nbytes: int | None = None
         self.gen = -1
-        self.inputs = self.low = self.mk = self.info = self.scalars = None
+        self.inputs = self.low = self.mk = self.info = self.scalars = self.fast = None
 
 
 _FLOAT = float  # stands for any float argument in a cost key
@@ -459,6 +481,10 @@ class OpAccounting:
             if not facts.dynamic:  # a dynamic op's cost depends on its outputs' shapes too
                 entry.gen, entry.inputs, entry.low, entry.mk, entry.info, entry.scalars = (
                     self.gen, inputs, low, mk, info, scalars)
+                entry.fast = ((self.gen, info.view, info.allocates, mk, info.cost, *facts.saves,
+                               tuple((type(v), v) for v in scalars))
+                              if launcher.lazy and launcher.region is None and not low and not info.fallback
+                              else None)
         if info.dynamic:
             mk = (*mk[:2], output_signature(out))
         with self.lock:

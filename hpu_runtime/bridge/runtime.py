@@ -50,12 +50,19 @@ def _device_kwargs(cfg: RuntimeConfig) -> dict:
 
 
 def _publish(dev: SimDevice | None) -> None:
-    """Hand the hpu kernel the HBM counters of the device :func:`get_device` returns, for its own
-    check of an op's output bytes (NOTE [an op's entry, kept by the kernel] in
-    :mod:`hpu_runtime.bridge.dispatch`)."""
+    """Hand the hpu kernel the device :func:`get_device` returns: its HBM counters, for the
+    kernel's own check of an op's output bytes (NOTE [an op's entry, kept by the kernel] in
+    :mod:`hpu_runtime.bridge.dispatch`), and its accounting, for the op records the kernel makes
+    (NOTE [the op record, in the kernel] in :mod:`hpu_runtime.bridge.op_accounting`)."""
+    from ..device.lazy_graph import OpRecord
     from .device_type import library
 
-    library().hpu_sim_set_hbm(None if dev is None else dev.hbm.counters)
+    if dev is None:
+        rc = library().hpu_sim_set_device(None, None, None)
+    else:
+        rc = library().hpu_sim_set_device(dev.hbm.counters, dev.ops, OpRecord)
+    if rc != 0:
+        raise RuntimeError("hpu_runtime: the hpu kernel could not take the device's accounting")
 
 
 def get_device() -> SimDevice:

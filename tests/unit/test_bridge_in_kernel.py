@@ -122,11 +122,12 @@ class _SpyHooks:
     """The kernel's hooks with a spy on the before hook: each call's op, its signature as
     :func:`~hpu_runtime.bridge.graph_key.op_signature` computes it from the arguments Python
     got, and the entry the kernel handed in (None on a signature's first call).
-    ``kernel_check=False``: the kernel does not compare a kept entry's output bytes with the
-    free HBM itself, so the before hook sees every call that has something to check."""
+    ``kernel_check=False``: the kernel has no device (it neither compares a kept entry's output
+    bytes with the free HBM nor makes op records itself), so the before hook sees every call
+    that has something to check."""
 
     def __init__(self, kernel_check: bool = True) -> None:
-        from hpu_runtime.bridge import dispatch
+        from hpu_runtime.bridge import dispatch, runtime
         from hpu_runtime.bridge.graph_key import op_signature
 
         self.calls = []
@@ -137,20 +138,20 @@ class _SpyHooks:
             self.calls.append((str(func), op_signature(args, kwargs), entry))
             return before(func, args, kwargs, entry)
 
-        self._dispatch, self._spy = dispatch, spy
+        self._dispatch, self._runtime, self._spy = dispatch, runtime, spy
 
     def __enter__(self):
         lib = self._dispatch._kernel_hooks()
         lib.hpu_sim_set_hooks(self._spy, self._dispatch._after, self._dispatch.OpEntry)
         if not self._kernel_check:
-            lib.hpu_sim_set_hbm(None)
+            lib.hpu_sim_set_device(None, None, None)
         return self
 
     def __exit__(self, *exc) -> None:
         d = self._dispatch
         lib = d._kernel_hooks()
         lib.hpu_sim_set_hooks(d._before, d._after, d.OpEntry)
-        lib.hpu_sim_set_hbm(hpu.get_device().hbm.counters)
+        self._runtime._publish(hpu.get_device())
 
 
 def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
@@ -376,3 +377,70 @@ def test_storages_freed_on_other_threads_are_counted_exactly():
     assert stats.active_allocs == len(res.refs) == len(alive)
     assert stats.num_allocs == 40 * 50 + 500 and stats.num_frees == 20 * 50
     assert len(set(serials)) == len(serials) == 40 * 50 + 500
+
+
+def test_the_kernels_op_records_equal_the_after_hooks():
+    """Three training steps of a small MLP (Adam, ``mark_step`` after backward and after the
+    optimizer step), with the kernel making the records of kept entries (NOTE [the op record, in
+    the kernel]) and with the kernel given no device, so that the Python after hook records
+    every op (the reference): the same events (op records with their keys, costs, bytes and
+    saves, storages renumbered by first appearance; views; launches), the same simulated host
+    time and graphs, the same parameters; and the kernel did make most records itself."""
+    from hpu_runtime.bridge import dispatch, runtime
+
+    lib = dispatch._kernel_hooks()
+
+    def norm(events):
+        seen: dict[int, int] = {}
+
+        def s(serial):
+            return seen.setdefault(serial, len(seen))
+
+        out = []
+        for e in events:
+            if e[0] == "op":
+                op = e[1]
+                out.append(("op", op.key, op.cost, tuple((s(a), n) for a, n in op.reads),
+                            tuple((s(w[0]), *w[1:]) for w in op.writes), tuple(s(a) for a in op.saves)))
+            else:
+                out.append(e)
+        return out
+
+    def run(kernel: bool):
+        dev = hpu.reset_device("gaudi2")
+        calls = []
+        after = dispatch._after
+
+        def spy(*a):
+            calls.append(a[0])
+            return after(*a)
+
+        lib.hpu_sim_set_hooks(dispatch._before, spy, dispatch.OpEntry)
+        if not kernel:
+            lib.hpu_sim_set_device(None, None, None)
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            x, y = torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
+            dev.log, dev.graph_log = [], []
+            for _ in range(3):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                hpu.mark_step()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                hpu.mark_step()
+            events, graphs = norm(dev.log), list(dev.graph_log)
+            dev.log = dev.graph_log = None
+            with hpu.bridge_disabled():
+                params = [p.detach().cpu().clone() for p in model.parameters()]
+            return events, graphs, dev.card.host_ns, dev.ops_recorded, params, len(calls)
+        finally:
+            lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)
+            runtime._publish(hpu.get_device())
+
+    kernel, python = run(True), run(False)
+    assert sum(e[0] == "op" for e in python[0]) > 100
+    assert kernel[:4] == python[:4]
+    assert all(torch.equal(a, b) for a, b in zip(kernel[4], python[4]))
+    assert kernel[5] < python[5] / 2, (kernel[5], python[5])  # most records made by the kernel

@@ -783,16 +783,10 @@ bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or posit
   return false;
 }
 
-PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (!check_nargs("storage_io", nargs, 8)) return nullptr;
-  PyObject *args = argv[1], *kwargs = argv[2], *out = argv[3];
-  if (!PyTuple_Check(args) || (kwargs != Py_None && !PyDict_Check(kwargs))) {
-    PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None");
-    return nullptr;
-  }
-  StorageIo io{residency_state(argv[0]), argv[5] == Py_True, py::list(), {}, {}};
-  const bool allocates = argv[4] == Py_True;
+// The op's (reads, writes, saves), or None (storage_io below).
+py::object op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates,
+                       bool low, PyObject* saves_in, PyObject* saves_out_pattern) {
+  StorageIo io{r, low, py::list(), {}, {}};
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) read_value(io, PyTuple_GET_ITEM(args, i));
   if (kwargs != Py_None) {
     Py_ssize_t pos = 0;
@@ -802,7 +796,7 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   bool rg = false;
   for (bool g : io.grads) rg = rg || g;
   rg = rg && at::GradMode::is_enabled();
-  PyObject* saves_out = rg ? argv[7] : nullptr;
+  PyObject* saves_out = rg ? saves_out_pattern : nullptr;
   py::list writes;
   std::vector<PyObject*> outs;  // the tensors among the results, as op_accounting.out_tensors
   each_item(out, [&](PyObject* o) {
@@ -815,10 +809,206 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     const bool kept = saves_out != nullptr && in_pattern(saves_out, static_cast<Py_ssize_t>(k));
     writes.append(py::make_tuple(serial_of(ref), charged_nbytes(t, io.low), allocates, kept));
   }
-  if (io.reads.empty() && writes.empty()) Py_RETURN_NONE;
-  py::tuple saves = rg ? saved_arguments(argv[6], io) : py::tuple();
-  return py::make_tuple(py::tuple(io.reads), py::tuple(writes), saves).release().ptr();
+  if (io.reads.empty() && writes.empty()) return py::none();
+  py::tuple saves = rg ? saved_arguments(saves_in, io) : py::tuple();
+  return py::make_tuple(py::tuple(io.reads), py::tuple(writes), saves);
+}
+
+PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("storage_io", nargs, 8)) return nullptr;
+  PyObject *args = argv[1], *kwargs = argv[2];
+  if (!PyTuple_Check(args) || (kwargs != Py_None && !PyDict_Check(kwargs))) {
+    PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None");
+    return nullptr;
+  }
+  return op_storages(residency_state(argv[0]), args, kwargs, argv[3], argv[4] == Py_True, argv[5] == Py_True,
+                     argv[6], argv[7])
+      .release()
+      .ptr();
   END_HANDLE_TH_ERRORS
+}
+
+// ---- the pending graph (hpu_runtime/bridge/launcher.py) ----
+// An attribute name, interned once per place it is used.
+#define NAME(s)                                       \
+  ([] {                                               \
+    static PyObject* const interned_name = interned(s); \
+    return interned_name;                             \
+  }())
+
+py::object get(PyObject* o, PyObject* name) {
+  py::object v = py::reinterpret_steal<py::object>(PyObject_GetAttr(o, name));
+  if (!v) throw python_error();
+  return v;
+}
+
+void set(PyObject* o, PyObject* name, PyObject* v) {
+  if (PyObject_SetAttr(o, name, v) != 0) throw python_error();
+}
+
+void append(PyObject* list, PyObject* item) {
+  if (PyList_Append(list, item) != 0) throw python_error();
+}
+
+// launcher.x += by (Python ints)
+void add_to(PyObject* o, PyObject* name, PyObject* by) {
+  py::object v = py::reinterpret_steal<py::object>(PyNumber_Add(get(o, name).ptr(), by));
+  if (!v) throw python_error();
+  set(o, name, v.ptr());
+}
+
+// Launcher.append_op without its launches: one op record joins the pending graph (its
+// dependency on a collective's output, its log event, the op count, the host's time per op);
+// returns 1 when eager mode launches it at once, 2 when the graph reached
+// PT_HPU_MAX_COMPOUND_OP_SIZE, else 0.
+int launcher_append(PyObject* launcher, PyObject* op) {
+  static PyObject* const one = PyLong_FromLong(1);
+  py::object card = get(launcher, NAME("card"));
+  if (PyObject_IsTrue(get(card.ptr(), NAME("ready_after")).ptr())) {
+    static PyObject* const dependency_ns = interned("dependency_ns");
+    py::object dep = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(card.ptr(), dependency_ns, op));
+    if (!dep) throw python_error();
+    py::object now = get(launcher, NAME("_dep_ns"));
+    const int later = PyObject_RichCompareBool(dep.ptr(), now.ptr(), Py_GT);
+    if (later < 0) throw python_error();
+    if (later) set(launcher, NAME("_dep_ns"), dep.ptr());
+  }
+  py::object log = get(launcher, NAME("log"));
+  if (!log.is_none()) {
+    py::object event = py::make_tuple("op", py::handle(op));
+    append(log.ptr(), event.ptr());
+  }
+  add_to(launcher, NAME("ops_recorded"), one);
+  py::object pending = get(launcher, NAME("pending"));
+  py::object region = get(launcher, NAME("region"));
+  const int lazy = PyObject_IsTrue(get(launcher, NAME("lazy")).ptr());
+  if (lazy < 0) throw python_error();
+  const bool accumulate = lazy || !region.is_none();
+  if (PyList_GET_SIZE(pending.ptr()) == 0) set(launcher, NAME("_host_start"), get(card.ptr(), NAME("host_ns")).ptr());
+  add_to(card.ptr(), NAME("host_ns"), get(launcher, accumulate ? NAME("_op_host_ns") : NAME("_eager_ns")).ptr());
+  append(pending.ptr(), PyTuple_GET_ITEM(op, 1));
+  append(get(launcher, NAME("_keys")).ptr(), PyTuple_GET_ITEM(op, 0));
+  append(get(launcher, NAME("_ops")).ptr(), op);
+  if (!accumulate) return 1;
+  const Py_ssize_t most = PyLong_AsSsize_t(get(launcher, NAME("max_compound_ops")).ptr());
+  if (most == -1 && PyErr_Occurred()) throw python_error();
+  return most > 0 && region.is_none() && PyList_GET_SIZE(pending.ptr()) >= most ? 2 : 0;
+}
+
+// launcher_append(launcher, op) -> 0, 1 or 2 (Launcher.append_op, launcher_append above).
+PyObject* launcher_append_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs("launcher_append", nargs, 2)) return nullptr;
+  if (!PyTuple_Check(argv[1]) || PyTuple_GET_SIZE(argv[1]) < 2) {
+    PyErr_SetString(PyExc_TypeError, "launcher_append: op must be an OpRecord");
+    return nullptr;
+  }
+  return PyLong_FromLong(launcher_append(argv[0], argv[1]));
+  END_HANDLE_TH_ERRORS
+}
+
+// ---- the op record of a kept entry, in the kernel (NOTE [the op record, in the kernel] in
+// hpu_runtime/bridge/op_accounting.py) ----
+// The current device (hpu_sim_set_device): its accounting, what the record needs of it, and
+// the OpRecord type.
+struct CurrentDevice {
+  py::object accounting, launcher, residency, scalars, lock_acquire, lock_release, op_record;
+  int64_t gen = -1;
+};
+CurrentDevice* g_device = nullptr;
+
+struct Locked {
+  const CurrentDevice& d;
+  explicit Locked(const CurrentDevice& dev) : d(dev) {
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(d.lock_acquire.ptr()));
+    if (!r) throw python_error();
+  }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+  ~Locked() {
+    PyObject* r = PyObject_CallNoArgs(d.lock_release.ptr());
+    if (r == nullptr) {
+      PyErr_WriteUnraisable(d.lock_release.ptr());
+    } else {
+      Py_DECREF(r);
+    }
+  }
+};
+
+bool is_true(const py::object& v) {
+  const int t = PyObject_IsTrue(v.ptr());
+  if (t < 0) throw python_error();
+  return t != 0;
+}
+
+// The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
+// here: true, or false when the after hook must make it (another device, a mode other than
+// lazy outside a compiled region or a capture, bf16 emulation, a fused kernel's body, a scalar
+// new to the device).
+bool fast_record(PyObject* entry, PyObject* args, PyObject* kwargs, PyObject* out) {
+  static PyObject* const fast_name = interned("fast");
+  if (g_device == nullptr) return false;
+  const CurrentDevice& d = *g_device;
+  py::object fast = py::reinterpret_steal<py::object>(PyObject_GetAttr(entry, fast_name));
+  if (!fast) throw python_error();
+  if (fast.is_none()) return false;
+  // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_keys)
+  PyObject* f = fast.ptr();
+  if (as_int64(PyTuple_GET_ITEM(f, 0)) != d.gen) return false;
+  PyObject* acc = d.accounting.ptr();
+  PyObject* launcher = d.launcher.ptr();
+  if (is_true(get(acc, NAME("_in_kernel"))) || is_true(get(acc, NAME("fp32_as_bf16"))) || !is_true(get(launcher, NAME("lazy"))) ||
+      !get(launcher, NAME("region")).is_none() || !get(launcher, NAME("capture")).is_none())
+    return false;
+  PyObject* scalar_keys = PyTuple_GET_ITEM(f, 7);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(scalar_keys); ++i) {
+    const int in = PySet_Contains(d.scalars.ptr(), PyTuple_GET_ITEM(scalar_keys, i));
+    if (in < 0) throw python_error();
+    if (!in) return false;
+  }
+  PyObject* first = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
+  const bool on_host = first != nullptr && THPVariable_Check(first) && THPVariable_Unpack(first).is_cpu();
+  PyObject* mk = PyTuple_GET_ITEM(f, 3);
+  Locked locked(d);
+  if (PyTuple_GET_ITEM(f, 1) == Py_True) {  // a view: part of the graph's key
+    if (!on_host) {
+      append(get(launcher, NAME("_keys")).ptr(), mk);
+      py::object log = get(launcher, NAME("log"));
+      if (!log.is_none()) {
+        py::object event = py::make_tuple("view", py::handle(mk));
+        append(log.ptr(), event.ptr());
+      }
+    }
+    return true;
+  }
+  const bool allocates = PyTuple_GET_ITEM(f, 2) == Py_True;
+  if (!allocates && on_host) return true;  // in place on a host tensor: host work
+  py::object io;
+  try {
+    io = op_storages(residency_state(d.residency.ptr()), args, kwargs, out, allocates, false, PyTuple_GET_ITEM(f, 5),
+                     PyTuple_GET_ITEM(f, 6));
+  } catch (const python_error&) {  // the after hook makes the record again and says why (an OOM, a bad tensor)
+    PyErr_Clear();
+    return false;
+  } catch (const py::error_already_set&) {
+    return false;
+  } catch (const c10::Error&) {
+    return false;
+  }
+  if (io.is_none()) return true;  // host work
+  py::tuple items = py::make_tuple(py::handle(mk), py::handle(PyTuple_GET_ITEM(f, 4)), io[py::int_(0)],
+                                   io[py::int_(1)], io[py::int_(2)]);
+  py::object op = py::reinterpret_steal<py::object>(
+      PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(d.op_record.ptr()), py::make_tuple(items).ptr(), nullptr));
+  if (!op) throw python_error();
+  const int launch = launcher_append(launcher, op.ptr());
+  if (launch != 0) {
+    py::object r = py::reinterpret_steal<py::object>(
+        PyObject_CallMethod(launcher, "launch", "s", launch == 1 ? "eager" : "max_compound_op_size"));
+    if (!r) throw python_error();
+  }
+  return true;
 }
 
 template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
@@ -837,6 +1027,8 @@ PyMethodDef g_builtins[] = {
      "Residency.register (hpu_runtime.device.residency)."},
     {"residency_on_free", fastcall<&residency_on_free_py>(), METH_FASTCALL,
      "A residency's weak-reference callback (hpu_runtime.device.residency)."},
+    {"launcher_append", fastcall<&launcher_append_py>(), METH_FASTCALL,
+     "Launcher.append_op without its launches (hpu_runtime.bridge.launcher)."},
     {nullptr, nullptr, 0, nullptr}};
 
 struct Inside {
@@ -913,6 +1105,7 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   }
   Inside in;
   NoTorchFunction off;
+  if (Py_TYPE(token.ptr()) == g_entry_type && fast_record(token.ptr(), args.ptr(), kwargs.ptr(), out.ptr())) return;
   PyObject* r = PyObject_CallFunctionObjArgs(g_after, func.ptr(), args.ptr(), kwargs.ptr(), out.ptr(), token.ptr(),
                                              nullptr);
   if (r == nullptr) throw python_error();
@@ -1224,12 +1417,33 @@ PyObject* hpu_sim_builtins() {
   }
   return d;
 }
-// The current device's HBM counters (an array('q'), hpu_runtime.device.memory), or None.
-void hpu_sim_set_hbm(PyObject* counters) {
+// The current device (hpu_runtime.bridge.runtime): its HBM counters (an array('q'),
+// hpu_runtime.device.memory), its OpAccounting and the OpRecord type; all None: none.
+int hpu_sim_set_device(PyObject* counters, PyObject* accounting, PyObject* op_record) {
+  try {
+    std::unique_ptr<CurrentDevice> dev;
+    if (accounting != Py_None) {
+      dev = std::make_unique<CurrentDevice>();
+      dev->accounting = py::reinterpret_borrow<py::object>(accounting);
+      dev->launcher = get(accounting, NAME("launcher"));
+      dev->residency = get(get(accounting, NAME("residency")).ptr(), NAME("state"));
+      dev->scalars = get(accounting, NAME("_scalars"));
+      py::object lock = get(accounting, NAME("lock"));
+      dev->lock_acquire = get(lock.ptr(), NAME("acquire"));
+      dev->lock_release = get(lock.ptr(), NAME("release"));
+      dev->op_record = py::reinterpret_borrow<py::object>(op_record);
+      dev->gen = as_int64(get(accounting, NAME("gen")).ptr());
+    }
+    delete g_device;
+    g_device = dev.release();
+  } catch (const python_error&) {
+    return -1;
+  }
   PyObject* old = g_hbm;
   g_hbm = counters == Py_None ? nullptr : counters;
   Py_XINCREF(g_hbm);
   Py_XDECREF(old);
+  return 0;
 }
 void hpu_sim_inside(int delta) { t_inside += delta; }
 }
