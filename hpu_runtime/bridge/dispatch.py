@@ -110,7 +110,14 @@ before host]), its graph-key entry and its cost. The bridge computes them once, 
 the signature as words (``signature_words`` in ``csrc/hpu_device.cpp``: the op, then for each
 argument Python gets its position and what the signature keeps of it: a tensor's dtype and
 sizes, a number's type and value, a wrapped number's value, a string's bytes, a list's
-elements). On a later call whose words are equal, the before hook gets the entry and skips all
+elements). At the op's scalar inputs (where lazy mode makes a Python number a graph input, not
+a constant of the graph key: NOTE [scalars as graph inputs] in :mod:`.graph_key`;
+:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.value_free`, which the kernel learns from the
+op's first entry) the words keep a number's type and whether it is 1, not its value: Adam's
+bias corrections, new numbers every step, share one entry per op instead of making two new
+entries a step per parameter (:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.varies`: the
+record reads each call's numbers, and keeps a graph-key entry only where they are all graph
+inputs). On a later call whose words are equal, the before hook gets the entry and skips all
 of that. When the entry has nothing left to check before the op runs (no transfer, no factory
 size, no output bytes, as for a view or an in-place op: 48 of the 87 hooked ops per step of the
 digits MLP, about 0.08x plain), the kernel skips the before hook and hands the entry to the
@@ -122,7 +129,7 @@ library] in :mod:`hpu_runtime.device.memory`) and calls the before hook only whe
 fit (it then raises). Habana's eager bridge keys each op in C++ likewise
 (``EagerExec::calculate_operator_key`` in HabanaAI/gaudi-pytorch-bridge
 ``habana_eager/eager_exec.cpp``). The words are compared in full,
-not by hash alone, so two signatures never share an entry; a call whose arguments the words
+not by hash alone, so two signatures that differ elsewhere never share an entry; a call whose arguments the words
 cannot state exactly (a tensor subclass such as a fake tensor, symbolic sizes, a script
 object) gets no entry and the bridge computes its signature itself, as the tracer's mode does
 for every op. What depends on the call and not on its signature is never kept: the storages an

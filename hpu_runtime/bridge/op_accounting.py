@@ -239,7 +239,18 @@ class OpEntry:
 
     Attributes:
         facts: the op's :class:`OpFacts`.
-        sig: its signature (:func:`~hpu_runtime.bridge.graph_key.op_signature`).
+        sig: the signature (:func:`~hpu_runtime.bridge.graph_key.op_signature`) of the call that
+            made it; the calls that share it may differ from it in the Python numbers at
+            ``value_free`` positions (then ``varies``).
+        value_free: the argument positions where the kernel's words keep a Python number's type
+            and whether it is 1, not its value: the op's scalar inputs (:attr:`OpFacts.scalar_inputs`,
+            NOTE [scalars as graph inputs]), whose values lazy mode puts on the device as graph
+            inputs rather than in the graph key.
+        varies: the call that made it has a Python number at a ``value_free`` position that is
+            not a unit's 1, so the calls sharing it may differ there (Adam's bias corrections: a
+            new value every step, one entry): its graph-key entry is reused only where every such
+            number is a graph input (lazy mode), and the numbers it puts on the device are read
+            from each call.
         factory_nbytes: bytes a factory with ``device="hpu"`` allocates, checked against the
             HBM before it runs; None: not such a factory, or a size not known before.
         out_nbytes: bytes its outputs allocate, checked against the HBM before it runs (0: not
@@ -265,12 +276,14 @@ class OpEntry:
             otherwise.
     """
 
-    __slots__ = ("facts", "sig", "factory_nbytes", "out_nbytes", "before", "kernel_nbytes", "gen", "inputs", "low",
-                 "mk", "info", "scalars", "fast")
+    __slots__ = ("facts", "sig", "value_free", "varies", "factory_nbytes", "out_nbytes", "before", "kernel_nbytes",
+                 "gen", "inputs", "low", "mk", "info", "scalars", "fast")
 
-    def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None) -> None:
+    def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None, varies: bool = False) -> None:
         self.facts = facts
         self.sig = sig
+        self.value_free = tuple(i for i, _, _ in facts.scalar_inputs)
+        self.varies = varies
         self.factory_nbytes = factory_nbytes
         self.out_nbytes: int | None = None
         self.before = True
@@ -417,7 +430,9 @@ class OpAccounting:
         facts = _FACTS.get(id(func))
         if facts is None or facts.func is not func:
             facts = op_facts(func)
-        return OpEntry(facts, op_signature(args, kwargs), factory_nbytes)
+        sig = op_signature(args, kwargs)
+        varies = bool(facts.scalar_inputs) and bool(self._scalars_as_inputs(facts.scalar_inputs, sig, args, kwargs)[1])
+        return OpEntry(facts, sig, factory_nbytes, varies)
 
     def check_outputs(self, func, args: tuple, kwargs: dict, entry: OpEntry) -> OpEntry:
         """Before ``func`` runs: raise if a factory's size or its outputs would not fit in the
@@ -470,19 +485,24 @@ class OpAccounting:
         low = self.fp32_as_bf16 and not facts.keeps_fp32
         if entry.gen == self.gen and entry.inputs is inputs and entry.low is low:
             mk, info, scalars = entry.mk, entry.info, entry.scalars
+            if entry.varies:  # this call's own numbers (its graph-key entry is theirs too)
+                scalars = self._scalars_as_inputs(inputs, entry.sig, args, kwargs)[1]
         else:
-            sig, scalars = entry.sig, ()
+            # every number at a value_free position a graph input: the graph-key entry is the
+            # same for every call that shares the entry (NOTE [an op's entry, kept by the kernel])
+            shared = not entry.varies or len(inputs) == len(facts.scalar_inputs)
+            sig, scalars = entry.sig if shared else op_signature(args, kwargs), ()
             if inputs:  # NOTE [scalars as graph inputs]: lazy mode, and eager ops outside compiled regions
                 sig, scalars = self._scalars_as_inputs(inputs, sig, args, kwargs)
             mk = (facts.name, sig, "fp32-as-bf16") if low else (facts.name, sig)
             info = self._memo.get(mk)
             if info is None:
                 info = self._op_info(facts, mk, args, kwargs, out, low)
-            if not facts.dynamic:  # a dynamic op's cost depends on its outputs' shapes too
+            if shared and not facts.dynamic:  # a dynamic op's cost depends on its outputs' shapes too
                 entry.gen, entry.inputs, entry.low, entry.mk, entry.info, entry.scalars = (
                     self.gen, inputs, low, mk, info, scalars)
                 entry.fast = ((self.gen, info.view, info.allocates, mk, info.cost, *facts.saves,
-                               tuple((type(v), v) for v in scalars))
+                               facts.scalar_inputs if entry.varies else ())
                               if launcher.lazy and launcher.region is None and not low and not info.fallback
                               else None)
         if info.dynamic:

@@ -121,7 +121,8 @@ def test_host_to_device_copies_are_one_transfer_each():
 class _SpyHooks:
     """The kernel's hooks with a spy on the before hook: each call's op, its signature as
     :func:`~hpu_runtime.bridge.graph_key.op_signature` computes it from the arguments Python
-    got, and the entry the kernel handed in (None on a signature's first call).
+    got, the entry the kernel handed in (None on a signature's first call) and what the hook
+    returned.
     ``kernel_check=False``: the kernel has no device (it neither compares a kept entry's output
     bytes with the free HBM nor makes op records itself), so the before hook sees every call
     that has something to check."""
@@ -135,8 +136,10 @@ class _SpyHooks:
         before = dispatch._before
 
         def spy(func, args, kwargs, entry=None):
-            self.calls.append((str(func), op_signature(args, kwargs), entry))
-            return before(func, args, kwargs, entry)
+            call = [str(func), op_signature(args, kwargs), entry, None]
+            self.calls.append(call)
+            call[3] = before(func, args, kwargs, entry)
+            return call[3]
 
         self._dispatch, self._runtime, self._spy = dispatch, runtime, spy
 
@@ -156,26 +159,33 @@ class _SpyHooks:
 
 def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
     """The kernel keeps the bridge's entry per (op, signature) and hands it back on a later call
-    with an equal signature only (the reference: Python's op_signature of the arguments the
-    hook got): the same shapes again reuse it; another shape, another scalar value (an int or a
-    float Scalar), an int where a float was, a wrapped number's new value and another dtype each
-    get a new entry."""
+    whose signature is equal up to the Python numbers at the op's scalar inputs (graph inputs in
+    lazy mode: NOTE [scalars as graph inputs]), whose type and whether they are 1 still count.
+    The reference, worked out by hand from the ops' schemas: ``x * 3.0`` shares ``x * 2.0``'s
+    entry (a wrapped number) and ``add(alpha=3)`` shares ``add(alpha=2)``'s; another shape, an
+    int where a float was, ``alpha=1`` (a unit's 1 stays a constant), another dtype and another
+    value of ``pow``'s exponent (a Scalar constant) each get an entry of their own."""
     hpu.reset_device("gaudi2")
     x, y = torch.randn(4, 3, device="hpu"), torch.randn(5, 3, device="hpu")
     with _SpyHooks(kernel_check=False) as spy:
         for _ in range(2):
             x * 2.0, x * 2, x * 3.0, y * 2.0, x.to(torch.bfloat16) * 2.0
-            torch.add(x, x, alpha=2), torch.add(x, x, alpha=3), x.pow(2.5), x.pow(3.5)  # Scalar int, float
+            torch.add(x, x, alpha=2), torch.add(x, x, alpha=3), torch.add(x, x, alpha=1)
+            x.pow(2.5), x.pow(3.5)  # Scalar exponents: constants
             x.sum(dim=[0]), x.sum(dim=[1]), torch.cat([x, y]), torch.cat([x, x])
+    group = [0, 1, 0, 3, 4, 5, 5, 7, 8, 9, 10, 11, 12, 13]  # the call whose entry each shares
     calls = [c for c in spy.calls if c[0] != "aten._to_copy.default"]
     first, second = calls[:len(calls) // 2], calls[len(calls) // 2:]
-    assert len(first) == 13 and [c[0] for c in first] == [c[0] for c in second]
-    sigs = [(name, sig) for name, sig, _ in first]
-    assert len({(name, repr(sig)) for name, sig in sigs}) == 13  # every call of a round is another signature
-    assert all(entry is None for _, _, entry in first)  # first sight of each
-    for (name, sig, entry), (_, sig0, _) in zip(second, first):
-        assert entry is not None, name  # the entry made in the first round
-        assert entry.facts.name == name and repr(entry.sig) == repr(sig) == repr(sig0)
+    assert len(first) == len(group) and [c[0] for c in first] == [c[0] for c in second]
+    assert len({(name, repr(sig)) for name, sig, _, _ in first}) == len(group)  # every call: another signature
+    for k, (name, sig, handed, made) in enumerate(first):
+        if group[k] == k:
+            assert handed is None, name  # first sight
+            assert made.facts.name == name and repr(made.sig) == repr(sig)
+        else:
+            assert handed is first[group[k]][3], name  # the entry of the call it shares
+    for k, (name, _, handed, _) in enumerate(second):
+        assert handed is first[group[k]][3], name
 
 
 def test_entries_never_turn_a_transfer_into_device_work():
@@ -444,3 +454,41 @@ def test_the_kernels_op_records_equal_the_after_hooks():
     assert kernel[:4] == python[:4]
     assert all(torch.equal(a, b) for a, b in zip(kernel[4], python[4]))
     assert kernel[5] < python[5] / 2, (kernel[5], python[5])  # most records made by the kernel
+
+
+def test_a_number_at_a_scalar_input_shares_the_entry_and_each_new_one_is_still_charged(monkeypatch):
+    """``x * v`` for new values of ``v`` shares one entry (the number is a graph input in lazy
+    mode), yet each value new to the device is copied at the graph's launch (4 bytes) and a
+    value already there is not, whether the after hook or the kernel records it; every op's
+    graph-key entry says SCALAR_INPUT. In eager mode ``add``'s ``alpha`` (no wrapped number) is a
+    constant of each op's key: the calls sharing an entry keep their own values (the reference:
+    the values passed, by hand)."""
+    from hpu_runtime.bridge.graph_key import SCALAR_INPUT
+
+    dev = hpu.reset_device("gaudi2")
+    x = torch.ones(4, device="hpu")
+    hpu.mark_step()
+    seen = []
+    for v in (3.0, 3.0, 4.0, 4.0, 5.0, 3.0):
+        dev.log = []
+        x * v
+        hpu.mark_step()
+        seen.append([e[1] for e in dev.log if e[0] == "h2d"])
+        ((_, op),) = [e for e in dev.log if e[0] == "op"]
+        assert op.key[1][1] == SCALAR_INPUT, op.key
+    dev.log = None
+    assert seen == [[4], [], [4], [], [4], []]
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    dev = hpu.reset_device("gaudi2")
+    try:
+        x = torch.ones(4, device="hpu")
+        dev.log = []
+        for alpha in (2, 3, 2, 5):
+            torch.add(x, x, alpha=alpha)
+        keys = [e[1].key for e in dev.log if e[0] == "op"]
+        dev.log = None
+        assert [dict(k[1][2:]).get("alpha") for k in keys] == [2, 3, 2, 5], keys
+    finally:
+        monkeypatch.undo()
+        hpu.reset_device("gaudi2")

@@ -288,7 +288,13 @@ py::tuple py_args(const c10::FunctionSchema& schema, const std::vector<IValue>& 
 // a string's bytes...). Two calls with the same words have equal signatures. The words are the
 // key itself, compared in full on a lookup, so no two signatures share an entry.
 enum Tag : int64_t { kNone = -1, kTensor = -2, kInt = -3, kDouble = -4, kBool = -5, kString = -6, kDevice = -7,
-                     kList = -8, kGenerator = -9, kStorage = -10 };
+                     kList = -8, kGenerator = -9, kStorage = -10, kScalarInput = -11 };
+
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw python_error();
+  return o;  // kept for the process
+}
 
 bool value_words(const IValue& v, std::vector<int64_t>& w);
 
@@ -379,15 +385,77 @@ bool value_words(const IValue& v, std::vector<int64_t>& w) {
   return true;
 }
 
+// An op's scalar-input positions (OpEntry.value_free: where a Python number is a graph input in
+// lazy mode, NOTE [scalars as graph inputs] in hpu_runtime/bridge/graph_key.py), as bits by
+// argument index, learnt from its first entry; keyed like the words, by the op's schema.
+std::unordered_map<const c10::FunctionSchema*, uint64_t> g_value_free;
+
+// The number at a scalar-input position: its type and whether it is 1 (a value of 1 stays a
+// constant where the unit is one), not its value. false: not a number.
+bool scalar_input_words(const IValue& v, std::vector<int64_t>& w) {
+  int64_t type;
+  bool one;
+  if (v.isDouble()) {
+    type = kDouble, one = v.toDouble() == 1.0;
+  } else if (v.isBool()) {
+    type = kBool, one = v.toBool();
+  } else if (v.isInt()) {
+    type = kInt, one = v.toInt() == 1;
+  } else if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number() &&
+             !v.toTensor().unsafeGetTensorImpl()->key_set().has(DispatchKey::Python)) {
+    const at::Tensor& t = v.toTensor();
+    switch (t.scalar_type()) {
+      case at::kDouble:
+        type = kDouble, one = *t.const_data_ptr<double>() == 1.0;
+        break;
+      case at::kLong:
+        type = kInt, one = *t.const_data_ptr<int64_t>() == 1;
+        break;
+      case at::kBool:
+        type = kBool, one = *t.const_data_ptr<bool>();
+        break;
+      default:
+        return false;
+    }
+  } else {
+    return false;
+  }
+  w.push_back(kScalarInput);
+  w.push_back(type);
+  w.push_back(one ? 1 : 0);
+  return true;
+}
+
 bool signature_words(const c10::OperatorHandle& op, const std::vector<IValue>& argv, const std::vector<bool>& passed,
                      std::vector<int64_t>& w) {
-  w.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
+  const c10::FunctionSchema* schema = &op.schema();
+  const auto known = g_value_free.find(schema);
+  const uint64_t value_free = known == g_value_free.end() ? 0 : known->second;
+  w.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(schema)));
   for (size_t i = 0; i < argv.size(); ++i) {
     if (!passed[i]) continue;
     w.push_back(static_cast<int64_t>(i));
+    if (i < 64 && (value_free >> i & 1) && scalar_input_words(argv[i], w)) continue;
     if (!value_words(argv[i], w)) return false;
   }
   return true;
+}
+
+// Learn an op's scalar-input positions from its first entry (OpEntry.value_free, a tuple of
+// argument indices); true when they were new, so the entry's words must be worked out again.
+bool learn_value_free(const c10::OperatorHandle& op, PyObject* entry) {
+  static PyObject* const name = interned("value_free");
+  const c10::FunctionSchema* schema = &op.schema();
+  if (g_value_free.count(schema) != 0) return false;
+  py::object positions = py::reinterpret_steal<py::object>(PyObject_GetAttr(entry, name));
+  if (!positions) throw python_error();
+  uint64_t mask = 0;
+  for (const auto& p : py::reinterpret_borrow<py::tuple>(positions)) {
+    const auto i = p.cast<size_t>();
+    if (i < 64) mask |= uint64_t{1} << i;
+  }
+  g_value_free.emplace(schema, mask);
+  return mask != 0;
 }
 
 struct WordsHash {
@@ -404,12 +472,6 @@ struct WordsHash {
 std::unordered_map<std::vector<int64_t>, PyObject*, WordsHash> g_entries;
 PyTypeObject* g_entry_type = nullptr;
 constexpr size_t kMaxEntries = size_t{1} << 16;  // new constants every step must not pile up
-
-PyObject* interned(const char* s) {
-  PyObject* o = PyUnicode_InternFromString(s);
-  if (o == nullptr) throw python_error();
-  return o;  // kept for the process
-}
 
 bool kernel_fits(PyObject* entry);
 
@@ -942,6 +1004,36 @@ bool is_true(const py::object& v) {
   return t != 0;
 }
 
+// Whether every Python number the op puts on the device (one at a scalar-input position: `at`,
+// OpEntry.fast's (position, name, unit_is_constant) triples, as OpAccounting._scalars_as_inputs
+// reads them; a value of 1 stays a constant where the unit is) is in the device's scalar cache.
+bool scalars_on_device(const CurrentDevice& d, PyObject* at, PyObject* args, PyObject* kwargs) {
+  static PyObject* const one = PyLong_FromLong(1);
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(at); ++k) {
+    PyObject* input = PyTuple_GET_ITEM(at, k);
+    const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(input, 0));
+    if (i == -1 && PyErr_Occurred()) throw python_error();
+    PyObject* v = nullptr;
+    if (i < PyTuple_GET_SIZE(args)) {
+      v = PyTuple_GET_ITEM(args, i);
+    } else {
+      v = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(input, 1));
+      if (v == nullptr && PyErr_Occurred()) throw python_error();
+    }
+    if (v == nullptr || !(PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyBool_Check(v))) continue;
+    if (PyTuple_GET_ITEM(input, 2) == Py_True) {
+      const int is_one = PyObject_RichCompareBool(v, one, Py_EQ);
+      if (is_one < 0) throw python_error();
+      if (is_one) continue;
+    }
+    py::object key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))), py::handle(v));
+    const int in = PySet_Contains(d.scalars.ptr(), key.ptr());
+    if (in < 0) throw python_error();
+    if (!in) return false;
+  }
+  return true;
+}
+
 // The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
 // here: true, or false when the after hook must make it (another device, a mode other than
 // lazy outside a compiled region or a capture, bf16 emulation, a fused kernel's body, a scalar
@@ -953,7 +1045,7 @@ bool fast_record(PyObject* entry, PyObject* args, PyObject* kwargs, PyObject* ou
   py::object fast = py::reinterpret_steal<py::object>(PyObject_GetAttr(entry, fast_name));
   if (!fast) throw python_error();
   if (fast.is_none()) return false;
-  // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_keys)
+  // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)
   PyObject* f = fast.ptr();
   if (as_int64(PyTuple_GET_ITEM(f, 0)) != d.gen) return false;
   PyObject* acc = d.accounting.ptr();
@@ -961,12 +1053,7 @@ bool fast_record(PyObject* entry, PyObject* args, PyObject* kwargs, PyObject* ou
   if (is_true(get(acc, NAME("_in_kernel"))) || is_true(get(acc, NAME("fp32_as_bf16"))) || !is_true(get(launcher, NAME("lazy"))) ||
       !get(launcher, NAME("region")).is_none() || !get(launcher, NAME("capture")).is_none())
     return false;
-  PyObject* scalar_keys = PyTuple_GET_ITEM(f, 7);
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(scalar_keys); ++i) {
-    const int in = PySet_Contains(d.scalars.ptr(), PyTuple_GET_ITEM(scalar_keys, i));
-    if (in < 0) throw python_error();
-    if (!in) return false;
-  }
+  if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), args, kwargs)) return false;
   PyObject* first = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
   const bool on_host = first != nullptr && THPVariable_Check(first) && THPVariable_Unpack(first).is_cpu();
   PyObject* mk = PyTuple_GET_ITEM(f, 3);
@@ -1062,7 +1149,7 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   py::handle func = torch::detail::getTorchApiFunction(op);
   std::vector<int64_t> words;
   words.reserve(32);
-  const bool keyed = signature_words(op, argv, passed, words);
+  bool keyed = signature_words(op, argv, passed, words);
   PyObject* entry = nullptr;
   if (keyed) {
     const auto it = g_entries.find(words);
@@ -1080,8 +1167,14 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
     token = py::reinterpret_steal<py::object>(t);
   }
   if (keyed && entry == nullptr && Py_TYPE(token.ptr()) == g_entry_type) {
-    if (g_entries.size() >= kMaxEntries) clear_entries();
-    g_entries.emplace(std::move(words), token.inc_ref().ptr());
+    if (learn_value_free(op, token.ptr())) {
+      words.clear();
+      keyed = signature_words(op, argv, passed, words);
+    }
+    if (keyed) {
+      if (g_entries.size() >= kMaxEntries) clear_entries();
+      g_entries.emplace(std::move(words), token.inc_ref().ptr());
+    }
   }
   {
     Inside in;
