@@ -52,6 +52,7 @@ from .api.metrics import metric_global, metric_localcontext
 from .bridge import autocast as _autocast
 from .bridge import compile_backend as _compile_backend
 from .bridge import device_type as _device_type
+from .device import native as _native
 from .bridge import serialization as _serialization
 from .bridge import sync_batchnorm as _sync_batchnorm
 from .bridge.dispatch import activate, bridge_disabled, deactivate, is_active
@@ -107,6 +108,7 @@ def _register() -> None:
     compile backend, the ``torch.ops.hpu`` custom ops, ``ProfilerActivity.HPU`` and the
     ``habana_frameworks`` import hook."""
     _device_type.install()
+    _native.provide(_device_type.builtins())  # the device model's counters run on the library's builtins
     try:
         torch._register_device_module("hpu", hpu)
     except RuntimeError:  # already registered (e.g. by a previous import under another name)

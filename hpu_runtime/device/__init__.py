@@ -9,6 +9,8 @@ Owns:
 * ``lazy_graph``: a lazy-mode graph as data (op records over storage serials) and its
   fused device time;
 * ``residency``: which tensor storages are on the simulated HBM, and their serials;
+* ``native``: the kernel library's C functions the HBM counters and the residency run on,
+  handed here by ``import hpu_runtime`` (the bridge builds the library);
 * ``card``: the card's clocks: host cursor, compute and collective streams, collective
   dependencies, graphs with collectives inside, step windows.
 

@@ -8,7 +8,8 @@ as storages come and go.
 NOTE [the HBM counters, in the kernel library]
 The counters are an ``array('q')`` that Python reads and only the hpu kernel library's
 builtins write (``hbm_check``, ``hbm_allocate``, ``hbm_free``, ``hbm_reset``:
-:func:`hpu_runtime.bridge.device_type.builtins`), each in one C call under the GIL, so every
+:func:`hpu_runtime.bridge.device_type.builtins`, handed to this plane by ``import hpu_runtime``:
+:mod:`hpu_runtime.device.native`), each in one C call under the GIL, so every
 update is atomic without a lock, whichever thread frees a storage. The residency registers
 and frees storages in the same library (:mod:`hpu_runtime.device.residency`), and the hpu
 kernel compares an op's output bytes with the current device's free bytes itself (NOTE [an
@@ -27,6 +28,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from . import native
 from .spec import DeviceSpec
 
 __all__ = ["HBMModel", "HBMStats", "HPUOutOfMemoryError", "nbytes_of"]
@@ -120,12 +122,6 @@ _LIVE, _PEAK = 1, 2
 ``hpu_runtime/bridge/csrc/hpu_device.cpp``)."""
 
 
-def _builtins() -> dict:
-    from ..bridge.device_type import builtins
-
-    return builtins()
-
-
 class HBMModel:
     """HBM accounting of one simulated device. Thread-safe (NOTE [the HBM counters, in the
     kernel library]).
@@ -156,7 +152,7 @@ class HBMModel:
         """The counters (NOTE [the HBM counters, in the kernel library]): usable bytes, live
         bytes, peak, allocations, frees, live allocations, largest allocation, and the next
         serial of the residency over this HBM (:mod:`hpu_runtime.device.residency`)."""
-        self._fn = _builtins()
+        self._fn = native.functions()
 
     @classmethod
     def from_spec(cls, spec: DeviceSpec, *, device_index: int = 0,

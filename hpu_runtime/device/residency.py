@@ -17,7 +17,7 @@ Python ``id`` is reused as soon as an object dies): op records name storages by 
 
 Registering a storage and freeing it are builtins of the hpu kernel library
 (``residency_register`` and the weak references' callback ``residency_on_free`` makes:
-:func:`hpu_runtime.bridge.device_type.builtins`), which the op record's ``storage_io`` calls
+:mod:`hpu_runtime.device.native`), which the op record's ``storage_io`` calls
 without entering Python (NOTE [an op's storages, in the kernel library] in
 :mod:`hpu_runtime.bridge.op_accounting`), each atomic under the GIL as the HBM counters they
 update (NOTE [the HBM counters, in the kernel library] in :mod:`.memory`). The owner
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import weakref
 
+from . import native
 from .memory import HBMModel
 
 __all__ = ["StorageRef", "Residency"]
@@ -57,9 +58,7 @@ class Residency:
     __slots__ = ("hbm", "refs", "state", "_register")
 
     def __init__(self, hbm: HBMModel) -> None:
-        from ..bridge.device_type import builtins
-
-        fn = builtins()
+        fn = native.functions()
         self.hbm = hbm
         self.refs: dict[int, StorageRef] = {}
         self.state = (self.refs, hbm.counters, StorageRef, fn["residency_on_free"](self.refs, hbm.counters), hbm.oom)
