@@ -32,11 +32,14 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <structmember.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -475,15 +478,38 @@ constexpr size_t kMaxEntries = size_t{1} << 16;  // new constants every step mus
 
 bool kernel_fits(PyObject* entry);
 
+// Where a __slots__ attribute lives in its objects (a member descriptor's offset), read once: the
+// kernel reads OpEntry's and StorageRef's slots on every op without a getattr.
+Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
+  py::object d = py::reinterpret_steal<py::object>(PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), name));
+  if (!d) throw python_error();
+  if (Py_TYPE(d.ptr()) != &PyMemberDescr_Type) {
+    PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
+    throw python_error();
+  }
+  return reinterpret_cast<PyMemberDescrObject*>(d.ptr())->d_member->offset;
+}
+
+// The value of the slot at `offset` of `o` (borrowed); AttributeError if it was never set.
+PyObject* slot(PyObject* o, Py_ssize_t offset, const char* name) {
+  PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
+  if (v == nullptr) {
+    PyErr_Format(PyExc_AttributeError, "%s has no %s", Py_TYPE(o)->tp_name, name);
+    throw python_error();
+  }
+  return v;
+}
+
+struct EntrySlots {
+  Py_ssize_t before = 0, kernel_nbytes = 0, fast = 0;
+};
+EntrySlots g_entry_slots;
+
 // Whether the before hook has anything to do for a kept entry (OpEntry.before: False once the
 // bridge knows it checks nothing: no transfer, no factory size, no output bytes), or only the
 // comparison of its output bytes with the free HBM, which the kernel makes itself (kernel_fits).
 bool needs_before(PyObject* entry) {
-  static PyObject* name = interned("before");
-  PyObject* v = PyObject_GetAttr(entry, name);
-  if (v == nullptr) throw python_error();
-  Py_DECREF(v);  // a bool: immortal here, alive while the entry is
-  return v != Py_False && !kernel_fits(entry);
+  return slot(entry, g_entry_slots.before, "before") != Py_False && !kernel_fits(entry);
 }
 
 void clear_entries() {
@@ -730,12 +756,10 @@ PyObject* g_hbm = nullptr;
 // int: no transfer, no factory size) and they fit in the current device's free HBM. When they do
 // not, the before hook runs and raises HPUOutOfMemoryError as it would have.
 bool kernel_fits(PyObject* entry) {
-  static PyObject* const name = interned("kernel_nbytes");
   if (g_hbm == nullptr) return false;
-  py::object v = py::reinterpret_steal<py::object>(PyObject_GetAttr(entry, name));
-  if (!v) throw python_error();
-  if (v.ptr() == Py_None) return false;
-  const int64_t nbytes = as_int64(v.ptr());
+  PyObject* v = slot(entry, g_entry_slots.kernel_nbytes, "kernel_nbytes");
+  if (v == Py_None) return false;
+  const int64_t nbytes = as_int64(v);
   Counters c(g_hbm);
   return nbytes <= c[kCapacity] - c[kLive];
 }
@@ -775,18 +799,16 @@ py::object storage_ref(const at::Tensor& t, const ResidencyState& r, bool reg) {
 }
 
 int64_t serial_of(const py::object& ref) {
-  static PyObject* name = interned("serial");
   if (!ref) return -1;
-  py::object s = py::reinterpret_steal<py::object>(PyObject_GetAttr(ref.ptr(), name));
-  if (!s) throw python_error();
-  const int64_t v = PyLong_AsLongLong(s.ptr());
-  if (v == -1 && PyErr_Occurred()) throw python_error();
-  return v;
+  static PyTypeObject* type = nullptr;  // StorageRef, whose slot `serial` the kernel reads
+  static Py_ssize_t offset = 0;
+  if (Py_TYPE(ref.ptr()) != type) {
+    offset = slot_offset(Py_TYPE(ref.ptr()), "serial");
+    type = Py_TYPE(ref.ptr());
+  }
+  return as_int64(slot(ref.ptr(), offset, "serial"));
 }
-
-void read_arg(StorageIo& io, PyObject* a) {
-  if (!THPVariable_Check(a)) return;
-  const at::Tensor& t = THPVariable_Unpack(a);
+void read_tensor(StorageIo& io, const at::Tensor& t) {
   const bool on_host = t.is_cpu();
   const py::object ref = storage_ref(t, io.r, !on_host);
   const int64_t serial = serial_of(ref);
@@ -794,6 +816,7 @@ void read_arg(StorageIo& io, PyObject* a) {
   io.grads.push_back(t.requires_grad());
   if (ref) io.reads.append(py::make_tuple(serial, charged_nbytes(t, io.low)));
 }
+
 
 // f(item) for each item of `v` if it is a list or tuple, else f(v).
 template <class F>
@@ -807,9 +830,6 @@ void each_item(PyObject* v, F f) {
   }
 }
 
-void read_value(StorageIo& io, PyObject* v) {
-  each_item(v, [&](PyObject* a) { read_arg(io, a); });
-}
 
 bool is_str(PyObject* o, const char* s) { return PyUnicode_Check(o) && PyUnicode_CompareWithASCIIString(o, s) == 0; }
 
@@ -846,34 +866,88 @@ bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or posit
 }
 
 // The op's (reads, writes, saves), or None (storage_io below).
-py::object op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates,
-                       bool low, PyObject* saves_in, PyObject* saves_out_pattern) {
+// The op's (reads, writes, saves), or None: `each_arg(f)` calls f on each tensor argument as
+// Python gets them (positional, then keyword), `each_out(f)` on each tensor result (storage_io
+// below, from Python objects; fast_record, from the kernel's own values).
+template <class EachArg, class EachOut>
+py::object op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
+                       PyObject* saves_in, PyObject* saves_out_pattern) {
   StorageIo io{r, low, py::list(), {}, {}};
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) read_value(io, PyTuple_GET_ITEM(args, i));
-  if (kwargs != Py_None) {
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(kwargs, &pos, &k, &v)) read_value(io, v);
-  }
+  each_arg([&](const at::Tensor& t) { read_tensor(io, t); });
   bool rg = false;
   for (bool g : io.grads) rg = rg || g;
   rg = rg && at::GradMode::is_enabled();
   PyObject* saves_out = rg ? saves_out_pattern : nullptr;
   py::list writes;
-  std::vector<PyObject*> outs;  // the tensors among the results, as op_accounting.out_tensors
-  each_item(out, [&](PyObject* o) {
-    if (THPVariable_Check(o)) outs.push_back(o);
+  Py_ssize_t k = -1;
+  each_out([&](const at::Tensor& t) {
+    ++k;
+    if (t.is_cpu()) return;  // a host result
+    const py::object ref = storage_ref(t, r, allocates);
+    const bool kept = saves_out != nullptr && in_pattern(saves_out, k);
+    writes.append(py::make_tuple(serial_of(ref), charged_nbytes(t, low), allocates, kept));
   });
-  for (size_t k = 0; k < outs.size(); ++k) {
-    const at::Tensor& t = THPVariable_Unpack(outs[k]);
-    if (t.is_cpu()) continue;  // a host result
-    const py::object ref = storage_ref(t, io.r, allocates);
-    const bool kept = saves_out != nullptr && in_pattern(saves_out, static_cast<Py_ssize_t>(k));
-    writes.append(py::make_tuple(serial_of(ref), charged_nbytes(t, io.low), allocates, kept));
-  }
   if (io.reads.empty() && writes.empty()) return py::none();
   py::tuple saves = rg ? saved_arguments(saves_in, io) : py::tuple();
   return py::make_tuple(py::tuple(io.reads), py::tuple(writes), saves);
+}
+
+py::object op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates,
+                       bool low, PyObject* saves_in, PyObject* saves_out_pattern) {
+  auto tensors_of = [](PyObject* v, auto f) {
+    each_item(v, [&](PyObject* a) {
+      if (THPVariable_Check(a)) f(THPVariable_Unpack(a));
+    });
+  };
+  auto each_arg = [&](auto f) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) tensors_of(PyTuple_GET_ITEM(args, i), f);
+    if (kwargs != Py_None) {
+      Py_ssize_t pos = 0;
+      PyObject *k, *v;
+      while (PyDict_Next(kwargs, &pos, &k, &v)) tensors_of(v, f);
+    }
+  };
+  // the tensors among the results, as op_accounting.out_tensors
+  auto each_out = [&](auto f) { tensors_of(out, f); };
+  return op_storages(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
+}
+
+// A tensor Python gets as a tensor (a wrapped number reaches it as a number).
+bool python_tensor(const IValue& v) {
+  return v.isTensor() && v.toTensor().defined() && !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
+}
+
+// f on v's tensors as Python gets them: v itself, or a list's items.
+template <class F>
+void ivalue_tensors(const IValue& v, F f) {
+  if (python_tensor(v)) {
+    f(v.toTensor());
+  } else if (v.isList()) {
+    for (const IValue& x : v.toListRef())
+      if (python_tensor(x)) f(x.toTensor());
+  }
+}
+
+// op_storages from the kernel's own values: the passed arguments `argv` and the `nret` results at
+// the end of `stack` (Python gets one result as itself, a list's items included, and several as
+// a tuple whose tensors count, not its lists' items).
+py::object op_storages(const ResidencyState& r, const std::vector<IValue>& argv, const std::vector<bool>& passed,
+                       const torch::jit::Stack& stack, size_t nret, bool allocates, bool low, PyObject* saves_in,
+                       PyObject* saves_out_pattern) {
+  auto each_arg = [&](auto f) {
+    for (size_t i = 0; i < argv.size(); ++i)
+      if (passed[i]) ivalue_tensors(argv[i], f);
+  };
+  auto each_out = [&](auto f) {
+    for (size_t j = stack.size() - nret; j < stack.size(); ++j) {
+      if (nret == 1) {
+        ivalue_tensors(stack[j], f);
+      } else if (python_tensor(stack[j])) {
+        f(stack[j].toTensor());
+      }
+    }
+  };
+  return op_storages(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
 }
 
 PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
@@ -1004,29 +1078,46 @@ bool is_true(const py::object& v) {
   return t != 0;
 }
 
+// A number as Python gets it (a wrapped number's too), or null: not a number.
+py::object python_number(const IValue& v) {
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+    const at::Tensor& t = v.toTensor();
+    switch (t.scalar_type()) {
+      case at::kDouble:
+        return py::float_(*t.const_data_ptr<double>());
+      case at::kLong:
+        return py::int_(*t.const_data_ptr<int64_t>());
+      case at::kBool:
+        return py::bool_(*t.const_data_ptr<bool>());
+      default:
+        break;
+    }
+  }
+  return py::object();
+}
+
 // Whether every Python number the op puts on the device (one at a scalar-input position: `at`,
 // OpEntry.fast's (position, name, unit_is_constant) triples, as OpAccounting._scalars_as_inputs
 // reads them; a value of 1 stays a constant where the unit is) is in the device's scalar cache.
-bool scalars_on_device(const CurrentDevice& d, PyObject* at, PyObject* args, PyObject* kwargs) {
+bool scalars_on_device(const CurrentDevice& d, PyObject* at, const std::vector<IValue>& argv,
+                       const std::vector<bool>& passed) {
   static PyObject* const one = PyLong_FromLong(1);
   for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(at); ++k) {
     PyObject* input = PyTuple_GET_ITEM(at, k);
     const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(input, 0));
     if (i == -1 && PyErr_Occurred()) throw python_error();
-    PyObject* v = nullptr;
-    if (i < PyTuple_GET_SIZE(args)) {
-      v = PyTuple_GET_ITEM(args, i);
-    } else {
-      v = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(input, 1));
-      if (v == nullptr && PyErr_Occurred()) throw python_error();
-    }
-    if (v == nullptr || !(PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyBool_Check(v))) continue;
+    if (i < 0 || static_cast<size_t>(i) >= argv.size() || !passed[i]) continue;
+    const py::object v = python_number(argv[i]);
+    if (!v) continue;
     if (PyTuple_GET_ITEM(input, 2) == Py_True) {
-      const int is_one = PyObject_RichCompareBool(v, one, Py_EQ);
+      const int is_one = PyObject_RichCompareBool(v.ptr(), one, Py_EQ);
       if (is_one < 0) throw python_error();
       if (is_one) continue;
     }
-    py::object key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))), py::handle(v));
+    py::object key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr()))), v);
     const int in = PySet_Contains(d.scalars.ptr(), key.ptr());
     if (in < 0) throw python_error();
     if (!in) return false;
@@ -1038,24 +1129,23 @@ bool scalars_on_device(const CurrentDevice& d, PyObject* at, PyObject* args, PyO
 // here: true, or false when the after hook must make it (another device, a mode other than
 // lazy outside a compiled region or a capture, bf16 emulation, a fused kernel's body, a scalar
 // new to the device).
-bool fast_record(PyObject* entry, PyObject* args, PyObject* kwargs, PyObject* out) {
-  static PyObject* const fast_name = interned("fast");
+bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::vector<IValue>& argv,
+                 const std::vector<bool>& passed, const torch::jit::Stack& stack, size_t nret) {
   if (g_device == nullptr) return false;
   const CurrentDevice& d = *g_device;
-  py::object fast = py::reinterpret_steal<py::object>(PyObject_GetAttr(entry, fast_name));
-  if (!fast) throw python_error();
-  if (fast.is_none()) return false;
   // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)
-  PyObject* f = fast.ptr();
+  PyObject* f = slot(entry, g_entry_slots.fast, "fast");
+  if (f == Py_None) return false;
   if (as_int64(PyTuple_GET_ITEM(f, 0)) != d.gen) return false;
   PyObject* acc = d.accounting.ptr();
   PyObject* launcher = d.launcher.ptr();
   if (is_true(get(acc, NAME("_in_kernel"))) || is_true(get(acc, NAME("fp32_as_bf16"))) || !is_true(get(launcher, NAME("lazy"))) ||
       !get(launcher, NAME("region")).is_none() || !get(launcher, NAME("capture")).is_none())
     return false;
-  if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), args, kwargs)) return false;
-  PyObject* first = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
-  const bool on_host = first != nullptr && THPVariable_Check(first) && THPVariable_Unpack(first).is_cpu();
+  if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), argv, passed)) return false;
+  // the first argument Python gets (OpAccounting.record's args[0]) is a host tensor
+  const bool on_host = !argv.empty() && passed[0] && !schema.arguments()[0].kwarg_only() && python_tensor(argv[0]) &&
+                       argv[0].toTensor().is_cpu();
   PyObject* mk = PyTuple_GET_ITEM(f, 3);
   Locked locked(d);
   if (PyTuple_GET_ITEM(f, 1) == Py_True) {  // a view: part of the graph's key
@@ -1073,8 +1163,8 @@ bool fast_record(PyObject* entry, PyObject* args, PyObject* kwargs, PyObject* ou
   if (!allocates && on_host) return true;  // in place on a host tensor: host work
   py::object io;
   try {
-    io = op_storages(residency_state(d.residency.ptr()), args, kwargs, out, allocates, false, PyTuple_GET_ITEM(f, 5),
-                     PyTuple_GET_ITEM(f, 6));
+    io = op_storages(residency_state(d.residency.ptr()), argv, passed, stack, nret, allocates, false,
+                     PyTuple_GET_ITEM(f, 5), PyTuple_GET_ITEM(f, 6));
   } catch (const python_error&) {  // the after hook makes the record again and says why (an OOM, a bad tensor)
     PyErr_Clear();
     return false;
@@ -1141,12 +1231,18 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   std::vector<IValue> argv(stack->end() - nargs, stack->end());
   // neither the hooks' ops nor the kernel's own are the user's profile (NOTE [the emulator's
   // own work is not the user's profile] in hpu_runtime/bridge/dispatch.py)
-  at::RecordFunctionGuard unrecorded(false);
+  // (only with a callback registered: switching RecordFunction rebuilds the thread's callbacks)
+  std::optional<at::RecordFunctionGuard> unrecorded;
+  if (at::hasCallbacks()) unrecorded.emplace(false);
   pybind11::gil_scoped_acquire gil;
   const std::vector<bool> passed = passed_args(schema, argv);
+  // the op and its arguments as Python objects, made only for a call of a Python hook
   py::dict kwargs;
-  py::tuple args = py_args(schema, argv, passed, kwargs);
-  py::handle func = torch::detail::getTorchApiFunction(op);
+  py::tuple args;
+  bool made = false;
+  auto python_args = [&] {
+    if (!made) args = py_args(schema, argv, passed, kwargs), made = true;
+  };
   std::vector<int64_t> words;
   words.reserve(32);
   bool keyed = signature_words(op, argv, passed, words);
@@ -1161,8 +1257,9 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   } else {
     Inside in;
     NoTorchFunction off;
-    PyObject* t = PyObject_CallFunctionObjArgs(g_before, func.ptr(), args.ptr(), kwargs.ptr(),
-                                               entry != nullptr ? entry : Py_None, nullptr);
+    python_args();
+    PyObject* t = PyObject_CallFunctionObjArgs(g_before, torch::detail::getTorchApiFunction(op).ptr(), args.ptr(),
+                                               kwargs.ptr(), entry != nullptr ? entry : Py_None, nullptr);
     if (t == nullptr) throw python_error();
     token = py::reinterpret_steal<py::object>(t);
   }
@@ -1182,6 +1279,10 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
     run();
   }
   const size_t nret = schema.returns().size();
+  Inside in;
+  NoTorchFunction off;
+  if (Py_TYPE(token.ptr()) == g_entry_type && fast_record(token.ptr(), schema, argv, passed, *stack, nret)) return;
+  python_args();
   py::object out;
   if (pure_view(schema)) {
     // A view's output is not passed (None): the record needs only its arguments, and wrapping
@@ -1196,11 +1297,8 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
     for (size_t j = 0; j < nret; ++j) t[j] = torch::jit::toPyObject((*stack)[stack->size() - nret + j]);
     out = std::move(t);
   }
-  Inside in;
-  NoTorchFunction off;
-  if (Py_TYPE(token.ptr()) == g_entry_type && fast_record(token.ptr(), args.ptr(), kwargs.ptr(), out.ptr())) return;
-  PyObject* r = PyObject_CallFunctionObjArgs(g_after, func.ptr(), args.ptr(), kwargs.ptr(), out.ptr(), token.ptr(),
-                                             nullptr);
+  PyObject* r = PyObject_CallFunctionObjArgs(g_after, torch::detail::getTorchApiFunction(op).ptr(), args.ptr(),
+                                             kwargs.ptr(), out.ptr(), token.ptr(), nullptr);
   if (r == nullptr) throw python_error();
   Py_DECREF(r);
 }
@@ -1492,6 +1590,17 @@ void hpu_sim_set_hooks(PyObject* before, PyObject* after, PyObject* entry_type) 
   g_after = after;
   g_entry_type = reinterpret_cast<PyTypeObject*>(entry_type);
   clear_entries();
+  if (entry_type != nullptr && PyType_Check(entry_type)) {
+    try {
+      g_entry_slots = {slot_offset(g_entry_type, "before"), slot_offset(g_entry_type, "kernel_nbytes"),
+                       slot_offset(g_entry_type, "fast")};
+      return;
+    } catch (const python_error&) {
+      PyErr_Print();
+    }
+  }
+  Py_XDECREF(g_after);
+  g_after = nullptr;  // no hooks rather than wrong reads
 }
 void hpu_sim_set_active(int on) { t_active = on != 0; }
 int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
