@@ -492,3 +492,28 @@ def test_a_number_at_a_scalar_input_shares_the_entry_and_each_new_one_is_still_c
     finally:
         monkeypatch.undo()
         hpu.reset_device("gaudi2")
+
+
+def test_the_kernel_refuses_a_device_whose_state_it_cannot_read_as_plain_attributes():
+    """The kernel reads the pending graph's state in its instance dict (NOTE [the op record, in
+    the kernel]): a launcher whose class defines one of those names (here ``region``, which a
+    property could compute) is refused with a TypeError naming it, not read wrongly."""
+    import pytest
+
+    from hpu_runtime.bridge import dispatch, runtime
+    from hpu_runtime.bridge.launcher import Launcher
+    from hpu_runtime.bridge.sim_device import SimDevice
+    from hpu_runtime.device.lazy_graph import OpRecord
+    from hpu_runtime.device.spec import get_device_spec
+
+    class Shadowed(Launcher):
+        region = None
+
+    dev = SimDevice(get_device_spec("gaudi2"))
+    dev.launcher.__class__ = Shadowed
+    lib = dispatch._kernel_hooks()
+    try:
+        with pytest.raises(TypeError, match="Shadowed.region"):
+            lib.hpu_sim_set_device(dev.hbm.counters, dev.ops, OpRecord)
+    finally:
+        runtime._publish(hpu.get_device())

@@ -987,49 +987,72 @@ void append(PyObject* list, PyObject* item) {
   if (PyList_Append(list, item) != 0) throw python_error();
 }
 
-// launcher.x += by (Python ints)
-void add_to(PyObject* o, PyObject* name, PyObject* by) {
-  py::object v = py::reinterpret_steal<py::object>(PyNumber_Add(get(o, name).ptr(), by));
-  if (!v) throw python_error();
-  set(o, name, v.ptr());
-}
 
 // Launcher.append_op without its launches: one op record joins the pending graph (its
 // dependency on a collective's output, its log event, the op count, the host's time per op);
 // returns 1 when eager mode launches it at once, 2 when the graph reached
 // PT_HPU_MAX_COMPOUND_OP_SIZE, else 0.
-int launcher_append(PyObject* launcher, PyObject* op) {
+// An object's plain attributes (the pending graph's, the card's, the accounting's), read and
+// written in its instance dict: no getattr per access. hpu_sim_set_device checks that the
+// class defines none of the names the kernel uses (no property could hide behind the dict).
+struct Attrs {
+  py::object obj, dict;
+  explicit Attrs(PyObject* o) : obj(py::reinterpret_borrow<py::object>(o)) {
+    dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(o, nullptr));
+    if (!dict) throw python_error();
+  }
+  PyObject* operator[](PyObject* name) const {  // borrowed
+    PyObject* v = PyDict_GetItemWithError(dict.ptr(), name);
+    if (v == nullptr) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_AttributeError, "%s has no attribute %U", Py_TYPE(obj.ptr())->tp_name, name);
+      throw python_error();
+    }
+    return v;
+  }
+  void set(PyObject* name, PyObject* v) const {
+    if (PyDict_SetItem(dict.ptr(), name, v) != 0) throw python_error();
+  }
+  void add(PyObject* name, PyObject* by) const {  // x += by (Python ints)
+    py::object v = py::reinterpret_steal<py::object>(PyNumber_Add((*this)[name], by));
+    if (!v) throw python_error();
+    set(name, v.ptr());
+  }
+};
+
+// Launcher.append_op without its launches: one op record joins the pending graph (its
+// dependency on a collective's output, its log event, the op count, the host's time per op);
+// returns 1 when eager mode launches it at once, 2 when the graph reached
+// PT_HPU_MAX_COMPOUND_OP_SIZE, else 0.
+int launcher_append(const Attrs& l, const Attrs& card, PyObject* op) {
   static PyObject* const one = PyLong_FromLong(1);
-  py::object card = get(launcher, NAME("card"));
-  if (PyObject_IsTrue(get(card.ptr(), NAME("ready_after")).ptr())) {
+  if (PyDict_GET_SIZE(card[NAME("ready_after")]) > 0) {
     static PyObject* const dependency_ns = interned("dependency_ns");
-    py::object dep = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(card.ptr(), dependency_ns, op));
+    py::object dep = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(card.obj.ptr(), dependency_ns, op));
     if (!dep) throw python_error();
-    py::object now = get(launcher, NAME("_dep_ns"));
-    const int later = PyObject_RichCompareBool(dep.ptr(), now.ptr(), Py_GT);
+    const int later = PyObject_RichCompareBool(dep.ptr(), l[NAME("_dep_ns")], Py_GT);
     if (later < 0) throw python_error();
-    if (later) set(launcher, NAME("_dep_ns"), dep.ptr());
+    if (later) l.set(NAME("_dep_ns"), dep.ptr());
   }
-  py::object log = get(launcher, NAME("log"));
-  if (!log.is_none()) {
+  PyObject* log = l[NAME("log")];
+  if (log != Py_None) {
     py::object event = py::make_tuple("op", py::handle(op));
-    append(log.ptr(), event.ptr());
+    append(log, event.ptr());
   }
-  add_to(launcher, NAME("ops_recorded"), one);
-  py::object pending = get(launcher, NAME("pending"));
-  py::object region = get(launcher, NAME("region"));
-  const int lazy = PyObject_IsTrue(get(launcher, NAME("lazy")).ptr());
+  l.add(NAME("ops_recorded"), one);
+  PyObject* pending = l[NAME("pending")];
+  const bool no_region = l[NAME("region")] == Py_None;
+  const int lazy = PyObject_IsTrue(l[NAME("lazy")]);
   if (lazy < 0) throw python_error();
-  const bool accumulate = lazy || !region.is_none();
-  if (PyList_GET_SIZE(pending.ptr()) == 0) set(launcher, NAME("_host_start"), get(card.ptr(), NAME("host_ns")).ptr());
-  add_to(card.ptr(), NAME("host_ns"), get(launcher, accumulate ? NAME("_op_host_ns") : NAME("_eager_ns")).ptr());
-  append(pending.ptr(), PyTuple_GET_ITEM(op, 1));
-  append(get(launcher, NAME("_keys")).ptr(), PyTuple_GET_ITEM(op, 0));
-  append(get(launcher, NAME("_ops")).ptr(), op);
+  const bool accumulate = lazy || !no_region;
+  if (PyList_GET_SIZE(pending) == 0) l.set(NAME("_host_start"), card[NAME("host_ns")]);
+  card.add(NAME("host_ns"), l[accumulate ? NAME("_op_host_ns") : NAME("_eager_ns")]);
+  append(pending, PyTuple_GET_ITEM(op, 1));
+  append(l[NAME("_keys")], PyTuple_GET_ITEM(op, 0));
+  append(l[NAME("_ops")], op);
   if (!accumulate) return 1;
-  const Py_ssize_t most = PyLong_AsSsize_t(get(launcher, NAME("max_compound_ops")).ptr());
+  const Py_ssize_t most = PyLong_AsSsize_t(l[NAME("max_compound_ops")]);
   if (most == -1 && PyErr_Occurred()) throw python_error();
-  return most > 0 && region.is_none() && PyList_GET_SIZE(pending.ptr()) >= most ? 2 : 0;
+  return most > 0 && no_region && PyList_GET_SIZE(pending) >= most ? 2 : 0;
 }
 
 // launcher_append(launcher, op) -> 0, 1 or 2 (Launcher.append_op, launcher_append above).
@@ -1040,7 +1063,9 @@ PyObject* launcher_append_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs)
     PyErr_SetString(PyExc_TypeError, "launcher_append: op must be an OpRecord");
     return nullptr;
   }
-  return PyLong_FromLong(launcher_append(argv[0], argv[1]));
+  const Attrs launcher(argv[0]);
+  const Attrs card(launcher[NAME("card")]);
+  return PyLong_FromLong(launcher_append(launcher, card, argv[1]));
   END_HANDLE_TH_ERRORS
 }
 
@@ -1049,8 +1074,37 @@ PyObject* launcher_append_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs)
 // The current device (hpu_sim_set_device): its accounting, what the record needs of it, and
 // the OpRecord type.
 struct CurrentDevice {
-  py::object accounting, launcher, residency, scalars, lock_acquire, lock_release, op_record;
-  int64_t gen = -1;
+  Attrs accounting, launcher, card;
+  py::object residency, scalars, lock_acquire, lock_release, op_record;
+  int64_t gen;
+
+  CurrentDevice(PyObject* acc, PyObject* op_record_type)
+      : accounting(acc), launcher(accounting[NAME("launcher")]), card(launcher[NAME("card")]) {
+    // the names the kernel reads in the instance dicts must be plain attributes (Attrs)
+    static const std::pair<const Attrs CurrentDevice::*, std::vector<const char*>> plain[] = {
+        {&CurrentDevice::accounting, {"_in_kernel", "fp32_as_bf16", "launcher", "residency", "_scalars", "lock", "gen"}},
+        {&CurrentDevice::launcher, {"card", "_dep_ns", "log", "ops_recorded", "pending", "region", "lazy", "_host_start",
+                                    "_op_host_ns", "_eager_ns", "_keys", "_ops", "max_compound_ops", "capture"}},
+        {&CurrentDevice::card, {"ready_after", "host_ns"}}};
+    for (const auto& [member, names] : plain) {
+      const Attrs& f = this->*member;
+      for (const char* name : names) {
+        if (PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(f.obj.ptr())), name)) {
+          PyErr_Format(PyExc_TypeError, "the hpu kernel reads %s.%s as a plain attribute, but the class defines it",
+                       Py_TYPE(f.obj.ptr())->tp_name, name);
+          throw python_error();
+        }
+        f[interned(name)];  // present
+      }
+    }
+    residency = get(accounting[NAME("residency")], NAME("state"));
+    scalars = py::reinterpret_borrow<py::object>(accounting[NAME("_scalars")]);
+    PyObject* lock = accounting[NAME("lock")];
+    lock_acquire = get(lock, NAME("acquire"));
+    lock_release = get(lock, NAME("release"));
+    op_record = py::reinterpret_borrow<py::object>(op_record_type);
+    gen = as_int64(accounting[NAME("gen")]);
+  }
 };
 CurrentDevice* g_device = nullptr;
 
@@ -1072,8 +1126,8 @@ struct Locked {
   }
 };
 
-bool is_true(const py::object& v) {
-  const int t = PyObject_IsTrue(v.ptr());
+bool truth(PyObject* v) {
+  const int t = PyObject_IsTrue(v);
   if (t < 0) throw python_error();
   return t != 0;
 }
@@ -1137,10 +1191,10 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   PyObject* f = slot(entry, g_entry_slots.fast, "fast");
   if (f == Py_None) return false;
   if (as_int64(PyTuple_GET_ITEM(f, 0)) != d.gen) return false;
-  PyObject* acc = d.accounting.ptr();
-  PyObject* launcher = d.launcher.ptr();
-  if (is_true(get(acc, NAME("_in_kernel"))) || is_true(get(acc, NAME("fp32_as_bf16"))) || !is_true(get(launcher, NAME("lazy"))) ||
-      !get(launcher, NAME("region")).is_none() || !get(launcher, NAME("capture")).is_none())
+  const Attrs& acc = d.accounting;
+  const Attrs& launcher = d.launcher;
+  if (as_int64(acc[NAME("_in_kernel")]) != 0 || truth(acc[NAME("fp32_as_bf16")]) || !truth(launcher[NAME("lazy")]) ||
+      launcher[NAME("region")] != Py_None || launcher[NAME("capture")] != Py_None)
     return false;
   if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), argv, passed)) return false;
   // the first argument Python gets (OpAccounting.record's args[0]) is a host tensor
@@ -1150,11 +1204,11 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   Locked locked(d);
   if (PyTuple_GET_ITEM(f, 1) == Py_True) {  // a view: part of the graph's key
     if (!on_host) {
-      append(get(launcher, NAME("_keys")).ptr(), mk);
-      py::object log = get(launcher, NAME("log"));
-      if (!log.is_none()) {
+      append(launcher[NAME("_keys")], mk);
+      PyObject* log = launcher[NAME("log")];
+      if (log != Py_None) {
         py::object event = py::make_tuple("view", py::handle(mk));
-        append(log.ptr(), event.ptr());
+        append(log, event.ptr());
       }
     }
     return true;
@@ -1179,10 +1233,10 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   py::object op = py::reinterpret_steal<py::object>(
       PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(d.op_record.ptr()), py::make_tuple(items).ptr(), nullptr));
   if (!op) throw python_error();
-  const int launch = launcher_append(launcher, op.ptr());
+  const int launch = launcher_append(launcher, d.card, op.ptr());
   if (launch != 0) {
     py::object r = py::reinterpret_steal<py::object>(
-        PyObject_CallMethod(launcher, "launch", "s", launch == 1 ? "eager" : "max_compound_op_size"));
+        PyObject_CallMethod(launcher.obj.ptr(), "launch", "s", launch == 1 ? "eager" : "max_compound_op_size"));
     if (!r) throw python_error();
   }
   return true;
@@ -1624,22 +1678,11 @@ PyObject* hpu_sim_builtins() {
 int hpu_sim_set_device(PyObject* counters, PyObject* accounting, PyObject* op_record) {
   try {
     std::unique_ptr<CurrentDevice> dev;
-    if (accounting != Py_None) {
-      dev = std::make_unique<CurrentDevice>();
-      dev->accounting = py::reinterpret_borrow<py::object>(accounting);
-      dev->launcher = get(accounting, NAME("launcher"));
-      dev->residency = get(get(accounting, NAME("residency")).ptr(), NAME("state"));
-      dev->scalars = get(accounting, NAME("_scalars"));
-      py::object lock = get(accounting, NAME("lock"));
-      dev->lock_acquire = get(lock.ptr(), NAME("acquire"));
-      dev->lock_release = get(lock.ptr(), NAME("release"));
-      dev->op_record = py::reinterpret_borrow<py::object>(op_record);
-      dev->gen = as_int64(get(accounting, NAME("gen")).ptr());
-    }
+    if (accounting != Py_None) dev = std::make_unique<CurrentDevice>(accounting, op_record);
     delete g_device;
     g_device = dev.release();
   } catch (const python_error&) {
-    return -1;
+    return -1;  // the Python error stays set: _publish raises it
   }
   PyObject* old = g_hbm;
   g_hbm = counters == Py_None ? nullptr : counters;
