@@ -66,40 +66,42 @@ tensors too, so nothing is charged while it compiles, and its compiled graphs ru
 the kernel like any op (NOTE [compiled regions] in :mod:`hpu_runtime.bridge.compile_backend`).
 
 NOTE [the bridge's hot path]
-Every aten op on hpu tensors pays, on top of its own kernel: the hooks' two calls from C++
-with its arguments as Python objects (about 0.8 us here: with hooks that return at once, a
-throwaway variant, the digits MLP's step was 1.38-1.41x plain PyTorch, against 1.17x with the
-bridge off), the hooks' own body (the transfer and factory checks), and the accounting: the HBM
-check (:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.check_outputs`) and
-:meth:`~hpu_runtime.bridge.op_accounting.OpAccounting.record` (storages read and written,
-NOTE [an op's storages, in the kernel library] in :mod:`.op_accounting`; one op record). What depends on the op and its signature only (the signature itself, the op's
-facts, its output bytes, its graph-key entry and cost) is computed once per signature and kept
-by the kernel (NOTE [an op's entry, kept by the kernel]). The kernel runs the hooks with
+In the steady state of a training step no Python runs per op. For an op whose signature the
+kernel has seen (NOTE [an op's entry, kept by the kernel]) the kernel itself compares its
+output bytes with the free HBM (the before hook runs only when they do not fit, or for a
+transfer or a factory's size), and makes its op record (NOTE [the op record, in the kernel] in
+:mod:`.op_accounting`) from its own values: no Python object is made for the op's arguments or
+results, the storages are registered and freed in the kernel library (NOTE [the HBM counters,
+in the kernel library] in :mod:`hpu_runtime.device.memory`), and the record joins the pending
+graph there. The Python hooks remain for a signature's first call, the copies between host and
+device, an op that puts a number new to the device on it (Adam's bias corrections: two a step),
+and every mode other than lazy outside compiled regions. The kernel runs the hooks with
 torch-function handling off (set in C++, at no cost; the Python context manager cost about
 0.15x plain on the digits MLP): they read tensor attributes (``shape``, ``dtype``,
 ``untyped_storage()``...) several times per op, and a tensor subclass's (or a user's)
 ``__torch_function__`` would otherwise see each read (about 2 us each, for reads that
-otherwise cost 0.1 us). ``python -m hpu_runtime.tools.bench_overhead --breakdown`` measures
-the whole and its parts (wall-clock, against plain PyTorch): the bridge with its accounting
-switched off (the breakdown's "bridge, no accounting": the kernel's hooks and their body) is
-1.8x plain, the whole bridge 2.75-2.9x (3.3-3.4x before the kernel kept entries and the op
-record's storage loop moved into the kernel library, 4.4-4.5x as a dispatch mode); the
-accounting is the rest, about 3.8 us per op (the step hooks 87 aten ops): the HBM check about
-0.1x plain (the breakdown's "bridge, no HBM check") and the op record about 0.9x. Throwaway
-variants in one run (2.86x whole) split the record: without its storages (``storage_io``
-answering nothing: no residency, no HBM) 2.33x, without appending the record to the pending
-graph 2.65x, the record returning at once 1.87x. So what is left is Python per op: the record's
-own body, the residency's registration and frees (``Residency.register``, the storages'
-weak-reference callbacks, the HBM counters), appending the record; and the hooks themselves:
-their two calls with the arguments as Python objects (1.4x) and their Python bodies down to
-the accounting (another 0.4x: 1.8x with the accounting off). A bridge within 2x of plain
-PyTorch therefore cannot enter Python per op in the steady state: the op log has to be kept in
-the C++ kernel (the kept entry's key, storages named by their ``StorageImpl``, reads and
-writes with their bytes), with the residency and HBM counters there too, and priced at
-``mark_step`` from a recipe's accounting rather than op by op, as the real bridge reuses a
-recipe. A throwaway kernel that did just that per op (a signature lookup, a storage map, the
-record appended to a C++ vector; no Python, no frees, no pricing) ran the step at 1.45x plain,
-against 2.84x for this bridge in the same run.
+otherwise cost 0.1 us).
+
+``python -m hpu_runtime.tools.bench_overhead --breakdown`` measures the whole and its parts
+(wall-clock, against plain PyTorch, the digits MLP, whose step hooks 87 aten ops): the step on
+hpu tensors with the bridge off is 1.17x, the whole bridge 1.95-1.99x; with the HBM check and
+the op records in the Python hooks (the breakdown's "bridge, records in Python", the bridge as
+it was before they moved into the kernel) 2.75-2.8x; as a Python dispatch mode it was
+4.4-4.5x. The steps there, each measured alternately against the tree before it: the
+residency and HBM counters in the kernel library and the kernel's own HBM comparison
+(2.8x -> 2.6x: a storage's registration and free were about 2.1 and 0.8 us of Python, 35 of
+each a step); the op record in the kernel (-> 2.55x: it still read the Python arguments);
+numbers at scalar inputs sharing one entry (-> 2.25x: Adam's bias corrections had made ten new
+entries a step, each a full signature, cost and meta run in Python); the record read from the
+kernel's own values, with the op's Python arguments and results made only for a Python hook,
+and the entry's slots read at their offsets (-> 2.05x); the state the record updates read in
+the instance dicts (-> 1.95-1.99x). What is left (``perf record`` of the step): the op's CPU
+kernel and torch's dispatch (plain PyTorch's own work); in the hook, the signature words and
+their lookup (about 0.6x plain together with the arguments' defaults and the GIL), the
+storages of the record (about 0.25x: a Python storage object, a dict lookup and a tuple per
+tensor), the pending graph's bookkeeping (about 0.1x). The next steps, if they are ever
+needed: storages keyed by their ``StorageImpl`` in C++ rather than by the Python storage's id,
+and the pending graph's lists and counters kept in C++ until ``mark_step`` reads them.
 
 NOTE [an op's entry, kept by the kernel]
 Most of what the bridge needs about an op depends on the op and its signature only: the

@@ -45,18 +45,24 @@ NOTE [the op record, in the kernel]
 Once an op's entry carries its record for the state it is called in
 (:attr:`OpEntry.fast`: the graph-key entry and cost worked out in lazy mode outside compiled
 regions and HPU-graph captures, in fp32, for an op the device runs), the hpu kernel makes the
-record itself and the after hook is not called: under the device's lock it checks that the
-state still holds (the accounting of the device :func:`~hpu_runtime.bridge.runtime.get_device`
-returns, published to the kernel with its HBM counters, the same generation; no fused kernel's
-body; lazy mode, no region, no capture, no bf16 emulation) and that every Python number the op
-puts on the device is there already, then makes what :meth:`OpAccounting.record` makes: a
-view's graph-key entry, or the storages (``storage_io``'s own code), an
-:class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in the pending graph (the
-library's ``launcher_append``, which :meth:`~hpu_runtime.bridge.launcher.Launcher.append_op`
-calls as well). Anything else (a new entry, another mode, a scalar new to the device, an error
-while reading the storages) goes to the after hook, which records as it always did.
-``tests/unit/test_bridge_in_kernel.py`` checks a training step's events, timeline and
-parameters against the after hook's alone.
+record itself and the after hook is not called (``fast_record`` in ``csrc/hpu_device.cpp``).
+Under the device's lock it checks that the state still holds (the accounting of the device
+:func:`~hpu_runtime.bridge.runtime.get_device` returns, published to the kernel with its HBM
+counters, of the same generation; no fused kernel's body; lazy mode, no region, no capture, no
+bf16 emulation) and that every Python number the op puts on the device is there already, then
+makes what :meth:`OpAccounting.record` makes: a view's graph-key entry, or the storages (the
+code of ``storage_io``, reading the tensors from the kernel's own arguments and results by
+the rules Python sees them by: a wrapped number is a number, one result's list counts, several
+results' lists do not), an :class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in
+the pending graph (the library's ``launcher_append``, which
+:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well). It reads and writes the
+pending graph's, the card's and the accounting's state in their instance dicts, having checked
+when the device was published that their classes define none of those names (a property would
+be bypassed: such a device is refused with a TypeError). Anything else (a new entry, another
+mode, a scalar new to the device, an error while reading the storages) goes to the after hook,
+which records as it always did; :func:`~hpu_runtime.bridge.runtime.python_hooks_only` sends
+every op there. ``tests/unit/test_bridge_in_kernel.py`` checks a training step's events,
+timeline and parameters against the after hook's alone.
 
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.

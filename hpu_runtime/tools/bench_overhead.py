@@ -12,11 +12,12 @@ processes affects both alike. Times here are *wall-clock* on this machine, not s
 (the C++ device type alone: what a bridge with its accounting in C++ would start from), the
 plain step under a dispatch mode that does nothing (torch's own cost of a Python mode, which
 the bridge paid per aten op until the hpu kernel called it: NOTE [the bridge in the kernel]),
-the bridge's step with its per-op accounting off (the HBM check and the op record: what is
-left is this bridge's floor, the kernel's hooks and their body), the bridge's step without the
-HBM check before each op (the op record alone: the gap to the bridge is the check), the
-bridge's step, and the part of it spent in ``mark_step`` (the launches); the rest is the
-bridge's per-op work (NOTE [the bridge's hot path] in :mod:`hpu_runtime.bridge.dispatch`).
+the bridge's step with its per-op accounting off (the device's ``uncharged()``: the kernel then
+hands every op to the Python after hook, which records nothing), the bridge's step with its
+HBM check and op records in the Python hooks (the kernel given no device: the bridge as it was
+before they moved into the kernel), the bridge's step, and the part of it spent in
+``mark_step`` (the launches); the rest is the bridge's per-op work (NOTE [the bridge's hot
+path] in :mod:`hpu_runtime.bridge.dispatch`).
 """
 
 from __future__ import annotations
@@ -132,26 +133,21 @@ def _noop_dispatch_mode():
     return NoopDispatchMode
 
 
-def _no_hbm_check(func, args, kwargs, entry):
-    """The breakdown's stand-in for the device's ``check_outputs``: the op's entry, unchecked."""
-    return entry
-
-
 def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
     """Median wall seconds per step: plain; the same step on ``hpu`` tensors with the bridge off
     (the C++ device type alone, backward on the calling thread as the bridge runs it: the floor
     of a bridge whose per-op accounting were in that C++ kernel); under a no-op dispatch mode
     (the floor of any bridge built on a Python mode); with the bridge but its per-op accounting
-    off (the device's own ``uncharged()`` switch: the floor of this bridge, the kernel's hooks
-    and their body); with the bridge but no HBM check before each op (the device's
-    ``check_outputs`` handing the op's entry on unchecked: the difference to the bridge is the
-    check alone); with the bridge; and the bridge's
+    off (the device's own ``uncharged()`` switch: the kernel's hooks, every op handed to the
+    Python after hook, which records nothing); with the bridge's HBM check and op records in its
+    Python hooks (:func:`~hpu_runtime.bridge.runtime.python_hooks_only`); with the bridge; and
+    the bridge's
     ``mark_step`` calls alone (the launches: graph key, recipe cache, a compile's schedule on a
     miss)."""
     import torch
 
     import hpu_runtime as hpu
-    from hpu_runtime.bridge.runtime import get_device
+    from hpu_runtime.bridge.runtime import get_device, python_hooks_only
 
     plain_step, bridge_step = _steps(hidden, batch)
     hpu.deactivate()
@@ -161,7 +157,7 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
         hpu.activate()
     mode = _noop_dispatch_mode()
     times: dict[str, list[float]] = {"plain": [], "hpu tensors, no bridge": [], "no-op dispatch mode": [],
-                                     "bridge, no accounting": [], "bridge, no HBM check": [], "bridge": [],
+                                     "bridge, no accounting": [], "bridge, records in Python": [], "bridge": [],
                                      "bridge: mark_step": []}
     launch = hpu.mark_step
     spent = [0.0]
@@ -187,15 +183,10 @@ def breakdown(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32)
                 times["no-op dispatch mode"].append(_time_steps(plain_step, steps))
         finally:
             hpu.activate()
-        with get_device().uncharged():  # no HBM check, no op record: the mode and dispatch body remain
+        with get_device().uncharged():  # no HBM check, no op record: the hooks and their calls remain
             times["bridge, no accounting"].append(_time(bridge_step, steps, bridge=True))
-        device = get_device()
-        check = device.check_outputs
-        device.check_outputs = _no_hbm_check
-        try:
-            times["bridge, no HBM check"].append(_time(bridge_step, steps, bridge=True))
-        finally:
-            device.check_outputs = check
+        with python_hooks_only():
+            times["bridge, records in Python"].append(_time(bridge_step, steps, bridge=True))
         hpu.mark_step = timed_mark_step
         try:
             spent[0] = 0.0

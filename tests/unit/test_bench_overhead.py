@@ -9,8 +9,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_breakdown_names_where_the_time_goes():
     """``--breakdown`` prints the plain step, the step on hpu tensors without the bridge, the
-    no-op dispatch mode, the bridge with its accounting off, the bridge without its HBM check,
-    the bridge and the bridge's mark_step share, each with a positive time; the launches are
+    no-op dispatch mode, the bridge with its accounting off, the bridge with its records in the
+    Python hooks, the bridge and the bridge's mark_step share, each with a positive time; the launches are
     part of the step."""
     cmd = [sys.executable, "-m", "hpu_runtime.tools.bench_overhead", "--steps", "2", "--rounds", "1",
            "--hidden", "16", "--breakdown"]
@@ -22,7 +22,7 @@ def test_breakdown_names_where_the_time_goes():
         if len(parts) == 3 and parts[2].endswith("x") and not line.startswith("digits"):
             rows[parts[0].strip()] = float(parts[1])
     assert set(rows) >= {"plain", "hpu tensors, no bridge", "no-op dispatch mode", "bridge, no accounting",
-                         "bridge, no HBM check", "bridge", "bridge: mark_step"}, out.stdout
+                         "bridge, records in Python", "bridge", "bridge: mark_step"}, out.stdout
     assert all(v > 0 for v in rows.values())
     assert rows["bridge: mark_step"] < rows["bridge"]
 
@@ -79,38 +79,43 @@ def test_the_no_accounting_step_records_nothing_and_charging_resumes():
     assert dev.ops_recorded > ops and dev.graphs_launched == graphs + 2
 
 
-def test_the_no_hbm_check_step_records_every_op_the_bridge_records():
-    """The breakdown's "bridge, no HBM check" step (the device's ``check_outputs`` replaced by
-    the benchmark's stand-in): the op record still sees every op, so the same step records as
-    many ops and launches as many graphs as with the check; ``breakdown`` puts the check back
-    (an op whose output would not fit is refused again, before the host allocates it)."""
-    import pytest
-    import torch
-
+def test_the_records_in_python_step_records_what_the_kernel_records():
+    """The breakdown's "bridge, records in Python" step (python_hooks_only: the kernel given no
+    device): the same step records as many ops, launches as many graphs and spends as much
+    simulated host time as with the kernel's records, with the Python after hook called for
+    every op (against a few per step otherwise); ``breakdown`` hands the device back to the
+    kernel."""
     import hpu_runtime as hpu
-    from hpu_runtime.bridge.runtime import get_device
-    from hpu_runtime.device.memory import HPUOutOfMemoryError
+    from hpu_runtime.bridge import dispatch
+    from hpu_runtime.bridge.runtime import get_device, python_hooks_only
     from hpu_runtime.tools import bench_overhead
-    from hpu_runtime.tools.bench_overhead import _no_hbm_check, _step_fn
+    from hpu_runtime.tools.bench_overhead import _step_fn
 
     hpu.reset_device("gaudi2")
     hpu.activate()
-    step = _step_fn(16, bridge=True, batch=4)
-    step()
-    dev = get_device()
-    ops, graphs = dev.ops_recorded, dev.graphs_launched
-    step()
-    with_check = (dev.ops_recorded - ops, dev.graphs_launched - graphs)
-    check = dev.check_outputs
-    dev.check_outputs = _no_hbm_check
-    try:
-        ops, graphs = dev.ops_recorded, dev.graphs_launched
+    lib = dispatch._kernel_hooks()
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0])
+        return dispatch._after(*args)
+
+    def measured():
+        dev = get_device()
+        ops, graphs, host, n = dev.ops_recorded, dev.graphs_launched, dev.host_ns, len(calls)
         step()
-        assert (dev.ops_recorded - ops, dev.graphs_launched - graphs) == with_check
-        assert with_check[0] > 0 and with_check[1] == 2
+        return (dev.ops_recorded - ops, dev.graphs_launched - graphs, dev.host_ns - host), len(calls) - n
+
+    lib.hpu_sim_set_hooks(dispatch._before, spy, dispatch.OpEntry)
+    try:
+        step = _step_fn(16, bridge=True, batch=4)
+        step(), step()
+        kernel, kernel_calls = measured()
+        with python_hooks_only():
+            python, python_calls = measured()
+        assert kernel == python and kernel[0] > 20 and kernel[1] == 2
+        assert python_calls >= kernel[0] and kernel_calls < kernel[0] // 4, (python_calls, kernel_calls)
+        bench_overhead.breakdown(16, steps=1, rounds=1, batch=4)
+        assert measured()[1] <= kernel_calls  # the kernel records again (not one after hook per op)
     finally:
-        dev.check_outputs = check
-    bench_overhead.breakdown(16, steps=1, rounds=1, batch=4)
-    assert get_device().check_outputs == get_device().ops.check_outputs
-    with pytest.raises(HPUOutOfMemoryError):  # 1 TiB of outputs: refused by the check, before the host allocates
-        torch.ones(1, device="hpu").expand(1 << 38).contiguous()
+        lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)

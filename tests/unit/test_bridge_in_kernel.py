@@ -132,7 +132,6 @@ class _SpyHooks:
         from hpu_runtime.bridge.graph_key import op_signature
 
         self.calls = []
-        self._kernel_check = kernel_check
         before = dispatch._before
 
         def spy(func, args, kwargs, entry=None):
@@ -141,20 +140,22 @@ class _SpyHooks:
             call[3] = before(func, args, kwargs, entry)
             return call[3]
 
-        self._dispatch, self._runtime, self._spy = dispatch, runtime, spy
+        self._dispatch, self._spy = dispatch, spy
+        self._python_only = runtime.python_hooks_only() if not kernel_check else None
 
     def __enter__(self):
         lib = self._dispatch._kernel_hooks()
         lib.hpu_sim_set_hooks(self._spy, self._dispatch._after, self._dispatch.OpEntry)
-        if not self._kernel_check:
-            lib.hpu_sim_set_device(None, None, None)
+        if self._python_only is not None:
+            self._python_only.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         d = self._dispatch
         lib = d._kernel_hooks()
         lib.hpu_sim_set_hooks(d._before, d._after, d.OpEntry)
-        self._runtime._publish(hpu.get_device())
+        if self._python_only is not None:
+            self._python_only.__exit__(*exc)
 
 
 def test_the_kernel_hands_back_an_op_entry_exactly_when_the_signature_recurs():
@@ -426,8 +427,9 @@ def test_the_kernels_op_records_equal_the_after_hooks():
             return after(*a)
 
         lib.hpu_sim_set_hooks(dispatch._before, spy, dispatch.OpEntry)
+        python_only = runtime.python_hooks_only()
         if not kernel:
-            lib.hpu_sim_set_device(None, None, None)
+            python_only.__enter__()
         try:
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
@@ -447,7 +449,8 @@ def test_the_kernels_op_records_equal_the_after_hooks():
             return events, graphs, dev.card.host_ns, dev.ops_recorded, params, len(calls)
         finally:
             lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)
-            runtime._publish(hpu.get_device())
+            if not kernel:
+                python_only.__exit__(None, None, None)
 
     kernel, python = run(True), run(False)
     assert sum(e[0] == "op" for e in python[0]) > 100
