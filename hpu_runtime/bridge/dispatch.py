@@ -95,13 +95,15 @@ numbers at scalar inputs sharing one entry (-> 2.25x: Adam's bias corrections ha
 entries a step, each a full signature, cost and meta run in Python); the record read from the
 kernel's own values, with the op's Python arguments and results made only for a Python hook,
 and the entry's slots read at their offsets (-> 2.05x); the state the record updates read in
-the instance dicts (-> 1.95-1.99x). What is left (``perf record`` of the step): the op's CPU
-kernel and torch's dispatch (plain PyTorch's own work); in the hook, the signature words and
-their lookup (about 0.6x plain together with the arguments' defaults and the GIL), the
-storages of the record (about 0.25x: a Python storage object, a dict lookup and a tuple per
-tensor), the pending graph's bookkeeping (about 0.1x). The next steps, if they are ever
-needed: storages keyed by their ``StorageImpl`` in C++ rather than by the Python storage's id,
-and the pending graph's lists and counters kept in C++ until ``mark_step`` reads them.
+the instance dicts (-> 1.95-1.99x). What is left, from throwaway variants of the kernel's
+record at 2.25x (each returning early) and ``perf record`` of the step: the hook itself
+(arguments' defaults, signature words and their lookup, the GIL, the entry's checks: the
+record returning at once gave 1.6x, against 1.17x with the bridge off), the record's storages
+(about 0.25x then: a Python storage object, a dict lookup and a tuple per tensor) and the
+pending graph's bookkeeping (about 0.15x then, less since it reads the instance dicts). The
+next steps, if they are ever needed: storages keyed by their ``StorageImpl`` in C++ rather than
+by the Python storage's id, and the pending graph's lists and counters kept in C++ until
+``mark_step`` reads them.
 
 NOTE [an op's entry, kept by the kernel]
 Most of what the bridge needs about an op depends on the op and its signature only: the

@@ -276,10 +276,11 @@ class OpEntry:
         mk: its graph-key entry; info: its :class:`OpInfo`; scalars: the Python numbers it puts
             on the device (NOTE [scalars as graph inputs]).
         fast: what the hpu kernel needs to make its op record itself (NOTE [the op record, in the
-            kernel]): ``(gen, view, allocates, mk, cost, saves_in, saves_out, scalar_keys)``,
+            kernel]): ``(gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)``,
             set with ``mk`` when it was computed in lazy mode outside a compiled region, in
             fp32, for an op the device runs (no CPU fallback, no data-dependent shape); None
-            otherwise.
+            otherwise. ``scalar_at``: the op's :attr:`OpFacts.scalar_inputs` when ``varies``
+            (the kernel reads each call's numbers there), else empty.
     """
 
     __slots__ = ("facts", "sig", "value_free", "varies", "factory_nbytes", "out_nbytes", "before", "kernel_nbytes",

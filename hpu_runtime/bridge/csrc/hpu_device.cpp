@@ -1236,7 +1236,8 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   const int launch = launcher_append(launcher, d.card, op.ptr());
   if (launch != 0) {
     py::object r = py::reinterpret_steal<py::object>(
-        PyObject_CallMethod(launcher.obj.ptr(), "launch", "s", launch == 1 ? "eager" : "max_compound_op_size"));
+        launch == 1 ? PyObject_CallMethod(launcher.obj.ptr(), "launch", "si", "eager", 0)
+                    : PyObject_CallMethod(launcher.obj.ptr(), "launch", "s", "max_compound_op_size"));
     if (!r) throw python_error();
   }
   return true;
