@@ -242,8 +242,7 @@ _builtins: dict | None = None
 def builtins() -> dict:
     """The library's builtin functions (called like Python functions, at the cost of a C call),
     by name: ``storage_io`` (NOTE [an op's storages, in the kernel library] in
-    :mod:`hpu_runtime.bridge.op_accounting`); the HBM counters' ``hbm_check``,
-    ``hbm_allocate``, ``hbm_free`` and ``hbm_reset`` (:class:`~hpu_runtime.device.memory.HBMModel`);
+    :mod:`hpu_runtime.bridge.op_accounting`); the HBM counters' ``hbm`` (:class:`~hpu_runtime.device.memory.HBMModel`);
     ``residency_register`` and ``residency_on_free``
     (:class:`~hpu_runtime.device.residency.Residency`); ``launcher_append``
     (:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op`). Installs the library first.

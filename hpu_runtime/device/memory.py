@@ -6,10 +6,10 @@ HBM fails with ``HPUOutOfMemoryError`` without touching host memory, then ``allo
 as storages come and go.
 
 NOTE [the HBM counters, in the kernel library]
-The counters are an ``array('q')`` that Python reads and only the hpu kernel library's
-builtins write (``hbm_check``, ``hbm_allocate``, ``hbm_free``, ``hbm_reset``:
-:func:`hpu_runtime.bridge.device_type.builtins`, handed to this plane by ``import hpu_runtime``:
-:mod:`hpu_runtime.device.native`), each in one C call under the GIL, so every
+The counters are an ``array('q')`` that Python reads and only the hpu kernel library writes
+(its builtin ``hbm``: check, allocate, free, reset; and the residency's registrations and
+frees; :func:`hpu_runtime.bridge.device_type.builtins`, handed to this plane by ``import
+hpu_runtime``: :mod:`hpu_runtime.device.native`), each in one C call under the GIL, so every
 update is atomic without a lock, whichever thread frees a storage. The residency registers
 and frees storages in the same library (:mod:`hpu_runtime.device.residency`), and the hpu
 kernel compares an op's output bytes with the current device's free bytes itself (NOTE [an
@@ -152,7 +152,7 @@ class HBMModel:
         """The counters (NOTE [the HBM counters, in the kernel library]): usable bytes, live
         bytes, peak, allocations, frees, live allocations, largest allocation, and the next
         serial of the residency over this HBM (:mod:`hpu_runtime.device.residency`)."""
-        self._fn = native.functions()
+        self._hbm = native.functions()["hbm"]
 
     @classmethod
     def from_spec(cls, spec: DeviceSpec, *, device_index: int = 0,
@@ -198,7 +198,7 @@ class HBMModel:
             ValueError: if nbytes is negative or not an int.
         """
         self._validate(nbytes)
-        self._fn["hbm_check"](self.counters, nbytes, self.oom)
+        self._hbm(self.counters, "check", nbytes, self.oom)
 
     def allocate(self, nbytes: int) -> None:
         """Check and account an allocation of ``nbytes`` (atomic).
@@ -208,7 +208,7 @@ class HBMModel:
             ValueError: if nbytes is negative or not an int.
         """
         self._validate(nbytes)
-        self._fn["hbm_allocate"](self.counters, nbytes, self.oom)
+        self._hbm(self.counters, "allocate", nbytes, self.oom)
 
     def free(self, nbytes: int) -> None:
         """Account the release of ``nbytes``.
@@ -218,16 +218,16 @@ class HBMModel:
                 is negative or not an int.
         """
         self._validate(nbytes)
-        self._fn["hbm_free"](self.counters, nbytes, self.device)
+        self._hbm(self.counters, "free", nbytes, self.device)
 
     def reset_peak(self) -> None:
         """Set the peak to the current live bytes (``reset_peak_memory_stats``)."""
-        self._fn["hbm_reset"](self.counters, 0)
+        self._hbm(self.counters, "reset_peak", 0, None)
 
     def reset_accumulated(self) -> None:
         """Clear the allocation and free counts (``reset_accumulated_memory_stats``); live bytes,
         the peak and the live allocations stay."""
-        self._fn["hbm_reset"](self.counters, 1)
+        self._hbm(self.counters, "reset_accumulated", 0, None)
 
     def stats(self) -> HBMStats:
         """Snapshot of the counters (one copy: consistent)."""

@@ -15,7 +15,7 @@ _functions: dict | None = None
 
 
 def provide(functions_by_name: dict) -> None:
-    """Set the builtins by name (``hbm_check``, ``hbm_allocate``, ``hbm_free``, ``hbm_reset``,
+    """Set the builtins by name (``hbm``,
     ``residency_register``, ``residency_on_free``, ...)."""
     global _functions
     _functions = functions_by_name

@@ -592,53 +592,38 @@ bool check_nargs(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
   return false;
 }
 
-// hbm_check(counters, nbytes, oom): raise if nbytes more would not fit.
-PyObject* hbm_check_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (!check_nargs("hbm_check", nargs, 3)) return nullptr;
-  Counters c(argv[0]);
-  const int64_t nbytes = as_int64(argv[1]);
-  if (c[kLive] + nbytes > c[kCapacity]) raise_oom(argv[2], nbytes);
-  Py_RETURN_NONE;
-  END_HANDLE_TH_ERRORS
-}
+bool is_str(PyObject* o, const char* s) { return PyUnicode_Check(o) && PyUnicode_CompareWithASCIIString(o, s) == 0; }
 
-// hbm_allocate(counters, nbytes, oom): check and account an allocation.
-PyObject* hbm_allocate_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+// hbm(counters, what, nbytes, extra), what being
+//   "check": raise the error extra(nbytes) builds if nbytes more would not fit (HBMModel.check_alloc);
+//   "allocate": that check, then account the allocation (HBMModel.allocate);
+//   "free": account a release; ValueError naming extra (the device) if more than is live;
+//   "reset_peak": the peak to the live bytes; "reset_accumulated": the allocation and free
+//   counts to zero (nbytes and extra unused).
+PyObject* hbm_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!check_nargs("hbm_allocate", nargs, 3)) return nullptr;
+  if (!check_nargs("hbm", nargs, 4)) return nullptr;
   Counters c(argv[0]);
-  hbm_allocate(c, as_int64(argv[1]), argv[2]);
-  Py_RETURN_NONE;
-  END_HANDLE_TH_ERRORS
-}
-
-// hbm_free(counters, nbytes, device): account a release; ValueError if more than is live.
-PyObject* hbm_free_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (!check_nargs("hbm_free", nargs, 3)) return nullptr;
-  Counters c(argv[0]);
-  const int64_t nbytes = as_int64(argv[1]);
-  if (nbytes > c[kLive]) {
-    PyErr_Format(PyExc_ValueError, "%S: freeing %lld bytes but only %lld are live", argv[2],
-                 static_cast<long long>(nbytes), static_cast<long long>(c[kLive]));
-    return nullptr;
-  }
-  hbm_free(c, nbytes);
-  Py_RETURN_NONE;
-  END_HANDLE_TH_ERRORS
-}
-
-// hbm_reset(counters, what): what 0: the peak to the live bytes; 1: the allocation and free
-// counts to zero.
-PyObject* hbm_reset_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (!check_nargs("hbm_reset", nargs, 2)) return nullptr;
-  Counters c(argv[0]);
-  if (as_int64(argv[1]) == 0) {
+  PyObject* what = argv[1];
+  const int64_t nbytes = as_int64(argv[2]);
+  if (is_str(what, "check")) {
+    if (c[kLive] + nbytes > c[kCapacity]) raise_oom(argv[3], nbytes);
+  } else if (is_str(what, "allocate")) {
+    hbm_allocate(c, nbytes, argv[3]);
+  } else if (is_str(what, "free")) {
+    if (nbytes > c[kLive]) {
+      PyErr_Format(PyExc_ValueError, "%S: freeing %lld bytes but only %lld are live", argv[3],
+                   static_cast<long long>(nbytes), static_cast<long long>(c[kLive]));
+      return nullptr;
+    }
+    hbm_free(c, nbytes);
+  } else if (is_str(what, "reset_peak")) {
     c[kPeak] = c[kLive];
-  } else {
+  } else if (is_str(what, "reset_accumulated")) {
     c[kAllocs] = c[kFrees] = 0;
+  } else {
+    PyErr_Format(PyExc_ValueError, "hbm: unknown update %R", what);
+    return nullptr;
   }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
@@ -831,7 +816,6 @@ void each_item(PyObject* v, F f) {
 }
 
 
-bool is_str(PyObject* o, const char* s) { return PyUnicode_Check(o) && PyUnicode_CompareWithASCIIString(o, s) == 0; }
 
 // The serials of the resident arguments autograd keeps (op_accounting.AUTOGRAD_SAVES).
 py::tuple saved_arguments(PyObject* pattern, const StorageIo& io) {
@@ -1251,10 +1235,7 @@ constexpr PyCFunction fastcall() {
 // The library's builtin functions, handed to Python by hpu_sim_builtins().
 PyMethodDef g_builtins[] = {
     {"storage_io", fastcall<&storage_io>(), METH_FASTCALL, "An op record's storages (hpu_runtime.bridge.op_accounting)."},
-    {"hbm_check", fastcall<&hbm_check_py>(), METH_FASTCALL, "HBMModel.check_alloc (hpu_runtime.device.memory)."},
-    {"hbm_allocate", fastcall<&hbm_allocate_py>(), METH_FASTCALL, "HBMModel.allocate (hpu_runtime.device.memory)."},
-    {"hbm_free", fastcall<&hbm_free_py>(), METH_FASTCALL, "HBMModel.free (hpu_runtime.device.memory)."},
-    {"hbm_reset", fastcall<&hbm_reset_py>(), METH_FASTCALL, "HBMModel.reset_peak/reset_accumulated."},
+    {"hbm", fastcall<&hbm_py>(), METH_FASTCALL, "An update of HBMModel's counters (hpu_runtime.device.memory)."},
     {"residency_register", fastcall<&residency_register_py>(), METH_FASTCALL,
      "Residency.register (hpu_runtime.device.residency)."},
     {"residency_on_free", fastcall<&residency_on_free_py>(), METH_FASTCALL,
