@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             b = breakdown(hidden, steps=args.steps, rounds=args.rounds, batch=args.batch)
             print(f"\nwhere the time goes, MLP hidden {hidden} (wall-clock ms per step, x plain):")
             for name, sec in b.items():
-                print(f"  {name:<22}{sec * 1e3:>9.3f}{sec / b['plain']:>7.2f}x")
+                print(f"  {name:<26}{sec * 1e3:>9.3f}{sec / b['plain']:>7.2f}x")
     return 0
 
 
