@@ -85,8 +85,9 @@ otherwise cost 0.1 us).
 ``python -m hpu_runtime.tools.bench_overhead --breakdown`` measures the whole and its parts
 (wall-clock, against plain PyTorch, the digits MLP, whose step hooks 87 aten ops): the step on
 hpu tensors with the bridge off is 1.17x, the whole bridge 1.95-1.99x; with the HBM check and
-the op records in the Python hooks (the breakdown's "bridge, records in Python", the bridge as
-it was before they moved into the kernel) 2.75-2.8x; as a Python dispatch mode it was
+the op records in the Python hooks (the breakdown's "bridge, records in Python": the kernel
+given no device, the storages and the entries still as below) 2.45x; the bridge before this
+work went into the kernel was 2.75-2.8x, and as a Python dispatch mode it was
 4.4-4.5x. The steps there, each measured alternately against the tree before it: the
 residency and HBM counters in the kernel library and the kernel's own HBM comparison
 (2.8x -> 2.6x: a storage's registration and free were about 2.1 and 0.8 us of Python, 35 of
