@@ -1090,7 +1090,10 @@ struct CurrentDevice {
     gen = as_int64(accounting[NAME("gen")]);
   }
 };
-CurrentDevice* g_device = nullptr;
+// shared: a record that waits for the device's lock (the GIL released) keeps its device alive
+// while another thread publishes a new one. Never destroyed: its Python objects must not be
+// released after the interpreter has finalized, at the library's static destruction.
+std::shared_ptr<const CurrentDevice>& g_device = *new std::shared_ptr<const CurrentDevice>();
 
 struct Locked {
   const CurrentDevice& d;
@@ -1169,8 +1172,9 @@ bool scalars_on_device(const CurrentDevice& d, PyObject* at, const std::vector<I
 // new to the device).
 bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::vector<IValue>& argv,
                  const std::vector<bool>& passed, const torch::jit::Stack& stack, size_t nret) {
-  if (g_device == nullptr) return false;
-  const CurrentDevice& d = *g_device;
+  const std::shared_ptr<const CurrentDevice> device = g_device;
+  if (device == nullptr) return false;
+  const CurrentDevice& d = *device;
   // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)
   PyObject* f = slot(entry, g_entry_slots.fast, "fast");
   if (f == Py_None) return false;
@@ -1661,8 +1665,7 @@ int hpu_sim_set_device(PyObject* counters, PyObject* accounting, PyObject* op_re
   try {
     std::unique_ptr<CurrentDevice> dev;
     if (accounting != Py_None) dev = std::make_unique<CurrentDevice>(accounting, op_record);
-    delete g_device;
-    g_device = dev.release();
+    g_device = std::move(dev);
   } catch (const python_error&) {
     return -1;  // the Python error stays set: _publish raises it
   }
