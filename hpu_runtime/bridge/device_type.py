@@ -229,7 +229,7 @@ def library():
         lib.hpu_sim_inside.argtypes = [ctypes.c_int]
         lib.hpu_sim_inside.restype = None
         lib.hpu_sim_set_device.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
-        lib.hpu_sim_set_device.restype = ctypes.c_int
+        lib.hpu_sim_set_device.restype = None
         lib.hpu_sim_builtins.argtypes = []
         lib.hpu_sim_builtins.restype = ctypes.py_object
         _library = lib

@@ -301,24 +301,40 @@ PyObject* interned(const char* s) {
 
 bool value_words(const IValue& v, std::vector<int64_t>& w);
 
-// A tensor: its dtype and sizes. A wrapped number (a Python number where the op takes a
-// tensor, which Python gets back as that number): its value, as that number's words.
+// A wrapped number's value (a Python number where the op takes a tensor, which Python gets back
+// as that number): a double, int or bool; None for another dtype.
+IValue wrapped_value(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return IValue(*t.const_data_ptr<double>());
+    case at::kLong:
+      return IValue(*t.const_data_ptr<int64_t>());
+    case at::kBool:
+      return IValue(*t.const_data_ptr<bool>());
+    default:
+      return IValue();
+  }
+}
+
+// The number `v` is as Python gets it: itself (a double, int or bool) or a wrapped number's value
+// (not a tensor subclass's); None: not a number.
+IValue as_number(const IValue& v) {
+  if (v.isDouble() || v.isInt() || v.isBool()) return v;
+  if (!v.isTensor() || !v.toTensor().defined()) return IValue();
+  const TensorImpl* impl = v.toTensor().unsafeGetTensorImpl();
+  if (!impl->is_wrapped_number() || impl->key_set().has(DispatchKey::Python)) return IValue();
+  return wrapped_value(v.toTensor());
+}
+
+// A tensor: its dtype and sizes. A wrapped number: its value, as that number's words.
 bool tensor_words(const at::Tensor& t, std::vector<int64_t>& w) {
   const TensorImpl* impl = t.unsafeGetTensorImpl();
   // a tensor subclass (a fake tensor on hpu reaches this kernel from its own dispatch), or sizes
   // that are symbolic or custom: Python reads them itself
   if (impl->key_set().has(DispatchKey::Python) || impl->has_symbolic_sizes_strides() || impl->is_nested()) return false;
   if (impl->is_wrapped_number()) {
-    switch (t.scalar_type()) {
-      case at::kDouble:
-        return value_words(IValue(*t.const_data_ptr<double>()), w);
-      case at::kLong:
-        return value_words(IValue(*t.const_data_ptr<int64_t>()), w);
-      case at::kBool:
-        return value_words(IValue(*t.const_data_ptr<bool>()), w);
-      default:
-        return false;
-    }
+    const IValue n = wrapped_value(t);
+    return !n.isNone() && value_words(n, w);
   }
   w.push_back(kTensor);
   w.push_back(static_cast<int64_t>(t.scalar_type()));
@@ -396,36 +412,11 @@ std::unordered_map<const c10::FunctionSchema*, uint64_t> g_value_free;
 // The number at a scalar-input position: its type and whether it is 1 (a value of 1 stays a
 // constant where the unit is one), not its value. false: not a number.
 bool scalar_input_words(const IValue& v, std::vector<int64_t>& w) {
-  int64_t type;
-  bool one;
-  if (v.isDouble()) {
-    type = kDouble, one = v.toDouble() == 1.0;
-  } else if (v.isBool()) {
-    type = kBool, one = v.toBool();
-  } else if (v.isInt()) {
-    type = kInt, one = v.toInt() == 1;
-  } else if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number() &&
-             !v.toTensor().unsafeGetTensorImpl()->key_set().has(DispatchKey::Python)) {
-    const at::Tensor& t = v.toTensor();
-    switch (t.scalar_type()) {
-      case at::kDouble:
-        type = kDouble, one = *t.const_data_ptr<double>() == 1.0;
-        break;
-      case at::kLong:
-        type = kInt, one = *t.const_data_ptr<int64_t>() == 1;
-        break;
-      case at::kBool:
-        type = kBool, one = *t.const_data_ptr<bool>();
-        break;
-      default:
-        return false;
-    }
-  } else {
-    return false;
-  }
+  const IValue n = as_number(v);
+  if (n.isNone()) return false;
   w.push_back(kScalarInput);
-  w.push_back(type);
-  w.push_back(one ? 1 : 0);
+  w.push_back(n.isDouble() ? kDouble : n.isBool() ? kBool : kInt);
+  w.push_back((n.isDouble() ? n.toDouble() == 1.0 : n.isBool() ? n.toBool() : n.toInt() == 1) ? 1 : 0);
   return true;
 }
 
@@ -963,19 +954,11 @@ py::object get(PyObject* o, PyObject* name) {
   return v;
 }
 
-void set(PyObject* o, PyObject* name, PyObject* v) {
-  if (PyObject_SetAttr(o, name, v) != 0) throw python_error();
-}
-
 void append(PyObject* list, PyObject* item) {
   if (PyList_Append(list, item) != 0) throw python_error();
 }
 
 
-// Launcher.append_op without its launches: one op record joins the pending graph (its
-// dependency on a collective's output, its log event, the op count, the host's time per op);
-// returns 1 when eager mode launches it at once, 2 when the graph reached
-// PT_HPU_MAX_COMPOUND_OP_SIZE, else 0.
 // An object's plain attributes (the pending graph's, the card's, the accounting's), read and
 // written in its instance dict: no getattr per access. hpu_sim_set_device checks that the
 // class defines none of the names the kernel uses (no property could hide behind the dict).
@@ -1121,22 +1104,10 @@ bool truth(PyObject* v) {
 
 // A number as Python gets it (a wrapped number's too), or null: not a number.
 py::object python_number(const IValue& v) {
-  if (v.isDouble()) return py::float_(v.toDouble());
-  if (v.isBool()) return py::bool_(v.toBool());
-  if (v.isInt()) return py::int_(v.toInt());
-  if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-    const at::Tensor& t = v.toTensor();
-    switch (t.scalar_type()) {
-      case at::kDouble:
-        return py::float_(*t.const_data_ptr<double>());
-      case at::kLong:
-        return py::int_(*t.const_data_ptr<int64_t>());
-      case at::kBool:
-        return py::bool_(*t.const_data_ptr<bool>());
-      default:
-        break;
-    }
-  }
+  const IValue n = as_number(v);
+  if (n.isDouble()) return py::float_(n.toDouble());
+  if (n.isBool()) return py::bool_(n.toBool());
+  if (n.isInt()) return py::int_(n.toInt());
   return py::object();
 }
 
@@ -1660,20 +1631,20 @@ PyObject* hpu_sim_builtins() {
   return d;
 }
 // The current device (hpu_runtime.bridge.runtime): its HBM counters (an array('q'),
-// hpu_runtime.device.memory), its OpAccounting and the OpRecord type; all None: none.
-int hpu_sim_set_device(PyObject* counters, PyObject* accounting, PyObject* op_record) {
+// hpu_runtime.device.memory), its OpAccounting and the OpRecord type; all None: none. A device
+// the kernel cannot read is refused with a TypeError (CurrentDevice), the previous one kept.
+void hpu_sim_set_device(PyObject* counters, PyObject* accounting, PyObject* op_record) {
   try {
     std::unique_ptr<CurrentDevice> dev;
     if (accounting != Py_None) dev = std::make_unique<CurrentDevice>(accounting, op_record);
     g_device = std::move(dev);
   } catch (const python_error&) {
-    return -1;  // the Python error stays set: _publish raises it
+    return;  // the Python error stays set: ctypes (PyDLL) raises it
   }
   PyObject* old = g_hbm;
   g_hbm = counters == Py_None ? nullptr : counters;
   Py_XINCREF(g_hbm);
   Py_XDECREF(old);
-  return 0;
 }
 void hpu_sim_inside(int delta) { t_inside += delta; }
 }
