@@ -43,23 +43,27 @@ it, all without entering Python: NOTE [the HBM counters, in the kernel library] 
 
 NOTE [the op record, in the kernel]
 Once an op's entry carries its record for the state it is called in
-(:attr:`OpEntry.fast`: the graph-key entry and cost worked out in lazy mode outside compiled
-regions and HPU-graph captures, in fp32, for an op the device runs), the hpu kernel makes the
-record itself and the after hook is not called (``fast_record`` in ``csrc/hpu_device.cpp``).
+(:attr:`OpEntry.fast`: the graph-key entry and cost worked out in lazy or eager mode outside
+compiled regions and HPU-graph captures, in fp32, for an op the device runs), the hpu kernel
+makes the record itself and the after hook is not called (``fast_record`` in ``csrc/hpu_device.cpp``).
 Under the device's lock it checks that the state still holds (the accounting of the device
 :func:`~hpu_runtime.bridge.runtime.get_device` returns, published to the kernel with its HBM
-counters, of the same generation; no fused kernel's body; lazy mode, no region, no capture, no
-bf16 emulation) and that every Python number the op puts on the device is there already, then
-makes what :meth:`OpAccounting.record` makes: a view's graph-key entry, or the storages (the
+counters, of the same generation, hence of the same mode; no fused kernel's body; no region,
+no capture, no bf16 emulation) and that every Python number the op puts on the device is there already, then
+makes what :meth:`OpAccounting.record` makes: a view's graph-key entry (lazy mode), or the storages (the
 code of ``storage_io``, reading the tensors from the kernel's own arguments and results by
 the rules Python sees them by: a wrapped number is a number, one result's list counts, several
 results' lists do not), an :class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in
 the pending graph (the library's ``launcher_append``, which
-:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well). It reads and writes the
+:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well; in eager mode the kernel
+then calls :meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for the op, as ``append_op``
+does). It reads and writes the
 pending graph's, the card's and the accounting's state in their instance dicts, having checked
 when the device was published that their classes define none of those names (a property would
-be bypassed: such a device is refused with a TypeError). Anything else (a new entry, another
-mode, a scalar new to the device, an error while reading the storages) goes to the after hook,
+be bypassed: such a device is refused with a TypeError). Anything else (a new entry, a compiled
+region or a capture, a scalar new to the device, an eager op whose numbers are constants of its
+key and change between calls, as Adam's bias corrections do, an error while reading the
+storages) goes to the after hook,
 which records as it always did; :func:`~hpu_runtime.bridge.runtime.python_hooks_only` sends
 every op there. ``tests/unit/test_bridge_in_kernel.py`` checks a training step's events,
 timeline and parameters against the after hook's alone.
@@ -277,7 +281,7 @@ class OpEntry:
             on the device (NOTE [scalars as graph inputs]).
         fast: what the hpu kernel needs to make its op record itself (NOTE [the op record, in the
             kernel]): ``(gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)``,
-            set with ``mk`` when it was computed in lazy mode outside a compiled region, in
+            set with ``mk`` when it was computed outside a compiled region and a capture, in
             fp32, for an op the device runs (no CPU fallback, no data-dependent shape); None
             otherwise. ``scalar_at``: the op's :attr:`OpFacts.scalar_inputs` when ``varies``
             (the kernel reads each call's numbers there), else empty.
@@ -510,7 +514,7 @@ class OpAccounting:
                     self.gen, inputs, low, mk, info, scalars)
                 entry.fast = ((self.gen, info.view, info.allocates, mk, info.cost, *facts.saves,
                                facts.scalar_inputs if entry.varies else ())
-                              if launcher.lazy and launcher.region is None and not low and not info.fallback
+                              if launcher.region is None and not low and not info.fallback
                               else None)
         if info.dynamic:
             mk = (*mk[:2], output_signature(out))

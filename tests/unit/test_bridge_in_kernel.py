@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -390,14 +391,18 @@ def test_storages_freed_on_other_threads_are_counted_exactly():
     assert len(set(serials)) == len(serials) == 40 * 50 + 500
 
 
-def test_the_kernels_op_records_equal_the_after_hooks():
+@pytest.mark.parametrize("lazy_mode", ["1", "0"], ids=["lazy", "eager"])
+def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
     """Three training steps of a small MLP (Adam, ``mark_step`` after backward and after the
-    optimizer step), with the kernel making the records of kept entries (NOTE [the op record, in
-    the kernel]) and with the kernel given no device, so that the Python after hook records
-    every op (the reference): the same events (op records with their keys, costs, bytes and
-    saves, storages renumbered by first appearance; views; launches), the same simulated host
-    time and graphs, the same parameters; and the kernel did make most records itself."""
+    optimizer step), in lazy and in eager mode, with the kernel making the records of kept
+    entries (NOTE [the op record, in the kernel]) and with the kernel given no device, so that
+    the Python after hook records every op (the reference): the same events (op records with
+    their keys, costs, bytes and saves, storages renumbered by first appearance; views;
+    launches, one per op in eager mode), the same simulated host time and graphs, the same
+    parameters; and the kernel did make most records itself."""
     from hpu_runtime.bridge import dispatch, runtime
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_mode)
 
     lib = dispatch._kernel_hooks()
 
@@ -454,6 +459,8 @@ def test_the_kernels_op_records_equal_the_after_hooks():
 
     kernel, python = run(True), run(False)
     assert sum(e[0] == "op" for e in python[0]) > 100
+    eager_launches = sum(e == ("launch", "eager") for e in python[0])
+    assert eager_launches == (0 if lazy_mode == "1" else sum(e[0] == "op" for e in python[0]))
     assert kernel[:4] == python[:4]
     assert all(torch.equal(a, b) for a, b in zip(kernel[4], python[4]))
     assert kernel[5] < python[5] / 2, (kernel[5], python[5])  # most records made by the kernel

@@ -1138,9 +1138,9 @@ bool scalars_on_device(const CurrentDevice& d, PyObject* at, const std::vector<I
 }
 
 // The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
-// here: true, or false when the after hook must make it (another device, a mode other than
-// lazy outside a compiled region or a capture, bf16 emulation, a fused kernel's body, a scalar
-// new to the device).
+// here: true, or false when the after hook must make it (another device, a compiled region or
+// a capture, bf16 emulation, a fused kernel's body, a scalar new to the device). In eager mode
+// the op is launched at once (Launcher.launch), as Launcher.append_op does.
 bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::vector<IValue>& argv,
                  const std::vector<bool>& passed, const torch::jit::Stack& stack, size_t nret) {
   const std::shared_ptr<const CurrentDevice> device = g_device;
@@ -1152,17 +1152,18 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   if (as_int64(PyTuple_GET_ITEM(f, 0)) != d.gen) return false;
   const Attrs& acc = d.accounting;
   const Attrs& launcher = d.launcher;
-  if (as_int64(acc[NAME("_in_kernel")]) != 0 || truth(acc[NAME("fp32_as_bf16")]) || !truth(launcher[NAME("lazy")]) ||
+  if (as_int64(acc[NAME("_in_kernel")]) != 0 || truth(acc[NAME("fp32_as_bf16")]) ||
       launcher[NAME("region")] != Py_None || launcher[NAME("capture")] != Py_None)
     return false;
+  const bool lazy = truth(launcher[NAME("lazy")]);
   if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), argv, passed)) return false;
   // the first argument Python gets (OpAccounting.record's args[0]) is a host tensor
   const bool on_host = !argv.empty() && passed[0] && !schema.arguments()[0].kwarg_only() && python_tensor(argv[0]) &&
                        argv[0].toTensor().is_cpu();
   PyObject* mk = PyTuple_GET_ITEM(f, 3);
   Locked locked(d);
-  if (PyTuple_GET_ITEM(f, 1) == Py_True) {  // a view: part of the graph's key
-    if (!on_host) {
+  if (PyTuple_GET_ITEM(f, 1) == Py_True) {  // a view: part of the graph's key in lazy mode (Launcher.append_view)
+    if (!on_host && lazy) {
       append(launcher[NAME("_keys")], mk);
       PyObject* log = launcher[NAME("log")];
       if (log != Py_None) {
