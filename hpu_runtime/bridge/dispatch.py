@@ -76,13 +76,16 @@ in the kernel library] in :mod:`hpu_runtime.device.memory`), and the record join
 graph there. The Python hooks remain for a signature's first call, the copies between host and
 device, an op that puts a number new to the device on it (Adam's bias corrections: two a step),
 and the ops of compiled regions and HPU-graph captures. In eager mode the kernel makes the
-records too, but each op is then launched at once, and the launch is Python
-(:meth:`~hpu_runtime.bridge.launcher.Launcher.launch`: the recipe cache, its metrics, the
-card's compute stream), as is the record of an op with a Python number at a scalar input
-(its entry is shared by calls with other numbers, which are constants of an eager key: Adam's
-``addcmul_``, ``add_`` and ``addcdiv_``, 18 a step on the digits MLP, with five new recipes
-each step). Eager mode is 3.2-3.5x plain on the digits MLP (3.4x with every eager record in
-Python). The kernel runs the hooks with
+records and launches the ops too (a recipe compiled already: its lookup, its metric and the
+compute stream), except for an op with a Python number at a scalar input (its entry is shared
+by calls with other numbers, which are constants of an eager key: Adam's ``addcmul_``,
+``add_`` and ``addcdiv_``, 18 a step on the digits MLP, with five new recipes each step),
+which the after hook records and :meth:`~hpu_runtime.bridge.launcher.Launcher.launch`
+launches. An eager ``mul_`` of two 16-float hpu tensors costs 5.0 us against 0.9 us plain (7.8-8.2
+us with every eager op recorded and launched in Python, 3.99 us in lazy mode); the digits MLP
+in eager mode is 3.2x plain (``PT_HPU_LAZY_MODE=0 python -m hpu_runtime.tools.bench_overhead
+--hidden 128 --rounds 5``, three runs alternated with the tree before: 3.19-3.21x against
+3.25-3.83x). The kernel runs the hooks with
 torch-function handling off (set in C++, at no cost; the Python context manager cost about
 0.15x plain on the digits MLP): they read tensor attributes (``shape``, ``dtype``,
 ``untyped_storage()``...) several times per op, and a tensor subclass's (or a user's)

@@ -55,9 +55,12 @@ code of ``storage_io``, reading the tensors from the kernel's own arguments and 
 the rules Python sees them by: a wrapped number is a number, one result's list counts, several
 results' lists do not), an :class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in
 the pending graph (the library's ``launcher_append``, which
-:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well; in eager mode the kernel
-then calls :meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for the op, as ``append_op``
-does). It reads and writes the
+:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well). In eager mode the op is
+then launched at once, as ``append_op`` does: by the library itself (``eager_launch``) when the
+launch touches nothing but the recipe cache's memory, its metric and the compute stream (a
+recipe already compiled; no new scalar to copy, no lazy collective, no event log, graph log or
+trace), a twin of :meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for that case, else by
+that method. It reads and writes the
 pending graph's, the card's and the accounting's state in their instance dicts, having checked
 when the device was published that their classes define none of those names (a property would
 be bypassed: such a device is refused with a TypeError). Anything else (a new entry, a compiled

@@ -466,6 +466,65 @@ def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
     assert kernel[5] < python[5] / 2, (kernel[5], python[5])  # most records made by the kernel
 
 
+def test_the_kernels_eager_launches_equal_the_launchers(monkeypatch):
+    """Eager mode with no event log, so that the kernel launches the ops it records
+    (``eager_launch`` in ``csrc/hpu_device.cpp``), against the Python hooks alone (the
+    reference: every op recorded by the after hook and launched by ``Launcher.launch``): three
+    training steps of a small MLP on a card whose steps run 1.3x slower; the same compute
+    stream intervals (start, end, label), host time, launches, recipe-cache counts and
+    ``recipe_cache`` metric (hits and misses by recipe name), the same parameters; and the
+    kernel launched many ops itself (the rest: the first step's new entries, Adam's numbers)."""
+    from hpu_runtime.api import metrics
+    from hpu_runtime.bridge import launcher as launcher_mod
+    from hpu_runtime.bridge import runtime
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    python_launches = []
+    launch = launcher_mod.Launcher.launch
+
+    def counted(self, reason, *a):
+        python_launches.append(reason)
+        return launch(self, reason, *a)
+
+    monkeypatch.setattr(launcher_mod.Launcher, "launch", counted)
+
+    def run(kernel: bool):
+        dev = hpu.reset_device("gaudi2")
+        dev.card.set_step_slowdown(lambda step: 1_300_000)
+        python_launches.clear()
+        python_only = runtime.python_hooks_only()
+        if not kernel:
+            python_only.__enter__()
+        try:
+            with metrics.metric_localcontext("recipe_cache") as cache_metric:
+                torch.manual_seed(0)
+                model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
+                opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+                x, y = torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
+                for _ in range(3):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    hpu.mark_step()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    hpu.mark_step()
+            assert dev.launcher.log is None and dev.card.trace is None
+            with hpu.bridge_disabled():
+                params = [p.detach().cpu().clone() for p in model.parameters()]
+            stats = dev.launcher.recipes.stats()
+            return (list(dev.card.compute.intervals), dev.card.host_ns, dev.card.compute.free_ns,
+                    dev.launcher.graphs_launched, stats, cache_metric.stats(), params,
+                    python_launches.count("eager"))
+        finally:
+            if not kernel:
+                python_only.__exit__(None, None, None)
+
+    kernel, python = run(True), run(False)
+    assert python[3] > 100 and python[7] == python[3]  # every launch an op's (mark_step finds nothing pending)
+    assert kernel[:6] == python[:6]
+    assert all(torch.equal(a, b) for a, b in zip(kernel[6], python[6]))
+    assert python[7] - kernel[7] >= 50, (kernel[7], python[7])  # launched by the kernel (62 here)
+
+
 def test_a_number_at_a_scalar_input_shares_the_entry_and_each_new_one_is_still_charged(monkeypatch):
     """``x * v`` for new values of ``v`` shares one entry (the number is a graph input in lazy
     mode), yet each value new to the device is copied at the graph's launch (4 bytes) and a

@@ -1022,6 +1022,160 @@ int launcher_append(const Attrs& l, const Attrs& card, PyObject* op) {
   return most > 0 && no_region && PyList_GET_SIZE(pending) >= most ? 2 : 0;
 }
 
+// A Python lock held for a scope (a RecipeCache's, the metrics module's).
+struct PyLockHeld {
+  py::object lock;
+  explicit PyLockHeld(PyObject* l) : lock(py::reinterpret_borrow<py::object>(l)) {
+    static PyObject* const acquire = interned("acquire");
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(l, acquire));
+    if (!r) throw python_error();
+  }
+  PyLockHeld(const PyLockHeld&) = delete;
+  PyLockHeld& operator=(const PyLockHeld&) = delete;
+  ~PyLockHeld() {
+    static PyObject* const release = interned("release");
+    PyObject* r = PyObject_CallMethodNoArgs(lock.ptr(), release);
+    if (r == nullptr) {
+      PyErr_WriteUnraisable(lock.ptr());
+    } else {
+      Py_DECREF(r);
+    }
+  }
+};
+
+py::object int_object(int64_t v) {
+  py::object o = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
+  if (!o) throw python_error();
+  return o;
+}
+
+// Launcher.launch("eager", 0) of the one op launcher_append has just added, when that launch
+// touches nothing but the recipe cache's memory, its metric and the compute stream: no new
+// scalars to copy, no log, no graph log, no lazy collective, no trace, a recipe already in
+// memory (a miss compiles, in Python). The twin of the general launch in
+// hpu_runtime/bridge/launcher.py for that case (NOTE [the op record, in the kernel]): a recipe
+// lookup counted as Launcher._recipe counts a hit, the op's device time at the step's speed
+// (Card.run_compute) from max(host time, the pending graph's collective dependency) on, the
+// pending graph emptied. Returns false, having changed nothing, when the launch is not such a
+// case; the caller then calls Launcher.launch.
+bool eager_launch(const Attrs& l, const Attrs& card) {
+  static PyObject* const zero = PyLong_FromLong(0);
+  static PyObject* const one = PyLong_FromLong(1);
+  if (l[NAME("log")] != Py_None || l[NAME("graph_log")] != Py_None || card[NAME("trace")] != Py_None) return false;
+  const int scalars = PyObject_RichCompareBool(l[NAME("new_scalars")], zero, Py_NE);
+  if (scalars != 0) {
+    if (scalars < 0) throw python_error();
+    return false;
+  }
+  PyObject* colls = l[NAME("_colls")];
+  PyObject* keys = l[NAME("_keys")];
+  if (!PyList_Check(colls) || PyList_GET_SIZE(colls) != 0 || !PyList_Check(keys) || PyList_GET_SIZE(keys) != 1)
+    return false;
+  PyObject* compute = card[NAME("compute")];  // a Stream (slots: read by getattr)
+  if (get(compute, NAME("trace")).ptr() != Py_None) return false;
+  PyObject* recipes = l[NAME("recipes")];
+  py::object entries = py::reinterpret_steal<py::object>(PyObject_GetAttr(recipes, NAME("_entries")));
+  if (!entries || !PyDict_CheckExact(entries.ptr())) {  // not a RecipeCache: its own lookup, in Python
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError)) throw python_error();
+    PyErr_Clear();
+    return false;
+  }
+  py::object key = py::reinterpret_steal<py::object>(PyTuple_Pack(1, PyList_GET_ITEM(keys, 0)));
+  if (!key) throw python_error();
+  py::object recipe;
+  {  // RecipeCache.lookup's memory hit
+    py::object lock = get(recipes, NAME("_lock"));
+    PyLockHeld held(lock.ptr());
+    PyObject* r = PyDict_GetItemWithError(entries.ptr(), key.ptr());
+    if (r == nullptr) {
+      if (PyErr_Occurred()) throw python_error();
+      return false;  // a miss: Launcher.launch counts it and compiles
+    }
+    recipe = py::reinterpret_borrow<py::object>(r);
+    py::object hits = py::reinterpret_steal<py::object>(PyNumber_Add(get(recipes, NAME("_hits")).ptr(), one));
+    if (!hits) throw python_error();
+    set_attr(recipes, NAME("_hits"), hits.release().ptr());
+  }
+  py::object name;  // recipe.meta.get("name", "recipe")
+  {
+    py::object meta = get(recipe.ptr(), NAME("meta"));
+    if (PyDict_CheckExact(meta.ptr())) {
+      PyObject* n = PyDict_GetItemWithError(meta.ptr(), NAME("name"));
+      if (n == nullptr && PyErr_Occurred()) throw python_error();
+      name = py::reinterpret_borrow<py::object>(n != nullptr ? n : NAME("recipe"));
+    } else {
+      name = py::reinterpret_steal<py::object>(PyObject_CallMethod(meta.ptr(), "get", "ss", "name", "recipe"));
+      if (!name) throw python_error();
+    }
+  }
+  {  // metrics.record_recipe_cache(True, name)
+    static PyObject* const metrics = [] {
+      PyObject* m = PyImport_ImportModule("hpu_runtime.api.metrics");
+      if (m == nullptr) throw python_error();
+      return m;  // kept for the process
+    }();
+    py::object lock = get(metrics, NAME("_LOCK"));
+    PyLockHeld held(lock.ptr());
+    static PyObject* const metric_name = interned("recipe_cache");
+    py::object global = get(metrics, NAME("_GLOBAL"));
+    py::object local = get(metrics, NAME("_LOCAL"));
+    PyObject* g = PyDict_GetItemWithError(global.ptr(), metric_name);
+    PyObject* ls = PyDict_GetItemWithError(local.ptr(), metric_name);
+    if (g == nullptr || ls == nullptr || !PyList_Check(ls)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "hpu_runtime.api.metrics has no recipe_cache metric");
+      throw python_error();
+    }
+    py::list targets;
+    targets.append(py::handle(g));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ls); ++i) targets.append(py::handle(PyList_GET_ITEM(ls, i)));
+    for (py::handle m : targets) {  // Metric._add_lookup(True, name)
+      py::object hits = py::reinterpret_steal<py::object>(PyNumber_Add(get(m.ptr(), NAME("_hits")).ptr(), one));
+      if (!hits) throw python_error();
+      set_attr(m.ptr(), NAME("_hits"), hits.release().ptr());
+      if (name.ptr() == Py_None) continue;
+      py::object by_name = get(m.ptr(), NAME("_hit_by_name"));
+      PyObject* n = PyDict_GetItemWithError(by_name.ptr(), name.ptr());
+      if (n == nullptr && PyErr_Occurred()) throw python_error();
+      py::object count = py::reinterpret_steal<py::object>(PyNumber_Add(n == nullptr ? zero : n, one));
+      if (!count || PyDict_SetItem(by_name.ptr(), name.ptr(), count.ptr()) != 0) throw python_error();
+    }
+  }
+  // Card.run_compute(max(host_ns, _dep_ns), recipe.device_ns, f"{name} (eager)"): Stream.run
+  const int64_t ready = std::max(as_int64(card[NAME("host_ns")]), as_int64(l[NAME("_dep_ns")]));
+  const int64_t ppm = as_int64(card[NAME("slowdown_ppm")]);
+  const int64_t nominal = as_int64(get(recipe.ptr(), NAME("device_ns")).ptr());
+  constexpr int64_t kPpm = 1000000;  // Card's _PPM
+  const int64_t ns = ppm == kPpm ? nominal : static_cast<int64_t>(static_cast<__int128>(nominal) * ppm / kPpm);
+  const int64_t start = std::max(ready, as_int64(get(compute, NAME("free_ns")).ptr()));
+  const int64_t end = start + ns;
+  py::object start_o = int_object(start), end_o = int_object(end);
+  set_attr(compute, NAME("free_ns"), py::object(end_o).release().ptr());
+  if (ns > 0) {
+    static PyObject* const eager = interned(" (eager)");
+    py::object label = py::reinterpret_steal<py::object>(PyUnicode_CheckExact(name.ptr())
+                                                             ? PyUnicode_Concat(name.ptr(), eager)
+                                                             : PyUnicode_FromFormat("%S (eager)", name.ptr()));
+    if (!label) throw python_error();
+    py::object span = py::reinterpret_steal<py::object>(PyTuple_Pack(3, start_o.ptr(), end_o.ptr(), label.ptr()));
+    if (!span) throw python_error();
+    append(get(compute, NAME("intervals")).ptr(), span.ptr());
+  }
+  l.add(NAME("graphs_launched"), one);
+  l.set(NAME("last_recipe"), recipe.ptr());
+  for (PyObject* list_name : {NAME("pending"), NAME("_keys"), NAME("_ops")}) {
+    py::object empty = py::reinterpret_steal<py::object>(PyList_New(0));
+    if (!empty) throw python_error();
+    l.set(list_name, empty.ptr());
+  }
+  l.set(NAME("_dep_ns"), zero);
+  if (PyDict_GET_SIZE(card[NAME("ready_after")]) > 0) {
+    static PyObject* const forget = interned("forget_dependencies_before");
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(card.obj.ptr(), forget, start_o.ptr()));
+    if (!r) throw python_error();
+  }
+  return true;
+}
+
 // launcher_append(launcher, op) -> 0, 1 or 2 (Launcher.append_op, launcher_append above).
 PyObject* launcher_append_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -1051,8 +1205,9 @@ struct CurrentDevice {
     static const std::pair<const Attrs CurrentDevice::*, std::vector<const char*>> plain[] = {
         {&CurrentDevice::accounting, {"_in_kernel", "fp32_as_bf16", "launcher", "residency", "_scalars", "lock", "gen"}},
         {&CurrentDevice::launcher, {"card", "_dep_ns", "log", "ops_recorded", "pending", "region", "lazy", "_host_start",
-                                    "_op_host_ns", "_eager_ns", "_keys", "_ops", "max_compound_ops", "capture"}},
-        {&CurrentDevice::card, {"ready_after", "host_ns"}}};
+                                    "_op_host_ns", "_eager_ns", "_keys", "_ops", "max_compound_ops", "capture",
+                                    "new_scalars", "graph_log", "_colls", "recipes", "graphs_launched", "last_recipe"}},
+        {&CurrentDevice::card, {"ready_after", "host_ns", "trace", "compute", "slowdown_ppm"}}};
     for (const auto& [member, names] : plain) {
       const Attrs& f = this->*member;
       for (const char* name : names) {
@@ -1194,6 +1349,7 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
       PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(d.op_record.ptr()), py::make_tuple(items).ptr(), nullptr));
   if (!op) throw python_error();
   const int launch = launcher_append(launcher, d.card, op.ptr());
+  if (launch == 1 && eager_launch(launcher, d.card)) return true;
   if (launch != 0) {
     py::object r = py::reinterpret_steal<py::object>(
         launch == 1 ? PyObject_CallMethod(launcher.obj.ptr(), "launch", "si", "eager", 0)
