@@ -391,6 +391,27 @@ def test_storages_freed_on_other_threads_are_counted_exactly():
     assert len(set(serials)) == len(serials) == 40 * 50 + 500
 
 
+def _small_adam_job():
+    """A small MLP on hpu with Adam, and one batch: ``(model, opt, x, y)``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return model, opt, torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
+
+
+def _three_adam_steps(model, opt, x, y) -> list:
+    """Three training steps (``mark_step`` after backward and after the optimizer step); the
+    parameters after them, on the host."""
+    for _ in range(3):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        hpu.mark_step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hpu.mark_step()
+    with hpu.bridge_disabled():
+        return [p.detach().cpu().clone() for p in model.parameters()]
+
+
 @pytest.mark.parametrize("lazy_mode", ["1", "0"], ids=["lazy", "eager"])
 def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
     """Three training steps of a small MLP (Adam, ``mark_step`` after backward and after the
@@ -436,21 +457,11 @@ def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
         if not kernel:
             python_only.__enter__()
         try:
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
-            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-            x, y = torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
+            job = _small_adam_job()
             dev.log, dev.graph_log = [], []
-            for _ in range(3):
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                hpu.mark_step()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                hpu.mark_step()
+            params = _three_adam_steps(*job)
             events, graphs = norm(dev.log), list(dev.graph_log)
             dev.log = dev.graph_log = None
-            with hpu.bridge_disabled():
-                params = [p.detach().cpu().clone() for p in model.parameters()]
             return events, graphs, dev.card.host_ns, dev.ops_recorded, params, len(calls)
         finally:
             lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)
@@ -497,19 +508,8 @@ def test_the_kernels_eager_launches_equal_the_launchers(monkeypatch):
             python_only.__enter__()
         try:
             with metrics.metric_localcontext("recipe_cache") as cache_metric:
-                torch.manual_seed(0)
-                model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
-                opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-                x, y = torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
-                for _ in range(3):
-                    torch.nn.functional.cross_entropy(model(x), y).backward()
-                    hpu.mark_step()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    hpu.mark_step()
+                params = _three_adam_steps(*_small_adam_job())
             assert dev.launcher.log is None and dev.card.trace is None
-            with hpu.bridge_disabled():
-                params = [p.detach().cpu().clone() for p in model.parameters()]
             stats = dev.launcher.recipes.stats()
             return (list(dev.card.compute.intervals), dev.card.host_ns, dev.card.compute.free_ns,
                     dev.launcher.graphs_launched, stats, cache_metric.stats(), params,
