@@ -66,26 +66,29 @@ tensors too, so nothing is charged while it compiles, and its compiled graphs ru
 the kernel like any op (NOTE [compiled regions] in :mod:`hpu_runtime.bridge.compile_backend`).
 
 NOTE [the bridge's hot path]
-In the steady state of a lazy-mode training step no Python runs per op. For an op whose signature the
-kernel has seen (NOTE [an op's entry, kept by the kernel]) the kernel itself compares its
-output bytes with the free HBM (the before hook runs only when they do not fit, or for a
-transfer or a factory's size), and makes its op record (NOTE [the op record, in the kernel] in
-:mod:`.op_accounting`) from its own values: no Python object is made for the op's arguments or
-results, the storages are registered and freed in the kernel library (NOTE [the HBM counters,
-in the kernel library] in :mod:`hpu_runtime.device.memory`), and the record joins the pending
-graph there. The Python hooks remain for a signature's first call, the copies between host and
-device, an op that puts a number new to the device on it (Adam's bias corrections: two a step),
-and the ops of compiled regions and HPU-graph captures. In eager mode the kernel makes the
-records and launches the ops too (a recipe compiled already: its lookup, its metric and the
-compute stream), except for an op with a Python number at a scalar input (its entry is shared
-by calls with other numbers, which are constants of an eager key: Adam's ``addcmul_``,
-``add_`` and ``addcdiv_``, 18 a step on the digits MLP, with five new recipes each step),
-which the after hook records and :meth:`~hpu_runtime.bridge.launcher.Launcher.launch`
-launches. An eager ``mul_`` of two 16-float hpu tensors costs 5.0 us against 0.9 us plain (7.8-8.2
-us with every eager op recorded and launched in Python, 3.99 us in lazy mode); the digits MLP
-in eager mode is 3.2x plain (``PT_HPU_LAZY_MODE=0 python -m hpu_runtime.tools.bench_overhead
---hidden 128 --rounds 5``, three runs alternated with the tree before: 3.19-3.21x against
-3.25-3.83x). The kernel runs the hooks with
+In the steady state of a training step no Python runs per op in lazy mode, and in eager and
+compile mode (``PT_HPU_LAZY_MODE=0``, with or without ``torch.compile(backend="hpu_backend")``)
+none for most ops. For an op whose signature the kernel has seen (NOTE [an op's entry, kept by
+the kernel]) the kernel itself compares its output bytes with the free HBM (the before hook
+runs only when they do not fit, or for a transfer or a factory's size), and makes its op record
+(NOTE [the op record, in the kernel] in :mod:`.op_accounting`) from its own values: no Python
+object is made for the op's arguments or results, the storages are registered and freed in the
+kernel library (NOTE [the HBM counters, in the kernel library] in
+:mod:`hpu_runtime.device.memory`), the record joins the pending graph there, and in eager mode
+the kernel launches the op when its recipe is compiled already (its lookup, its metric, the
+compute stream). The Python hooks remain for a signature's first call, the copies between host
+and device, an op that puts a number new to the device on it (Adam's bias corrections: two a
+step), the ops of HPU-graph captures, and in eager mode an op called with other numbers than
+its record's where they are constants of the key (Adam's step size in ``addcdiv_``: five a step
+on the digits MLP, each a new recipe). An eager ``mul_`` of two 16-float hpu tensors costs 5.0
+us against 0.9 us plain (7.8-8.2 us with every eager op recorded and launched in Python; 3.99
+us in lazy mode). Wall-clock per step on the digits MLP, alternated with the tree before each
+change (``[PT_HPU_LAZY_MODE=0] python -m hpu_runtime.tools.bench_overhead --hidden 128 --rounds
+5``): eager mode 3.25-3.83x plain with every eager record in Python, 3.19-3.21x with the
+kernel's records and launches, 2.85-2.87x (against 3.10-3.13x in the same sitting) with
+records that hold for their pinned numbers; eager mode with the model under ``torch.compile``
+(the forward and backward ops in compiled regions) 1.9-2.3 ms per step -> 1.5-1.7 ms, against
+0.55 ms for plain eager and 0.8 ms for ``torch.compile(backend="aot_eager")`` on the CPU. The kernel runs the hooks with
 torch-function handling off (set in C++, at no cost; the Python context manager cost about
 0.15x plain on the digits MLP): they read tensor attributes (``shape``, ``dtype``,
 ``untyped_storage()``...) several times per op, and a tensor subclass's (or a user's)

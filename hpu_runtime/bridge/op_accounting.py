@@ -42,34 +42,40 @@ it, all without entering Python: NOTE [the HBM counters, in the kernel library] 
 :mod:`hpu_runtime.device.memory`).
 
 NOTE [the op record, in the kernel]
-Once an op's entry carries its record for the state it is called in
-(:attr:`OpEntry.fast`: the graph-key entry and cost worked out in lazy or eager mode outside
-compiled regions and HPU-graph captures, in fp32, for an op the device runs), the hpu kernel
-makes the record itself and the after hook is not called (``fast_record`` in ``csrc/hpu_device.cpp``).
-Under the device's lock it checks that the state still holds (the accounting of the device
-:func:`~hpu_runtime.bridge.runtime.get_device` returns, published to the kernel with its HBM
-counters, of the same generation, hence of the same mode; no fused kernel's body; no region,
-no capture, no bf16 emulation) and that every Python number the op puts on the device is there already, then
-makes what :meth:`OpAccounting.record` makes: a view's graph-key entry (lazy mode), or the storages (the
-code of ``storage_io``, reading the tensors from the kernel's own arguments and results by
-the rules Python sees them by: a wrapped number is a number, one result's list counts, several
-results' lists do not), an :class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in
-the pending graph (the library's ``launcher_append``, which
-:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well). In eager mode the op is
-then launched at once, as ``append_op`` does: by the library itself (``eager_launch``) when the
-launch touches nothing but the recipe cache's memory, its metric and the compute stream (a
-recipe already compiled; no new scalar to copy, no lazy collective, no event log, graph log or
-trace), a twin of :meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for that case, else by
-that method. It reads and writes the
-pending graph's, the card's and the accounting's state in their instance dicts, having checked
-when the device was published that their classes define none of those names (a property would
-be bypassed: such a device is refused with a TypeError). Anything else (a new entry, a compiled
-region or a capture, a scalar new to the device, an eager op whose numbers are constants of its
-key and change between calls, as Adam's bias corrections do, an error while reading the
-storages) goes to the after hook,
-which records as it always did; :func:`~hpu_runtime.bridge.runtime.python_hooks_only` sends
-every op there. ``tests/unit/test_bridge_in_kernel.py`` checks a training step's events,
-timeline and parameters against the after hook's alone.
+Once an op's entry carries its record for the state it is called in (:attr:`OpEntry.fast`:
+the graph-key entry and cost worked out in lazy or eager mode, inside or outside a compiled
+region, in fp32, for an op the device runs), the hpu kernel
+makes the record itself and the after hook is not called (``fast_record`` in
+``csrc/hpu_device.cpp``). Under the device's lock it checks that the state still holds (the
+accounting of the device :func:`~hpu_runtime.bridge.runtime.get_device` returns, published to
+the kernel with its HBM counters, of the same generation, hence of the same mode; inside a
+compiled region if and only if the record was made there; no fused kernel's body, no capture,
+no bf16 emulation), that every Python number the op puts on the device is there already, and
+that every number that is a constant of the record's graph-key entry is the one the record was
+made with (its pins: eager mode's Scalar arguments such as ``add``'s ``alpha``, every number
+inside a compiled region; the calls that share an entry may pass others, NOTE [an op's entry,
+kept by the kernel] in :mod:`.dispatch`). Then it makes what :meth:`OpAccounting.record` makes:
+a view's graph-key entry (lazy mode, outside compiled regions), or the storages (the code of
+``storage_io``, reading the tensors from the kernel's own arguments and results by the rules
+Python sees them by: a wrapped number is a number, one result's list counts, several results'
+lists do not), an :class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in the
+pending graph (the library's ``launcher_append``, which
+:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well). In eager mode outside
+regions the op is then launched at once, as ``append_op`` does: by the library itself
+(``eager_launch``) when the launch touches nothing but the recipe cache's memory, its metric
+and the compute stream (a recipe already compiled; no new scalar to copy, no lazy collective,
+no event log, graph log or trace), a twin of
+:meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for that case, else by that method. It
+reads and writes the pending graph's, the card's and the accounting's state in their instance
+dicts, having checked when the device was published that their classes define none of those
+names (a property would be bypassed: such a device is refused with a TypeError). Anything else
+(a new entry, a record made on the other side of a compiled region's boundary, other numbers
+than its pins, as Adam's step size in ``addcdiv_`` each step, a capture, a scalar new to the
+device, an error while reading the storages) goes to the after hook, which records as it
+always did and leaves the entry's record for the next call;
+:func:`~hpu_runtime.bridge.runtime.python_hooks_only` sends every op there.
+``tests/unit/test_bridge_in_kernel.py`` checks a training step's events, timeline and
+parameters against the after hook's alone, in lazy, eager and compile mode.
 
 Not thread-safe on its own: the facade (:class:`~hpu_runtime.bridge.sim_device.SimDevice`)
 hands it its lock, which every method here takes around the parts it touches.
@@ -283,15 +289,24 @@ class OpEntry:
         mk: its graph-key entry; info: its :class:`OpInfo`; scalars: the Python numbers it puts
             on the device (NOTE [scalars as graph inputs]).
         fast: what the hpu kernel needs to make its op record itself (NOTE [the op record, in the
-            kernel]): ``(gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)``,
-            set with ``mk`` when it was computed outside a compiled region and a capture, in
-            fp32, for an op the device runs (no CPU fallback, no data-dependent shape); None
-            otherwise. ``scalar_at``: the op's :attr:`OpFacts.scalar_inputs` when ``varies``
-            (the kernel reads each call's numbers there), else empty.
+            kernel]): ``(gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at,
+            in_region, pins)``, made with a graph-key entry in fp32, for an op the device runs
+            (no CPU fallback, no data-dependent shape); None otherwise. The kernel uses it outside
+            HPU-graph captures only. ``scalar_at``: the scalar inputs whose numbers the kernel reads at each
+            call to check that they are on the device (the graph inputs, when ``varies``), else
+            empty; ``in_region``: it was made inside a compiled region (the kernel uses it only
+            on the same side); ``pins``: ``((position, number), ...)``, the numbers that are
+            constants of the record's graph-key entry where the calls sharing the entry may
+            pass others (eager mode's Scalar arguments, every number inside a region:
+            :func:`_pinned`), which the kernel requires a call to pass for the record to hold.
+        shared_fast: ``fast`` as made with ``mk`` (no pins), which ``fast`` returns to when a
+            call made a record with pins and the next one shares ``mk`` again; remade for the
+            other side of a compiled region's (or a capture's) boundary when ``mk`` is the same
+            there (lazy mode; eager ops without wrapped numbers).
     """
 
     __slots__ = ("facts", "sig", "value_free", "varies", "factory_nbytes", "out_nbytes", "before", "kernel_nbytes",
-                 "gen", "inputs", "low", "mk", "info", "scalars", "fast")
+                 "gen", "inputs", "low", "mk", "info", "scalars", "fast", "shared_fast")
 
     def __init__(self, facts: OpFacts, sig: tuple, factory_nbytes: int | None = None, varies: bool = False) -> None:
         self.facts = facts
@@ -303,7 +318,7 @@ class OpEntry:
         self.before = True
         self.kernel_nbytes: int | None = None
         self.gen = -1
-        self.inputs = self.low = self.mk = self.info = self.scalars = self.fast = None
+        self.inputs = self.low = self.mk = self.info = self.scalars = self.fast = self.shared_fast = None
 
 
 _FLOAT = float  # stands for any float argument in a cost key
@@ -321,6 +336,22 @@ def _without_floats(sig: tuple) -> tuple:
     """``sig`` with every float argument (also inside a tuple argument) replaced by :data:`_FLOAT`."""
     return tuple(_FLOAT if type(x) is float else
                  tuple(_FLOAT if type(y) is float else y for y in x) if type(x) is tuple else x for x in sig)
+
+
+def _pinned(scalar_inputs: tuple, inputs: tuple, args: tuple, kwargs: dict) -> tuple:
+    """``((position, number), ...)``: the Python numbers a call passes at the scalar inputs that
+    are not graph inputs in this state (``inputs``), so constants of its graph-key entry: an
+    :attr:`OpEntry.fast` record made from it holds for the calls that pass the same numbers
+    there (NOTE [the op record, in the kernel])."""
+    n, out = len(args), []
+    for at in scalar_inputs:
+        if at in inputs:
+            continue
+        i, name, _ = at
+        v = args[i] if i < n else kwargs.get(name) if kwargs else None
+        if type(v) in _NUMBERS:
+            out.append((i, v))
+    return tuple(out)
 
 
 _OUT_BYTES_LIMIT = 100_000
@@ -499,6 +530,11 @@ class OpAccounting:
         low = self.fp32_as_bf16 and not facts.keeps_fp32
         if entry.gen == self.gen and entry.inputs is inputs and entry.low is low:
             mk, info, scalars = entry.mk, entry.info, entry.scalars
+            fast = entry.shared_fast  # (a record with pins, or made on the other side of a boundary: not now)
+            if fast is not None and fast[8] is not (launcher.region is not None):  # the same key on this side
+                fast = entry.shared_fast = (*fast[:8], launcher.region is not None, ())
+            if entry.fast is not fast:
+                entry.fast = fast
             if entry.varies:  # this call's own numbers (its graph-key entry is theirs too)
                 scalars = self._scalars_as_inputs(inputs, entry.sig, args, kwargs)[1]
         else:
@@ -512,13 +548,20 @@ class OpAccounting:
             info = self._memo.get(mk)
             if info is None:
                 info = self._op_info(facts, mk, args, kwargs, out, low)
-            if shared and not facts.dynamic:  # a dynamic op's cost depends on its outputs' shapes too
+            # the kernel's record (NOTE [the op record, in the kernel]): in fp32, for an op the
+            # device runs; a dynamic op's cost depends on its outputs' shapes too (in an HPU-graph
+            # capture the kernel leaves every op to this hook: the record serves after it)
+            kernel = not low and not info.fallback and not facts.dynamic
+            if shared and not facts.dynamic:
                 entry.gen, entry.inputs, entry.low, entry.mk, entry.info, entry.scalars = (
                     self.gen, inputs, low, mk, info, scalars)
-                entry.fast = ((self.gen, info.view, info.allocates, mk, info.cost, *facts.saves,
-                               facts.scalar_inputs if entry.varies else ())
-                              if launcher.region is None and not low and not info.fallback
-                              else None)
+                entry.fast = entry.shared_fast = (
+                    (self.gen, info.view, info.allocates, mk, info.cost, *facts.saves,
+                     inputs if entry.varies else (), launcher.region is not None, ()) if kernel else None)
+            elif not facts.dynamic:  # numbers that are constants of this key: it holds for calls with them
+                entry.fast = ((self.gen, info.view, info.allocates, mk, info.cost, *facts.saves, inputs,
+                               launcher.region is not None, _pinned(facts.scalar_inputs, inputs, args, kwargs))
+                              if kernel else None)
         if info.dynamic:
             mk = (*mk[:2], output_signature(out))
         with self.lock:

@@ -7,6 +7,13 @@ alternate in rounds and the median per-step time of each is reported, so load fr
 processes affects both alike. Times here are *wall-clock* on this machine, not simulated::
 
     python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048] [--breakdown]
+    PT_HPU_LAZY_MODE=0 python -m hpu_runtime.tools.bench_overhead --compile [--hidden 128]
+
+The bridge runs in the mode the environment says (``PT_HPU_LAZY_MODE``: lazy by default, 0 for
+eager). ``--compile`` puts the model under ``torch.compile``: ``backend="hpu_backend"`` on the
+bridge (with ``PT_HPU_LAZY_MODE=0``, as Gaudi runs it), and for plain PyTorch
+``backend="aot_eager"`` on the CPU (the same AOTAutograd forward and backward graphs, run op by
+op, with no code generation), so the ratio is the bridge's own cost over that structure.
 
 ``--breakdown`` says where the time goes: the step on ``hpu`` tensors with the bridge off
 (the C++ device type alone: what a bridge with its accounting in C++ would start from), the
@@ -36,9 +43,11 @@ _WARMUP_STEPS = 3
 """Untimed steps before each timed run (:func:`_time_steps`)."""
 
 
-def _step_fn(hidden: int, *, bridge: bool, batch: int, device: str | None = None):
+def _step_fn(hidden: int, *, bridge: bool, batch: int, device: str | None = None, compiled: bool = False):
     """The train job's step on ``device`` (default: ``hpu`` with the bridge, else ``cpu``);
-    ``bridge``: it calls ``mark_step``. The returned function's ``model`` is the MLP it trains."""
+    ``bridge``: it calls ``mark_step``; ``compiled``: the model under ``torch.compile``
+    (``hpu_backend`` on hpu, ``aot_eager`` on the CPU). The returned function's ``model`` is the
+    MLP it trains."""
     import torch
     import torch.nn.functional as F
 
@@ -49,6 +58,8 @@ def _step_fn(hidden: int, *, bridge: bool, batch: int, device: str | None = None
     device = device or ("hpu" if bridge else "cpu")
     model = build_model("mlp", hidden=hidden).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if compiled:
+        model = torch.compile(model, backend="hpu_backend" if device == "hpu" else "aot_eager")
     with hpu.bridge_disabled():
         g = torch.Generator().manual_seed(0)
         data = [(torch.rand(batch, 64, generator=g), torch.randint(0, 10, (batch,), generator=g))
@@ -95,21 +106,23 @@ def _time(step, steps: int, *, bridge: bool) -> float:
         hpu.activate()
 
 
-def _steps(hidden: int, batch: int):
+def _steps(hidden: int, batch: int, compiled: bool = False):
     """A fresh device, and the plain and the bridged step of the MLP of width ``hidden``."""
     import hpu_runtime as hpu
 
     hpu.reset_device("gaudi2")
     hpu.deactivate()
-    plain_step = _step_fn(hidden, bridge=False, batch=batch)
+    plain_step = _step_fn(hidden, bridge=False, batch=batch, compiled=compiled)
     hpu.activate()
-    bridge_step = _step_fn(hidden, bridge=True, batch=batch)
+    bridge_step = _step_fn(hidden, bridge=True, batch=batch, compiled=compiled)
     return plain_step, bridge_step
 
 
-def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32) -> dict[str, float]:
-    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio."""
-    plain_step, bridge_step = _steps(hidden, batch)
+def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32,
+            compiled: bool = False) -> dict[str, float]:
+    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio
+    (``compiled``: both under ``torch.compile``, module doc)."""
+    plain_step, bridge_step = _steps(hidden, batch, compiled)
     plain, bridged = [], []
     for _ in range(rounds):
         plain.append(_time(plain_step, steps, bridge=False))
@@ -207,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the step on hpu tensors with the bridge off (the C++ device type alone), the plain"
                         " step under a no-op dispatch mode (the floor of any Python-mode bridge), the bridge without"
                         " its accounting and without its HBM check, and the bridge's mark_step calls")
+    parser.add_argument("--compile", action="store_true",
+                        help="the model under torch.compile: hpu_backend on the bridge (run with PT_HPU_LAZY_MODE=0),"
+                        " aot_eager for plain PyTorch")
     args = parser.parse_args(argv)
+    if args.compile and args.breakdown:
+        parser.error("--breakdown times the step without torch.compile; leave out --compile")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -215,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     if root not in sys.path:
         sys.path.insert(0, root)
-    print(f"{'model':<22}{'plain ms/step':>15}{'bridge ms/step':>16}{'ratio':>8}   (wall-clock, 1 thread)")
+    how = "torch.compile: hpu_backend vs aot_eager, " if args.compile else ""
+    print(f"{'model':<22}{'plain ms/step':>15}{'bridge ms/step':>16}{'ratio':>8}   ({how}wall-clock, 1 thread)")
     for hidden in args.hidden:
-        r = measure(hidden, steps=args.steps, rounds=args.rounds, batch=args.batch)
+        r = measure(hidden, steps=args.steps, rounds=args.rounds, batch=args.batch, compiled=args.compile)
         name = "digits MLP" if hidden == 128 else f"MLP hidden {hidden}"
         print(f"{name:<22}{r['plain_s'] * 1e3:>15.3f}{r['bridge_s'] * 1e3:>16.3f}{r['ratio']:>7.2f}x")
     if args.breakdown:

@@ -119,3 +119,45 @@ def test_the_records_in_python_step_records_what_the_kernel_records():
         assert measured()[1] <= kernel_calls  # the kernel records again (not one after hook per op)
     finally:
         lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)
+
+
+def test_the_compiled_step_runs_the_models_graphs_in_compiled_regions(monkeypatch):
+    """``--compile``'s bridged step (eager mode, as Gaudi runs ``hpu_backend``): the model's
+    forward and backward run as two compiled regions each step, and Adam moves every
+    parameter; its plain step runs on the CPU under ``aot_eager``, where no op reaches the
+    bridge; ``--compile`` with ``--breakdown`` is refused by name."""
+    import torch
+
+    import hpu_runtime as hpu
+    from hpu_runtime.bridge.compile_backend import BACKWARD, FORWARD
+    from hpu_runtime.tools.bench_overhead import _step_fn
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    dev = hpu.reset_device("gaudi2")
+    try:
+        torch._dynamo.reset()
+        step = _step_fn(16, bridge=True, batch=4, compiled=True)
+        step()
+        with hpu.bridge_disabled():
+            before = [p.detach().cpu().clone() for p in step.model.parameters()]
+        dev.log = []
+        step()
+        regions = [e[1] for e in dev.log if e[0] == "region"]
+        dev.log = None
+        assert regions == [FORWARD, None, BACKWARD, None], regions
+        with hpu.bridge_disabled():
+            assert all(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, step.model.parameters()))
+        hpu.deactivate()
+        try:
+            plain = _step_fn(16, bridge=False, batch=4, compiled=True)
+            ops = dev.ops_recorded
+            plain()
+            assert dev.ops_recorded == ops and all(p.device.type == "cpu" for p in plain.model.parameters())
+        finally:
+            hpu.activate()
+    finally:
+        monkeypatch.undo()
+        hpu.reset_device("gaudi2")
+    cmd = [sys.executable, "-m", "hpu_runtime.tools.bench_overhead", "--compile", "--breakdown"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--breakdown" in out.stderr and "--compile" in out.stderr, out.stderr

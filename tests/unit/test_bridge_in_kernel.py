@@ -6,6 +6,7 @@ counts worked out by hand from the ops each case dispatches.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -391,11 +392,15 @@ def test_storages_freed_on_other_threads_are_counted_exactly():
     assert len(set(serials)) == len(serials) == 40 * 50 + 500
 
 
-def _small_adam_job():
-    """A small MLP on hpu with Adam, and one batch: ``(model, opt, x, y)``."""
+def _small_adam_job(compiled: bool = False):
+    """A small MLP on hpu with Adam, and one batch: ``(model, opt, x, y)``; ``compiled``: the
+    model under ``torch.compile(backend="hpu_backend")``."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    if compiled:
+        torch._dynamo.reset()
+        model = torch.compile(model, backend="hpu_backend")
     return model, opt, torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
 
 
@@ -412,18 +417,20 @@ def _three_adam_steps(model, opt, x, y) -> list:
         return [p.detach().cpu().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("lazy_mode", ["1", "0"], ids=["lazy", "eager"])
-def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
+@pytest.mark.parametrize("mode", ["lazy", "eager", "compile"])
+def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, mode):
     """Three training steps of a small MLP (Adam, ``mark_step`` after backward and after the
-    optimizer step), in lazy and in eager mode, with the kernel making the records of kept
-    entries (NOTE [the op record, in the kernel]) and with the kernel given no device, so that
-    the Python after hook records every op (the reference): the same events (op records with
-    their keys, costs, bytes and saves, storages renumbered by first appearance; views;
-    launches, one per op in eager mode), the same simulated host time and graphs, the same
-    parameters; and the kernel did make most records itself."""
+    optimizer step), in lazy mode, in eager mode and in eager mode with the model under
+    ``torch.compile(backend="hpu_backend")`` (its forward and backward ops in compiled regions),
+    with the kernel making the records of kept entries (NOTE [the op record, in the kernel])
+    and with the kernel given no device, so that the Python after hook records every op (the
+    reference): the same events (op records with their keys, costs, bytes and saves, storages
+    renumbered by first appearance; views; regions; launches, one per op in eager mode outside
+    the regions), the same simulated host time and graphs, the same parameters; and the kernel
+    did make most records itself."""
     from hpu_runtime.bridge import dispatch, runtime
 
-    monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_mode)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1" if mode == "lazy" else "0")
 
     lib = dispatch._kernel_hooks()
 
@@ -457,7 +464,7 @@ def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
         if not kernel:
             python_only.__enter__()
         try:
-            job = _small_adam_job()
+            job = _small_adam_job(compiled=mode == "compile")
             dev.log, dev.graph_log = [], []
             params = _three_adam_steps(*job)
             events, graphs = norm(dev.log), list(dev.graph_log)
@@ -471,7 +478,13 @@ def test_the_kernels_op_records_equal_the_after_hooks(monkeypatch, lazy_mode):
     kernel, python = run(True), run(False)
     assert sum(e[0] == "op" for e in python[0]) > 100
     eager_launches = sum(e == ("launch", "eager") for e in python[0])
-    assert eager_launches == (0 if lazy_mode == "1" else sum(e[0] == "op" for e in python[0]))
+    regions = sum(e[0] == "region" and e[1] is not None for e in python[0])
+    if mode == "lazy":
+        assert eager_launches == 0 and regions == 0
+    elif mode == "eager":
+        assert eager_launches == sum(e[0] == "op" for e in python[0]) and regions == 0
+    else:
+        assert regions == 6 and 0 < eager_launches < sum(e[0] == "op" for e in python[0]) - 20, regions
     assert kernel[:4] == python[:4]
     assert all(torch.equal(a, b) for a, b in zip(kernel[4], python[4]))
     assert kernel[5] < python[5] / 2, (kernel[5], python[5])  # most records made by the kernel
@@ -561,6 +574,104 @@ def test_a_number_at_a_scalar_input_shares_the_entry_and_each_new_one_is_still_c
     finally:
         monkeypatch.undo()
         hpu.reset_device("gaudi2")
+
+
+@contextlib.contextmanager
+def _after_hook_spied(monkeypatch, lazy_mode: str = "0"):
+    """A fresh gaudi2 device in eager mode (``lazy_mode="1"``: lazy) whose kernel calls an after
+    hook that lists the op of each call it gets; yields ``(device, that list)``, and puts the
+    hooks and a lazy device back."""
+    from hpu_runtime.bridge import dispatch
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy_mode)
+    lib = dispatch._kernel_hooks()
+    calls = []
+
+    def spy(*a):
+        calls.append(a[0])
+        return dispatch._after(*a)
+
+    dev = hpu.reset_device("gaudi2")
+    lib.hpu_sim_set_hooks(dispatch._before, spy, dispatch.OpEntry)
+    try:
+        yield dev, calls
+    finally:
+        lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)
+        monkeypatch.undo()
+        hpu.reset_device("gaudi2")
+
+
+def test_an_eager_record_with_numbers_in_its_key_holds_for_the_same_numbers_only(monkeypatch):
+    """Eager mode: ``add``'s ``alpha`` is a constant of the op's key, and the calls share one kept
+    entry, so the kernel makes the record only for a call that passes the numbers the record was
+    made with (its pins), compared with their type and bit for bit; any other call goes to the
+    after hook, which makes the record anew. The reference, by hand: each key holds its call's
+    own alpha (the sign of zero included), and the after hook runs exactly at the first call
+    and wherever alpha differs from the call before."""
+    import math
+
+    with _after_hook_spied(monkeypatch) as (dev, calls):
+        x = torch.ones(4, device="hpu")
+        alphas = (2.0, 2.0, 3.0, 3.0, 2.0, 0.0, -0.0, -0.0, 2, 2)
+        dev.log, hooked = [], []
+        for alpha in alphas:
+            before = len(calls)
+            torch.add(x, x, alpha=alpha)
+            hooked.append(len(calls) > before)
+        keys = [e[1].key for e in dev.log if e[0] == "op"]
+        dev.log = None
+        got = [dict(k[1][2:])["alpha"] for k in keys]
+        assert [(type(a), math.copysign(1, a), a) for a in got] == [(type(a), math.copysign(1, a), a) for a in alphas]
+        assert hooked == [True, False, True, False, True, True, True, False, True, False], hooked
+
+
+def test_a_kept_record_is_used_only_on_its_side_of_a_compiled_regions_boundary(monkeypatch):
+    """Eager mode: ``x * 2.5`` puts 2.5 on the device as a graph input outside compiled regions
+    (a wrapped number: NOTE [scalars as graph inputs]) and keeps it as a constant of the key
+    inside one. Called outside, inside, inside, outside, outside, the kernel makes the record
+    only where the call before was on the same side (the record it kept was made there); the
+    keys, by hand: SCALAR_INPUT outside, 2.5 inside."""
+    from hpu_runtime.bridge.graph_key import SCALAR_INPUT
+
+    with _after_hook_spied(monkeypatch) as (dev, calls):
+        x = torch.ones(4, device="hpu")
+        x * 2.5  # the entry, and 2.5 on the device
+        dev.log, hooked = [], []
+        for inside in (False, True, True, False, False):
+            before = len(calls)
+            if inside:
+                with dev.compiled_region("r"):
+                    x * 2.5
+            else:
+                x * 2.5
+            hooked.append(len(calls) > before)
+        keys = [e[1].key[1][1] for e in dev.log if e[0] == "op"]
+        dev.log = None
+        assert keys == [SCALAR_INPUT, 2.5, 2.5, SCALAR_INPUT, SCALAR_INPUT], keys
+        assert hooked == [False, True, False, True, False], hooked
+
+
+def test_an_op_first_recorded_in_an_hpu_graph_capture_is_recorded_by_the_kernel_after_it(monkeypatch):
+    """Lazy mode: ``relu`` first seen while an HPU graph is captured (where the kernel leaves
+    every op to the after hook) is recorded by the kernel afterwards, from the second call on
+    (the first one outside the capture remakes the kept record for that side), with the same
+    key as inside."""
+    relu = torch.ops.aten.relu.default
+    with _after_hook_spied(monkeypatch, lazy_mode="1") as (dev, calls):
+        x = torch.randn(4, 3, device="hpu")
+        g = hpu.HPUGraph()
+        with hpu.graph(g):
+            x.relu()
+        inside = calls.count(relu)
+        dev.log, hooked = [], []
+        for _ in range(3):
+            before = calls.count(relu)
+            x.relu()
+            hooked.append(calls.count(relu) > before)
+        keys = {e[1].key for e in dev.log if e[0] == "op"}
+        dev.log = None
+        assert inside == 1 and hooked == [True, False, False], (inside, hooked)
+        assert keys == {("aten.relu.default", ((torch.Size([4, 3]), torch.float32),))}, keys
 
 
 def test_the_kernel_refuses_a_device_whose_state_it_cannot_read_as_plain_attributes():

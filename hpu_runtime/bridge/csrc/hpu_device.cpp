@@ -1292,33 +1292,63 @@ bool scalars_on_device(const CurrentDevice& d, PyObject* at, const std::vector<I
   return true;
 }
 
+// Whether the call passes, at each pinned position (op_accounting._pinned: a scalar input whose
+// number is a constant of the record's graph-key entry), the same number, of the same type
+// (floats compared bit for bit: -0.0 is not 0.0).
+bool pins_hold(PyObject* pins, const std::vector<IValue>& argv, const std::vector<bool>& passed) {
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(pins); ++k) {
+    PyObject* pin = PyTuple_GET_ITEM(pins, k);
+    const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(pin, 0));
+    if (i == -1 && PyErr_Occurred()) throw python_error();
+    if (i < 0 || static_cast<size_t>(i) >= argv.size() || !passed[i]) return false;
+    const py::object v = python_number(argv[i]);
+    PyObject* want = PyTuple_GET_ITEM(pin, 1);
+    if (!v || Py_TYPE(v.ptr()) != Py_TYPE(want)) return false;
+    if (PyFloat_CheckExact(want)) {
+      const double a = PyFloat_AS_DOUBLE(v.ptr()), b = PyFloat_AS_DOUBLE(want);
+      if (std::memcmp(&a, &b, sizeof a) != 0) return false;
+      continue;
+    }
+    const int eq = PyObject_RichCompareBool(v.ptr(), want, Py_EQ);
+    if (eq < 0) throw python_error();
+    if (!eq) return false;
+  }
+  return true;
+}
+
 // The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
-// here: true, or false when the after hook must make it (another device, a compiled region or
-// a capture, bf16 emulation, a fused kernel's body, a scalar new to the device). In eager mode
+// here: true, or false when the after hook must make it (another device, the other side of a
+// compiled region's boundary, other numbers than the record's pins, a capture, bf16 emulation, a
+// fused kernel's body, a scalar new to the device). In eager mode
 // the op is launched at once (Launcher.launch), as Launcher.append_op does.
 bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::vector<IValue>& argv,
                  const std::vector<bool>& passed, const torch::jit::Stack& stack, size_t nret) {
   const std::shared_ptr<const CurrentDevice> device = g_device;
   if (device == nullptr) return false;
   const CurrentDevice& d = *device;
-  // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at)
+  // (gen, view, allocates, mk, cost, saves_in, saves_out, scalar_at, in_region, pins)
   PyObject* f = slot(entry, g_entry_slots.fast, "fast");
   if (f == Py_None) return false;
   if (as_int64(PyTuple_GET_ITEM(f, 0)) != d.gen) return false;
   const Attrs& acc = d.accounting;
   const Attrs& launcher = d.launcher;
   if (as_int64(acc[NAME("_in_kernel")]) != 0 || truth(acc[NAME("fp32_as_bf16")]) ||
-      launcher[NAME("region")] != Py_None || launcher[NAME("capture")] != Py_None)
+      launcher[NAME("capture")] != Py_None)
     return false;
+  // made inside a compiled region or outside, as the op is called now (an eager key's numbers
+  // differ: NOTE [scalars as graph inputs])
+  const bool in_region = launcher[NAME("region")] != Py_None;
+  if ((PyTuple_GET_ITEM(f, 8) == Py_True) != in_region) return false;
   const bool lazy = truth(launcher[NAME("lazy")]);
-  if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), argv, passed)) return false;
+  if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), argv, passed) || !pins_hold(PyTuple_GET_ITEM(f, 9), argv, passed))
+    return false;
   // the first argument Python gets (OpAccounting.record's args[0]) is a host tensor
   const bool on_host = !argv.empty() && passed[0] && !schema.arguments()[0].kwarg_only() && python_tensor(argv[0]) &&
                        argv[0].toTensor().is_cpu();
   PyObject* mk = PyTuple_GET_ITEM(f, 3);
   Locked locked(d);
   if (PyTuple_GET_ITEM(f, 1) == Py_True) {  // a view: part of the graph's key in lazy mode (Launcher.append_view)
-    if (!on_host && lazy) {
+    if (!on_host && lazy && !in_region) {
       append(launcher[NAME("_keys")], mk);
       PyObject* log = launcher[NAME("log")];
       if (log != Py_None) {
