@@ -1043,12 +1043,6 @@ struct PyLockHeld {
   }
 };
 
-py::object int_object(int64_t v) {
-  py::object o = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
-  if (!o) throw python_error();
-  return o;
-}
-
 // Launcher.launch("eager", 0) of the one op launcher_append has just added, when that launch
 // touches nothing but the recipe cache's memory, its metric and the compute stream: no new
 // scalars to copy, no log, no graph log, no lazy collective, no trace, a recipe already in
@@ -1148,7 +1142,7 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
   const int64_t ns = ppm == kPpm ? nominal : static_cast<int64_t>(static_cast<__int128>(nominal) * ppm / kPpm);
   const int64_t start = std::max(ready, as_int64(get(compute, NAME("free_ns")).ptr()));
   const int64_t end = start + ns;
-  py::object start_o = int_object(start), end_o = int_object(end);
+  const py::int_ start_o(static_cast<long long>(start)), end_o(static_cast<long long>(end));
   set_attr(compute, NAME("free_ns"), py::object(end_o).release().ptr());
   if (ns > 0) {
     static PyObject* const eager = interned(" (eager)");
@@ -1319,8 +1313,8 @@ bool pins_hold(PyObject* pins, const std::vector<IValue>& argv, const std::vecto
 // The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
 // here: true, or false when the after hook must make it (another device, the other side of a
 // compiled region's boundary, other numbers than the record's pins, a capture, bf16 emulation, a
-// fused kernel's body, a scalar new to the device). In eager mode
-// the op is launched at once (Launcher.launch), as Launcher.append_op does.
+// fused kernel's body, a scalar new to the device). In eager mode outside compiled regions the
+// op is then launched at once, as Launcher.append_op does (eager_launch, else Launcher.launch).
 bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::vector<IValue>& argv,
                  const std::vector<bool>& passed, const torch::jit::Stack& stack, size_t nret) {
   const std::shared_ptr<const CurrentDevice> device = g_device;
