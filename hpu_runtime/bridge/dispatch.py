@@ -135,7 +135,9 @@ op's first entry) the words keep a number's type and whether it is 1, not its va
 bias corrections, new numbers every step, share one entry per op instead of making two new
 entries a step per parameter (:attr:`~hpu_runtime.bridge.op_accounting.OpEntry.varies`: the
 record reads each call's numbers, and keeps a graph-key entry only where they are all graph
-inputs). On a later call whose words are equal, the before hook gets the entry and skips all
+inputs; where some are constants of the key, as in eager mode, the kernel's record holds for
+the calls that pass the same numbers there, its pins: NOTE [the op record, in the kernel] in
+:mod:`.op_accounting`). On a later call whose words are equal, the before hook gets the entry and skips all
 of that. When the entry has nothing left to check before the op runs (no transfer, no factory
 size, no output bytes, as for a view or an in-place op: 48 of the 87 hooked ops per step of the
 digits MLP, about 0.08x plain), the kernel skips the before hook and hands the entry to the
