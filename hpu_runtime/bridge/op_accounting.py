@@ -531,8 +531,9 @@ class OpAccounting:
         if entry.gen == self.gen and entry.inputs is inputs and entry.low is low:
             mk, info, scalars = entry.mk, entry.info, entry.scalars
             fast = entry.shared_fast  # (a record with pins, or made on the other side of a boundary: not now)
-            if fast is not None and fast[8] is not (launcher.region is not None):  # the same key on this side
-                fast = entry.shared_fast = (*fast[:8], launcher.region is not None, ())
+            in_region = launcher.region is not None
+            if fast is not None and fast[8] is not in_region:  # the same key on this side of the boundary
+                fast = entry.shared_fast = self._kernel_record(entry, mk, info, inputs, in_region, ())
             if entry.fast is not fast:
                 entry.fast = fast
             if entry.varies:  # this call's own numbers (its graph-key entry is theirs too)
@@ -548,20 +549,17 @@ class OpAccounting:
             info = self._memo.get(mk)
             if info is None:
                 info = self._op_info(facts, mk, args, kwargs, out, low)
-            # the kernel's record (NOTE [the op record, in the kernel]): in fp32, for an op the
-            # device runs; a dynamic op's cost depends on its outputs' shapes too (in an HPU-graph
-            # capture the kernel leaves every op to this hook: the record serves after it)
-            kernel = not low and not info.fallback and not facts.dynamic
-            if shared and not facts.dynamic:
-                entry.gen, entry.inputs, entry.low, entry.mk, entry.info, entry.scalars = (
-                    self.gen, inputs, low, mk, info, scalars)
-                entry.fast = entry.shared_fast = (
-                    (self.gen, info.view, info.allocates, mk, info.cost, *facts.saves,
-                     inputs if entry.varies else (), launcher.region is not None, ()) if kernel else None)
-            elif not facts.dynamic:  # numbers that are constants of this key: it holds for calls with them
-                entry.fast = ((self.gen, info.view, info.allocates, mk, info.cost, *facts.saves, inputs,
-                               launcher.region is not None, _pinned(facts.scalar_inputs, inputs, args, kwargs))
-                              if kernel else None)
+            if not facts.dynamic:  # (a dynamic op's cost depends on its outputs' shapes too)
+                in_region = launcher.region is not None
+                if shared:
+                    entry.gen, entry.inputs, entry.low, entry.mk, entry.info, entry.scalars = (
+                        self.gen, inputs, low, mk, info, scalars)
+                    entry.fast = entry.shared_fast = (
+                        self._kernel_record(entry, mk, info, inputs, in_region, ()) if not low else None)
+                else:  # numbers that are constants of this key: it holds for calls with them
+                    entry.fast = (self._kernel_record(entry, mk, info, inputs, in_region,
+                                                      _pinned(facts.scalar_inputs, inputs, args, kwargs))
+                                  if not low else None)
         if info.dynamic:
             mk = (*mk[:2], output_signature(out))
         with self.lock:
@@ -588,6 +586,19 @@ class OpAccounting:
             if launcher.capture is not None:
                 launcher.capture.append((func, args, kwargs, out, info.allocates))
             launcher.append_op(OpRecord(mk, info.cost, reads, writes, saves))
+
+    def _kernel_record(self, entry: OpEntry, mk: tuple, info: OpInfo, inputs: tuple, in_region: bool,
+                       pins: tuple) -> tuple | None:
+        """:attr:`OpEntry.fast` for the graph-key entry ``mk`` made now (NOTE [the op record, in
+        the kernel]): None for an op the device does not run (a CPU fallback); the numbers the
+        kernel checks on the device are the graph inputs of this state (those of a call whose
+        numbers vary; ``pins`` holds the others). ``inputs``: the positions of the numbers that
+        are graph inputs on this side of a compiled region's boundary. In an HPU-graph capture the
+        kernel leaves every op to the after hook, and the record serves after it."""
+        if info.fallback:
+            return None
+        return (self.gen, info.view, info.allocates, mk, info.cost, *entry.facts.saves,
+                inputs if entry.varies else (), in_region, pins)
 
     def _scalars_as_inputs(self, inputs: tuple, sig: tuple, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
         """``(sig, values)``: ``sig`` with each Python number that the lazy bridge makes a graph

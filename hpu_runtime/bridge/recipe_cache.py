@@ -61,6 +61,15 @@ class RecipeCache:
         """A memory cache over a new disk level of ``config`` (memory only if None)."""
         return cls() if config is None else cls(disk=DiskRecipeCache(config))
 
+    def memory_hit(self, key: Hashable) -> Recipe | None:
+        """The recipe of a graph key if memory holds it, counted as a hit; None otherwise, with
+        nothing counted (the caller goes on to :meth:`lookup`, which counts the miss)."""
+        with self._lock:
+            recipe = self._entries.get(key)
+            if recipe is not None:
+                self._hits += 1
+            return recipe
+
     def lookup(self, key: Hashable, *, digest: bytes | Callable[[], bytes] | None = None
                ) -> Recipe | None:
         """Find the recipe of a graph key, counting a hit or a miss.
@@ -73,11 +82,9 @@ class RecipeCache:
         Returns:
             The recipe, or None on a miss.
         """
-        with self._lock:
-            recipe = self._entries.get(key)
-            if recipe is not None:
-                self._hits += 1
-                return recipe
+        recipe = self.memory_hit(key)
+        if recipe is not None:
+            return recipe
         if self.disk is not None and digest is not None:
             recipe = self.disk.lookup(digest() if callable(digest) else digest)
             if recipe is not None:

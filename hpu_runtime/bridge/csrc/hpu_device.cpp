@@ -1022,40 +1022,20 @@ int launcher_append(const Attrs& l, const Attrs& card, PyObject* op) {
   return most > 0 && no_region && PyList_GET_SIZE(pending) >= most ? 2 : 0;
 }
 
-// A Python lock held for a scope (a RecipeCache's, the metrics module's).
-struct PyLockHeld {
-  py::object lock;
-  explicit PyLockHeld(PyObject* l) : lock(py::reinterpret_borrow<py::object>(l)) {
-    static PyObject* const acquire = interned("acquire");
-    py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(l, acquire));
-    if (!r) throw python_error();
-  }
-  PyLockHeld(const PyLockHeld&) = delete;
-  PyLockHeld& operator=(const PyLockHeld&) = delete;
-  ~PyLockHeld() {
-    static PyObject* const release = interned("release");
-    PyObject* r = PyObject_CallMethodNoArgs(lock.ptr(), release);
-    if (r == nullptr) {
-      PyErr_WriteUnraisable(lock.ptr());
-    } else {
-      Py_DECREF(r);
-    }
-  }
-};
-
 // Launcher.launch("eager", 0) of the one op launcher_append has just added, when that launch
 // touches nothing but the recipe cache's memory, its metric and the compute stream: no new
-// scalars to copy, no log, no graph log, no lazy collective, no trace, a recipe already in
-// memory (a miss compiles, in Python). The twin of the general launch in
-// hpu_runtime/bridge/launcher.py for that case (NOTE [the op record, in the kernel]): a recipe
-// lookup counted as Launcher._recipe counts a hit, the op's device time at the step's speed
-// (Card.run_compute) from max(host time, the pending graph's collective dependency) on, the
-// pending graph emptied. Returns false, having changed nothing, when the launch is not such a
-// case; the caller then calls Launcher.launch.
+// scalars to copy, no log, no graph log, no lazy collective, no trace of the stream, a recipe
+// already in memory (RecipeCache.memory_hit; a miss compiles, in Python). The twin of the
+// general launch in hpu_runtime/bridge/launcher.py for that case (NOTE [the op record, in the
+// kernel]): the hit counted by the cache and by metrics.record_recipe_cache, as
+// Launcher._recipe counts it, the op's device time at the step's speed (Card.run_compute) from
+// max(host time, the pending graph's collective dependency) on, the pending graph emptied.
+// Returns false, having changed nothing, when the launch is not such a case; the caller then
+// calls Launcher.launch.
 bool eager_launch(const Attrs& l, const Attrs& card) {
   static PyObject* const zero = PyLong_FromLong(0);
   static PyObject* const one = PyLong_FromLong(1);
-  if (l[NAME("log")] != Py_None || l[NAME("graph_log")] != Py_None || card[NAME("trace")] != Py_None) return false;
+  if (l[NAME("log")] != Py_None || l[NAME("graph_log")] != Py_None) return false;
   const int scalars = PyObject_RichCompareBool(l[NAME("new_scalars")], zero, Py_NE);
   if (scalars != 0) {
     if (scalars < 0) throw python_error();
@@ -1067,29 +1047,12 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
     return false;
   PyObject* compute = card[NAME("compute")];  // a Stream (slots: read by getattr)
   if (get(compute, NAME("trace")).ptr() != Py_None) return false;
-  PyObject* recipes = l[NAME("recipes")];
-  py::object entries = py::reinterpret_steal<py::object>(PyObject_GetAttr(recipes, NAME("_entries")));
-  if (!entries || !PyDict_CheckExact(entries.ptr())) {  // not a RecipeCache: its own lookup, in Python
-    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError)) throw python_error();
-    PyErr_Clear();
-    return false;
-  }
   py::object key = py::reinterpret_steal<py::object>(PyTuple_Pack(1, PyList_GET_ITEM(keys, 0)));
   if (!key) throw python_error();
-  py::object recipe;
-  {  // RecipeCache.lookup's memory hit
-    py::object lock = get(recipes, NAME("_lock"));
-    PyLockHeld held(lock.ptr());
-    PyObject* r = PyDict_GetItemWithError(entries.ptr(), key.ptr());
-    if (r == nullptr) {
-      if (PyErr_Occurred()) throw python_error();
-      return false;  // a miss: Launcher.launch counts it and compiles
-    }
-    recipe = py::reinterpret_borrow<py::object>(r);
-    py::object hits = py::reinterpret_steal<py::object>(PyNumber_Add(get(recipes, NAME("_hits")).ptr(), one));
-    if (!hits) throw python_error();
-    set_attr(recipes, NAME("_hits"), hits.release().ptr());
-  }
+  static PyObject* const memory_hit = interned("memory_hit");  // Launcher._recipe's lookup when it hits
+  py::object recipe = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(l[NAME("recipes")], memory_hit, key.ptr()));
+  if (!recipe) throw python_error();
+  if (recipe.is_none()) return false;  // a miss: Launcher.launch counts it and compiles
   py::object name;  // recipe.meta.get("name", "recipe")
   {
     py::object meta = get(recipe.ptr(), NAME("meta"));
@@ -1102,37 +1065,17 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
       if (!name) throw python_error();
     }
   }
-  {  // metrics.record_recipe_cache(True, name)
-    static PyObject* const metrics = [] {
+  {  // the recipe_cache metric (Launcher._recipe's hit)
+    static PyObject* const record = [] {
       PyObject* m = PyImport_ImportModule("hpu_runtime.api.metrics");
       if (m == nullptr) throw python_error();
-      return m;  // kept for the process
+      PyObject* f = PyObject_GetAttrString(m, "record_recipe_cache");
+      Py_DECREF(m);
+      if (f == nullptr) throw python_error();
+      return f;  // kept for the process
     }();
-    py::object lock = get(metrics, NAME("_LOCK"));
-    PyLockHeld held(lock.ptr());
-    static PyObject* const metric_name = interned("recipe_cache");
-    py::object global = get(metrics, NAME("_GLOBAL"));
-    py::object local = get(metrics, NAME("_LOCAL"));
-    PyObject* g = PyDict_GetItemWithError(global.ptr(), metric_name);
-    PyObject* ls = PyDict_GetItemWithError(local.ptr(), metric_name);
-    if (g == nullptr || ls == nullptr || !PyList_Check(ls)) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "hpu_runtime.api.metrics has no recipe_cache metric");
-      throw python_error();
-    }
-    py::list targets;
-    targets.append(py::handle(g));
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ls); ++i) targets.append(py::handle(PyList_GET_ITEM(ls, i)));
-    for (py::handle m : targets) {  // Metric._add_lookup(True, name)
-      py::object hits = py::reinterpret_steal<py::object>(PyNumber_Add(get(m.ptr(), NAME("_hits")).ptr(), one));
-      if (!hits) throw python_error();
-      set_attr(m.ptr(), NAME("_hits"), hits.release().ptr());
-      if (name.ptr() == Py_None) continue;
-      py::object by_name = get(m.ptr(), NAME("_hit_by_name"));
-      PyObject* n = PyDict_GetItemWithError(by_name.ptr(), name.ptr());
-      if (n == nullptr && PyErr_Occurred()) throw python_error();
-      py::object count = py::reinterpret_steal<py::object>(PyNumber_Add(n == nullptr ? zero : n, one));
-      if (!count || PyDict_SetItem(by_name.ptr(), name.ptr(), count.ptr()) != 0) throw python_error();
-    }
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(record, Py_True, name.ptr(), nullptr));
+    if (!r) throw python_error();
   }
   // Card.run_compute(max(host_ns, _dep_ns), recipe.device_ns, f"{name} (eager)"): Stream.run
   const int64_t ready = std::max(as_int64(card[NAME("host_ns")]), as_int64(l[NAME("_dep_ns")]));
@@ -1201,7 +1144,7 @@ struct CurrentDevice {
         {&CurrentDevice::launcher, {"card", "_dep_ns", "log", "ops_recorded", "pending", "region", "lazy", "_host_start",
                                     "_op_host_ns", "_eager_ns", "_keys", "_ops", "max_compound_ops", "capture",
                                     "new_scalars", "graph_log", "_colls", "recipes", "graphs_launched", "last_recipe"}},
-        {&CurrentDevice::card, {"ready_after", "host_ns", "trace", "compute", "slowdown_ppm"}}};
+        {&CurrentDevice::card, {"ready_after", "host_ns", "compute", "slowdown_ppm"}}};
     for (const auto& [member, names] : plain) {
       const Attrs& f = this->*member;
       for (const char* name : names) {
