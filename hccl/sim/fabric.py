@@ -28,7 +28,38 @@ NOTE [max-min sharing, per row]
     slowest flow: its serialization is multiplied by ``port rate / least share``. Rates are not
     re-shared when a flow ends (equal-sized flows of a row end together on their bottleneck).
     The rest of the timing (port queues, which iteration waits for which receive) is the
-    planner's, so a late pair delays only the ranks downstream of it.
+    planner's, so a late pair delays only the ranks downstream of it. HCL's box iterations,
+    several on the wire at once, share the fabric as a window instead (next NOTE).
+
+NOTE [box iterations in flight share the fabric]
+    HCL keeps up to ``HCL_SCALEOUT_BUFFER_FACTOR`` (8) box iterations of a slice in flight
+    (NOTE [HCL's pairwise box iterations] in :mod:`hccl.sim.algorithms.pairwise`): a card's
+    scale-out port carries the flows of all of them at once, each to a different box and
+    hashed onto its own uplink. A flow held back by a crowded uplink leaves its port's spare
+    capacity to the card's other flows, so what a card loses is the shortfall of its port as a
+    whole, not the slowest flow's. Charging each iteration's collisions alone to a port that
+    serializes the iterations (the row model above) would add up every iteration's worst
+    flow: 17 / 33 / 37% off Gaudi 3's 256 MB all-reduce at 32 / 64 / 128 boxes, where Intel's
+    "How to Pick Good Nodes in a Datacenter" page says a drop within 10% is possible. So an
+    iteration with ``w`` = min(8, B-1) iterations in flight (itself and the ``w - 1`` before it,
+    :func:`in_flight_shifts`) is charged as one window of flows:
+
+    - every flow of the window counts as load on its uplink and downlink, and is capped at
+      its equal share of each (``C / flows``) and at its NIC ports' rates;
+    - a NIC port (each side, sending and receiving) runs at the lesser of its capacity and
+      the sum of its flows' caps (max-min sharing of one link among flows with fixed caps),
+      and the cards on it share that evenly (``w`` flows per card per port);
+    - a card's message in the iteration is slowed by ``line rate / (its port's rate per card)``,
+      the larger of its sending and its peer's receiving side, the slowest of its ports; as a
+      fraction of 1/65,536, rounded up. The planner then serializes the card's iterations on
+      its port at that pace, which is the window's pace.
+
+    With ``w = 1`` this is the row model's charge (then the row model itself is used), except
+    where two flows of one message share a port (a down port's queue pairs moved to another):
+    the row model holds the message to its slower flow, the window lets the other use the rest.
+    Like the row model it takes each uplink's equal share, a lower bound where a flow on it is
+    held back elsewhere, and keeps the window's loads for the whole iteration. Sampled shifts
+    (NOTE [sampled contention at scale]) take windows that lie wholly among the far shifts.
 
 NOTE [sampled contention at scale]
     A pairwise box iteration with shift ``k`` on ``B`` boxes has ``n x ports`` flows; hashing
@@ -42,7 +73,11 @@ NOTE [sampled contention at scale]
     sample's per-card slowdowns. Pipelined box iterations (NOTE [HCL's pairwise box
     iterations]) see many shifts per card in turn, so a card's pace over them is about that
     mean; and the iterations of every card keep one pace, which lets the planner apply runs of
-    them at once (NOTE [repeated phases] in :mod:`hccl.sim.planner`).
+    them at once (NOTE [repeated phases] in :mod:`hccl.sim.planner`). With iterations in
+    flight (NOTE [box iterations in flight share the fabric]) a sample's window of ``w`` shifts
+    must lie among the shifts it stands for: shifts are sampled from ``4H`` boxes on (exact
+    below), an all-gather's sample (window above it) is ``H + (k - H) mod H`` and a
+    reduce-scatter's (window below it) ``2H + (k - H) mod H``.
 """
 
 from __future__ import annotations
@@ -54,7 +89,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Fabric", "SAMPLE_SHIFTS", "message_slowdown", "shift_slowdown", "sampled_shift", "ecmp_hash", "ideal"]
+__all__ = ["Fabric", "SAMPLE_SHIFTS", "message_slowdown", "shift_slowdown", "sampled_shift", "in_flight_shifts",
+           "ecmp_hash", "ideal"]
 
 SAMPLE_SHIFTS = 16
 """Box shifts hashed exactly on each side of a pod boundary (NOTE [sampled contention at scale])."""
@@ -164,6 +200,77 @@ def _milli(gbps: float) -> int:
     return int(round(gbps * 1000))
 
 
+class _Flows:
+    """The scale-out flows of messages ``src -> dst`` (NOTE [flows and links]): ``S``
+    consecutive flows per message that leaves its box, one per scale-out port.
+
+    Attributes (1-D arrays, one entry per flow unless said):
+        idx: (M,) the indices of the messages that have flows, in order.
+        ns, nd: the NIC port each flow leaves from / arrives at (ids in ``0 .. nics-1``).
+        cap_s, cap_d: the capacity of those NIC ports, milli-Gb/s (a degraded port's is lower).
+        fabric: ``(ids, cross)`` for the leaf uplink and the spine downlink of each flow (ids in
+            ``0 .. width-1``; ``cross``: the flow leaves its leaf), empty without ECMP.
+    """
+
+    __slots__ = ("idx", "S", "ns", "nd", "cap_s", "cap_d", "nics", "fabric", "width", "up_m", "port_m")
+
+    def __init__(self, topo, fab, src, dst, keep, qp_set):
+        L, S = topo.cards_per_box, topo.scale_out_ports_per_card
+        self.S = S
+        self.idx = idx = np.nonzero(keep)[0]
+        self.port_m = port_m = _milli(topo.scale_out_line_rate_gbps)
+        fp = np.tile(np.arange(S, dtype=np.int64), idx.size)
+        fs, fd = np.repeat(src[idx], S), np.repeat(dst[idx], S)
+        hp = fp  # the port a flow's queue pair was opened on (hashed); fp: the port it leaves from
+        slow_s = slow_d = None
+        for kind, a, b, f in topo.faults:  # NOTE [HCL on a down port] in hccl.sim.whatif
+            if kind != "out":
+                continue
+            if f:  # degraded: the port's capacity divided by f
+                for cards, slow in ((fs, "s"), (fd, "d")):
+                    hit = (cards == a) & (fp == b)
+                    if hit.any():
+                        if slow == "s":
+                            slow_s = np.where(hit, f, 1.0) if slow_s is None else np.where(hit, f, slow_s)
+                        else:
+                            slow_d = np.where(hit, f, 1.0) if slow_d is None else np.where(hit, f, slow_d)
+            else:  # down: its queue pairs migrate to the card's first other scale-out port
+                to = 1 if b == 0 else 0
+                fp = np.where(((fs == a) | (fd == a)) & (fp == b), to, fp)
+        per_box = -(-L // fab.nic_cards)  # NICs of a box; card l uses NIC l // nic_cards
+
+        def nic(card):
+            return ((card // L) * per_box + (card % L) // fab.nic_cards) * S + fp
+
+        self.ns, self.nd = nic(fs), nic(fd)
+        self.nics = int(max(self.ns.max(), self.nd.max())) + 1
+        self.cap_s, self.cap_d = (port_m if slow is None else np.rint(port_m / slow).astype(np.int64)
+                                  for slow in (slow_s, slow_d))
+        self.fabric, self.width, self.up_m = [], 0, 0
+        if fab.ecmp and fab.tiers == 2:
+            bpl = topo.boxes_per_leaf
+            leaf_s, leaf_d = fs // L // bpl, fd // L // bpl
+            cross = leaf_s != leaf_d
+            if cross.any():
+                U = fab.leaf_uplinks
+                plane = fp % fab.planes
+                u = (ecmp_hash(fs, fd, hp, qp_set) % np.uint64(U)).astype(np.int64)
+                nleaf = int(max(leaf_s.max(), leaf_d.max())) + 1
+                self.width = fab.planes * nleaf * U
+                self.up_m = _milli(fab.uplink_gbps)
+                self.fabric = [((plane * nleaf + leaf_s) * U + u, cross), ((plane * nleaf + leaf_d) * U + u, cross)]
+
+
+def _scale_out(topo, src, dst):
+    """The fabric (None: nothing to share) and which messages leave their box."""
+    fab = topo.fabric if topo.fabric is not None else (_NIC_ONLY if topo.faults else None)
+    if fab is None or src.size == 0:
+        return None, None
+    L = topo.cards_per_box
+    keep = (src // L != dst // L) | ((topo.scale_up_ports_per_peer == 0) & (src != dst))
+    return (fab, keep) if keep.any() else (None, None)
+
+
 def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
     """Per message, the slowdown ``num / den`` (>= 1) of its slowest flow among concurrent
     messages ``src -> dst`` (NOTE [max-min sharing, per row]).
@@ -183,64 +290,19 @@ def message_slowdown(topo, src, dst, qp_set: int = 0, first: int | None = None):
     dst = np.asarray(dst, dtype=np.int64).ravel()
     m = src.size if first is None else first
     num, den = np.ones(m, dtype=np.int64), np.ones(m, dtype=np.int64)
-    fab = topo.fabric if topo.fabric is not None else (_NIC_ONLY if topo.faults else None)
-    if fab is None or src.size == 0:
+    fab, keep = _scale_out(topo, src, dst)
+    if fab is None:
         return num, den
-    L, S = topo.cards_per_box, topo.scale_out_ports_per_card
-    keep = (src // L != dst // L) | ((topo.scale_up_ports_per_peer == 0) & (src != dst))
-    if not keep.any():
-        return num, den
-    idx = np.nonzero(keep)[0]
-    port_m = _milli(topo.scale_out_line_rate_gbps)
-    fp = np.tile(np.arange(S, dtype=np.int64), idx.size)
-    fs, fd = np.repeat(src[idx], S), np.repeat(dst[idx], S)
-    hp = fp  # the port a flow's queue pair was opened on (hashed); fp: the port it leaves from
-    slow_s = slow_d = None
-    for kind, a, b, f in topo.faults:  # NOTE [HCL on a down port] in hccl.sim.whatif
-        if kind != "out":
-            continue
-        if f:  # degraded: the port's capacity divided by f
-            for cards, slow in ((fs, "s"), (fd, "d")):
-                hit = (cards == a) & (fp == b)
-                if hit.any():
-                    if slow == "s":
-                        slow_s = np.where(hit, f, 1.0) if slow_s is None else np.where(hit, f, slow_s)
-                    else:
-                        slow_d = np.where(hit, f, 1.0) if slow_d is None else np.where(hit, f, slow_d)
-        else:  # down: its queue pairs migrate to the card's first other scale-out port
-            to = 1 if b == 0 else 0
-            fp = np.where(((fs == a) | (fd == a)) & (fp == b), to, fp)
-    per_box = -(-L // fab.nic_cards)  # NICs of a box; card l uses NIC l // nic_cards
-
-    def nic(card):
-        return ((card // L) * per_box + (card % L) // fab.nic_cards) * S + fp
-
-    ns, nd = nic(fs), nic(fd)
-    size = int(max(ns.max(), nd.max())) + 1
+    fl = _Flows(topo, fab, src, dst, keep, qp_set)
+    port_m, ns, nd, S, idx = fl.port_m, fl.ns, fl.nd, fl.S, fl.idx
     # (flows on the link, its capacity in milli-Gb/s) for each link a flow crosses
-    links = [(np.bincount(ns, minlength=size)[ns], port_m), (np.bincount(nd, minlength=size)[nd], port_m)]
-    for k, slow in ((0, slow_s), (1, slow_d)):
-        if slow is not None:  # a degraded port: capacity / f
-            links[k] = (links[k][0], np.rint(port_m / slow).astype(np.int64))
-    if fab.ecmp and fab.tiers == 2:
-        bpl = topo.boxes_per_leaf
-        leaf_s, leaf_d = fs // L // bpl, fd // L // bpl
-        cross = leaf_s != leaf_d
-        if cross.any():
-            U = fab.leaf_uplinks
-            plane = fp % fab.planes
-            u = (ecmp_hash(fs, fd, hp, qp_set) % np.uint64(U)).astype(np.int64)
-            nleaf = int(max(leaf_s.max(), leaf_d.max())) + 1
-            up_id = (plane * nleaf + leaf_s) * U + u
-            down_id = (plane * nleaf + leaf_d) * U + u
-            width = fab.planes * nleaf * U
-            up_m = _milli(fab.uplink_gbps)
-            for ids in (up_id, down_id):
-                load = np.bincount(ids[cross], minlength=width)[ids]
-                links.append((np.where(cross, load, 0), up_m))
+    links = [(np.bincount(ns, minlength=fl.nics)[ns], fl.cap_s), (np.bincount(nd, minlength=fl.nics)[nd], fl.cap_d)]
+    for ids, cross in fl.fabric:
+        load = np.bincount(ids[cross], minlength=fl.width)[ids]
+        links.append((np.where(cross, load, 0), fl.up_m))
     # each flow's least share: the link with the largest load / capacity on its path
-    f_num = np.zeros(fs.size, dtype=np.int64)
-    f_den = np.ones(fs.size, dtype=np.int64)
+    f_num = np.zeros(ns.size, dtype=np.int64)
+    f_den = np.ones(ns.size, dtype=np.int64)
     for load, cap in links:
         worse = load * port_m * f_den > f_num * cap
         f_num = np.where(worse, load * port_m, f_num)
@@ -264,50 +326,168 @@ def _shift_exact(topo, shift: int, qp_set: int, cols: int) -> tuple[np.ndarray, 
     return num, den
 
 
-def _sampling(topo, shift: int) -> tuple[int, bool]:
+def _sampling(topo, shift: int, in_flight: int = 1) -> tuple[int, bool]:
     """The box shift whose contention stands for ``shift``, in ``0 .. B-1``, and whether that is
     a sample (NOTE [sampled contention at scale]): ``(shift mod B, False)`` when it is hashed
-    exactly."""
+    exactly. With iterations in flight (``in_flight`` > 1; ``shift`` signed as
+    :func:`in_flight_shifts` takes it) the sample's whole window lies between the exact shifts
+    too: shifts are sampled from ``4H`` boxes on, and a positive shift's sample (whose window
+    lies below it) is taken a whole ``H`` further on."""
     B = topo.world_size // topo.cards_per_box
     k = shift % B
     P = topo.boxes_per_leaf
     H = -(-SAMPLE_SHIFTS // P) * P
+    if in_flight > 1:
+        if H <= k <= B - H and B >= 4 * H:
+            return (2 * H if shift > 0 else H) + (k - H) % H, True
+        return k, False
     if H <= k <= B - H and B >= 3 * H:
         return H + (k - H) % H, True
     return k, False
 
 
-def sampled_shift(topo, shift: int) -> int:
+def sampled_shift(topo, shift: int, in_flight: int = 1) -> int:
     """The box shift whose contention stands for ``shift`` (NOTE [sampled contention at scale]),
-    in ``0 .. B-1``; ``shift mod B`` itself when it is hashed exactly."""
-    return _sampling(topo, shift)[0]
+    in ``0 .. B-1``; ``shift mod B`` itself when it is hashed exactly. ``in_flight``: as
+    :func:`shift_slowdown` takes it (then ``shift`` is signed)."""
+    return _sampling(topo, shift, in_flight)[0]
 
 
-def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None):
+def shift_slowdown(topo, shift: int, qp_set: int = 0, cols: int | None = None, in_flight: int = 1):
     """:func:`message_slowdown` of the box iteration "every card to the same card of box
     ``b + shift``" on ``topo`` (whole boxes), for ranks ``0 .. cols-1`` (default all), sampled
-    for many boxes (NOTE [sampled contention at scale]). Returns read-only arrays."""
+    for many boxes (NOTE [sampled contention at scale]). Returns read-only arrays.
+
+    ``in_flight`` > 1: the iteration shares the fabric with the iterations in flight beside it
+    (NOTE [box iterations in flight share the fabric]): ``shift`` is signed as the pairwise
+    algorithm's blocks carry it (negative: an all-gather's iterations, sent to box ``b - k``),
+    and the iterations in flight are those of the ``in_flight - 1`` shifts before it in its
+    direction (:func:`in_flight_shifts`)."""
+    return _shift_slowdown(topo, shift, qp_set, topo.world_size if cols is None else cols, in_flight)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shift_slowdown(topo, shift: int, qp_set: int, cols: int, in_flight: int):
     n = topo.world_size
-    cols = n if cols is None else cols
-    k, sampled = _sampling(topo, shift)
+    k, sampled = _sampling(topo, shift, in_flight)
     if topo.fabric is None and not topo.faults or k == 0:
         one = np.ones(cols, dtype=np.int64)
         return one, one
+    B = n // topo.cards_per_box
+    if in_flight > 1 and B > 2:
+        m = k if shift > 0 else B - k  # the sample, in the direction of ``shift``
+        window, at = in_flight_shifts(B, m if shift > 0 else -m, in_flight)
+        num, den = _window_exact(topo, window, at, qp_set, cols)
+        return _pooled(num, den) if sampled else (num, den)
     if sampled:
-        return _shift_pooled(topo, k, qp_set, cols)
+        return _pooled(*_shift_exact(topo, k, qp_set, cols))
     return _shift_exact(topo, k, qp_set, cols)
+
+
+def in_flight_shifts(B: int, shift: int, in_flight: int) -> tuple[tuple[int, ...], int]:
+    """The box shifts (each in ``1 .. B-1``) of the pairwise iterations in flight while the one
+    of ``shift`` (signed: ``-k`` for an all-gather's iteration ``k``, sent to box ``b - k``) is
+    on the wire, and the index of ``shift``'s own among them: the ``in_flight`` iterations
+    ``k - in_flight + 1 .. k`` of its direction, moved to ``1 .. in_flight`` near the first
+    iteration and capped at ``B - 1`` iterations (NOTE [box iterations in flight share the
+    fabric]). Raises ValueError for a shift that is a multiple of ``B`` (no scale-out)."""
+    m = abs(shift)
+    if m % B == 0 or m >= B:
+        raise ValueError(f"box shift {shift} is not an iteration of {B} boxes")
+    w = min(in_flight, B - 1)
+    start = min(max(1, m - w + 1), B - w)
+    return tuple((x if shift > 0 else -x) % B for x in range(start, start + w)), m - start
+
+
+@functools.lru_cache(maxsize=16)
+def _shift_flows(topo, shift: int, qp_set: int):
+    """The flows of box iteration ``shift`` (every card to the same card of box ``b + shift``,
+    ``shift`` in ``1 .. B-1``), as :func:`_window_exact` sums them over a window: ``(ports,
+    g_cap, links, nics, up_m, port_m, S)`` with ``ports`` ``[(nic, flows, capacity)]`` for the
+    NIC ports flows leave and arrive at (each flow's port, flows per port, each port's least
+    capacity in milli-Gb/s), ``g_cap`` each flow's NIC ports' least capacity, ``links``
+    ``[(ids, load)]`` for its uplink and downlink (``ids``: one past the last link for a flow
+    that stays in its leaf; ``load``: this iteration's flows per link), ``nics`` the NIC port count;
+    None when no message leaves its box. Kept for a window's length of neighbouring shifts
+    (a window slides by one shift per iteration)."""
+    n, L = topo.world_size, topo.cards_per_box
+    r = np.arange(n, dtype=np.int64)
+    dst = ((r // L + shift) % (n // L)) * L + r % L
+    fab, keep = _scale_out(topo, r, dst)
+    if fab is None:
+        return None
+    fl = _Flows(topo, fab, r, dst, keep, qp_set)
+    if fl.idx.size != n:  # a shift's messages all leave their box (checked, as the window relies on it)
+        raise AssertionError(f"box shift {shift}: {n - fl.idx.size} messages stay in their box")
+    g_cap = np.minimum(np.broadcast_to(fl.cap_s, fl.ns.shape), np.broadcast_to(fl.cap_d, fl.nd.shape)).astype(np.float64)
+    # a flow that stays in its leaf points at one past the links (an unlimited share)
+    links = [(np.where(cross, ids, fl.width).astype(np.int32), np.bincount(ids[cross], minlength=fl.width))
+             for ids, cross in fl.fabric]
+    ports = []  # per side (leaving, arriving): each NIC port's flows and least capacity
+    for nic, cap in ((fl.ns, fl.cap_s), (fl.nd, fl.cap_d)):
+        capacity = np.full(fl.nics, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(capacity, nic, np.broadcast_to(cap, nic.shape))
+        ports.append((nic, np.bincount(nic, minlength=fl.nics), capacity))
+    return ports, g_cap, links, fl.nics, fl.up_m, fl.port_m, fl.S
+
+
+@functools.lru_cache(maxsize=1024)
+def _window_exact(topo, window: tuple[int, ...], at: int, qp_set: int, cols: int):
+    """Per card ``0 .. cols-1``, the slowdown ``(num, den)`` of its message in the iteration
+    ``window[at]`` while the iterations of every shift in ``window`` share the fabric
+    (NOTE [box iterations in flight share the fabric])."""
+    W = len(window)
+    num, den = np.ones(cols, dtype=np.int64), np.ones(cols, dtype=np.int64)
+    parts = [_shift_flows(topo, k, qp_set) for k in window]
+    if parts[at] is not None:  # (the shifts of a window have flows alike: all or none)
+        nics = max(p[3] for p in parts)
+        up_m, port_m, S = parts[0][4:7]
+        # the window's flows per fabric link: every iteration's load added up
+        loads = []
+        for j in range(len(parts[0][2])):
+            width = max(p[2][j][1].size for p in parts)
+            total = np.zeros(width, dtype=np.int64)
+            for p in parts:
+                total[:p[2][j][1].size] += p[2][j][1]
+            loads.append(total)
+        shares = [np.append(up_m / np.maximum(total, 1), np.inf) for total in loads]
+        # each flow's cap outside its NIC ports: its NIC ports' line rates, the fabric links'
+        # equal shares; then per NIC port, the flows' caps added up and the flows counted
+        rate = [np.zeros(nics), np.zeros(nics)]
+        flows = [np.zeros(nics, dtype=np.int64), np.zeros(nics, dtype=np.int64)]
+        capacity = [np.full(nics, np.iinfo(np.int64).max, dtype=np.int64) for _ in range(2)]
+        for ports, g_cap, links, *_ in parts:
+            g = g_cap
+            for (ids, _), share in zip(links, shares):
+                g = np.minimum(g, share[ids])
+            for side, (nic, count, cap) in enumerate(ports):
+                w = count.size
+                rate[side][:w] += np.bincount(nic, weights=g, minlength=w)
+                flows[side][:w] += count
+                np.minimum(capacity[side][:w], cap, out=capacity[side][:w])
+        # a NIC port is shared max-min among its flows: it runs at its capacity unless their
+        # caps elsewhere add up to less, and its cards share that rate evenly
+        slow = None
+        for side, (nic, _, _) in enumerate(parts[at][0]):
+            per_card = np.minimum(capacity[side], rate[side])[nic] * W / flows[side][nic]
+            slow = port_m / per_card if slow is None else np.maximum(slow, port_m / per_card)
+        mine = slow.reshape(-1, S)[:cols].max(axis=1)
+        # to a fraction of _POOL_UNIT, rounded up (below 1e-9 of a whole: float noise, not a share)
+        q = np.ceil(mine * _POOL_UNIT - 1e-9).astype(np.int64)
+        slower = q > _POOL_UNIT
+        num, den = np.where(slower, q, 1), np.where(slower, _POOL_UNIT, 1)
+    num.flags.writeable = den.flags.writeable = False
+    return num, den
 
 
 _POOL_UNIT = 1 << 16
 
 
-@functools.lru_cache(maxsize=4096)
-def _shift_pooled(topo, shift: int, qp_set: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+def _pooled(num, den) -> tuple[np.ndarray, np.ndarray]:
     """A sampled shift's slowdown, the same for every card: the mean over the cards of the
     sample's per-card slowdowns, rounded up to 1/65,536 (NOTE [sampled contention at scale])."""
-    num, den = _shift_exact(topo, shift, qp_set, cols)
     q = -(-num * _POOL_UNIT // den)
     mean = -(-int(q.sum()) // q.size)
-    a, b = np.full(cols, mean, dtype=np.int64), np.full(cols, _POOL_UNIT, dtype=np.int64)
+    a, b = np.full(q.size, mean, dtype=np.int64), np.full(q.size, _POOL_UNIT, dtype=np.int64)
     a.flags.writeable = b.flags.writeable = False
     return a, b

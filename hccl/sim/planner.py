@@ -243,7 +243,8 @@ class _Engine:
             if not out[k].any():
                 continue
             if blk.shift is not None:
-                num[k], den[k] = fabric.shift_slowdown(topo, blk.shift, blk.qp_set, cols=T)
+                num[k], den[k] = fabric.shift_slowdown(topo, blk.shift, blk.qp_set, cols=T,
+                                                              in_flight=blk.in_flight)
                 continue
             row = blk.dst[k, :T]
             key = (row.tobytes(), blk.qp_set)

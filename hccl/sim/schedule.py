@@ -126,6 +126,9 @@ class Block:
         shift: for a one-row block whose every card sends to the same card of box ``b + shift``
             (a pairwise box iteration), that shift (lets the fabric time it without the rows
             of every rank); None otherwise.
+        in_flight: for a ``shift`` block, how many box iterations of its kind are on the wire
+            together (HCL's scale-out buffers; the fabric shares its links among all of them,
+            :func:`hccl.sim.fabric.shift_slowdown`); 1 otherwise.
         after: what a rank waits for before it sends this block's messages (NOTE [block
             dependencies] in :mod:`hccl.sim.planner`). None: every receive of the slice's
             previous phase (the default rule). Otherwise pairs ``(tag, back)``: the receives
@@ -137,10 +140,11 @@ class Block:
     """
 
     __slots__ = ("src", "dst", "count", "send_off", "recv_off", "reduce", "copies", "dense", "qp_set", "shift",
-                 "after", "tag")
+                 "in_flight", "after", "tag")
 
     def __init__(self, src, dst, count, send_off, recv_off, *, reduce: bool, copies=None, dense=False, qp_set=0,
-                 shift=None, after: tuple[tuple[str, int], ...] | None = None, tag: str | None = None):
+                 shift=None, in_flight: int = 1, after: tuple[tuple[str, int], ...] | None = None,
+                 tag: str | None = None):
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         shape = self.dst.shape
@@ -155,6 +159,7 @@ class Block:
         self.dense = dense
         self.qp_set = qp_set
         self.shift = shift
+        self.in_flight = in_flight
         self.after = after
         self.tag = tag
 

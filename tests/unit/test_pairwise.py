@@ -283,3 +283,112 @@ def test_new_topologies():
     assert d.fabric.nic_cards == 2 and not d.fabric.ecmp
     assert d.path_latency_ns(0, 8) == 4 * 1000 + 3 * 600 + d.fabric.host_latency_ns
     assert np.isclose(d.scale_out_card_gbps, 100.0)
+
+
+# -- box iterations in flight share the fabric -----------------------------------------------
+
+def test_in_flight_shifts_by_hand():
+    """The window of iteration k: the iterations k-w+1 .. k of its direction, kept inside 1 .. B-1."""
+    assert fabric.in_flight_shifts(10, 3, 8) == ((1, 2, 3, 4, 5, 6, 7, 8), 2)
+    assert fabric.in_flight_shifts(10, 9, 8) == ((2, 3, 4, 5, 6, 7, 8, 9), 7)
+    assert fabric.in_flight_shifts(20, 12, 8) == ((5, 6, 7, 8, 9, 10, 11, 12), 7)
+    # an all-gather's iteration 3 sends to box b - 3: shifts -1 .. -8 taken modulo B
+    assert fabric.in_flight_shifts(10, -3, 8) == ((9, 8, 7, 6, 5, 4, 3, 2), 2)
+    assert fabric.in_flight_shifts(3, 2, 8) == ((1, 2), 1)  # at most B - 1 iterations
+    for bad in (0, 10, -10, 13):
+        with pytest.raises(ValueError, match="not an iteration of 10 boxes"):
+            fabric.in_flight_shifts(10, bad, 8)
+
+
+def test_iterations_in_flight_share_the_fabric_by_hand(tmp_path):
+    """4 one-card boxes, 2 per leaf, one uplink per leaf at the port rate C.
+
+    Alone, iteration 2 (0->2, 1->3, 2->0, 3->1) puts two flows on each uplink: each at C/2,
+    every message 2x slower. With iteration 1 (0->1, 1->2, 2->3, 3->0) in flight beside it, each
+    uplink carries three flows (leaf 0 up: 1->2, 0->2, 1->3), each capped at C/3. Card 1 sends
+    two of them: its port runs at 2C/3 (1.5x slower); card 0 sends 0->1 inside the leaf at C
+    beside 0->2, so its port stays at C. Receiving, card 2 gets 1->2 and 0->2 (2C/3), card 3
+    gets 2->3 and 1->3 (C). A message is as slow as its sender's or its receiver's port:
+    0->2 1.5 (receiver), 1->3 1.5 (sender), 2->0 1.5, 3->1 1.5; of iteration 1, 0->1 and
+    2->3 at full rate, 1->2 and 3->0 1.5x slower."""
+    topo = _pods(tmp_path, uplinks=1)
+    alone = fabric.shift_slowdown(topo, 2)
+    assert list(alone[0] / alone[1]) == [2.0] * 4
+    num, den = fabric.shift_slowdown(topo, 2, in_flight=2)
+    assert list(num / den) == [1.5] * 4
+    num, den = fabric.shift_slowdown(topo, 1, in_flight=2)  # window (1, 2), the same for iteration 1
+    assert list(num / den) == [1.0, 1.5, 1.0, 1.5]
+    # the all-gather's iteration -1 (to box b - 1 = shift 3) shares with -2 (shift 2)
+    num, den = fabric.shift_slowdown(topo, -1, in_flight=2)
+    assert list(num / den) == [1.5, 1.0, 1.5, 1.0]  # 0->3 (3 receives 1->3 and 0->3, 2C/3), 1->0, 2->1, 3->2
+    assert [list(a) for a in fabric.shift_slowdown(fabric.ideal(topo), 2, in_flight=2)] == [[1] * 4, [1] * 4]
+
+
+@pytest.mark.parametrize("case", ["hls2", "dl1", "hls3-faults"])
+def test_a_window_of_one_iteration_is_the_row_model(case):
+    """The window's port arithmetic with one iteration gives the row model's per-flow charge
+    (rounded up to 1/65,536): NIC ports shared by two cards (dl1), a degraded port. A down
+    port's queue pairs move to another port of its card, where two flows of one message then
+    share a port: there the window's port may run its uncapped flow faster (never slower)."""
+    from hccl.sim.whatif import WhatIf, link_faults
+
+    if case == "hls3-faults":
+        topo = load_topology("hls3", world_size=1024)
+        topo = link_faults(topo, WhatIf(degraded_links=(("out", 5, 1, 4.0),), failed_links=(("out", 300, 2, 0),)))
+    else:
+        topo = load_topology(case, world_size=512)
+    n, L = topo.world_size, topo.cards_per_box
+    r = np.arange(n)
+    slowed = 0
+    for k in (1, 5, 17, 40, n // L - 1):
+        for qp in (0, 3):
+            dst = ((r // L + k) % (n // L)) * L + r % L
+            num, den = message_slowdown(topo, r, dst, qp)
+            wn, wd = fabric._window_exact(topo, (k,), 0, qp, n)
+            window, row = wn * 1.0 / wd, np.where(num > den, -(-num * 65536 // den) / 65536, 1.0)
+            if case == "hls3-faults":  # the messages to and from the card with the down port
+                moved = (r == 300) | (dst == 300)
+                assert np.all((window <= row)[moved]) and np.all(window >= 1)
+                window, row = window[~moved], row[~moved]
+            assert np.array_equal(window, row), (k, qp)
+            slowed += int((num > den).sum())
+    assert slowed > 0  # the rows did collide
+
+
+def test_sampled_windows_lie_among_the_far_shifts():
+    """A sampled shift's window (NOTE [sampled contention at scale]) holds only shifts that are
+    sampled themselves, keeps the shift's offset inside a pod, and is the same for every shift
+    it stands for."""
+    topo = load_topology("hls2", world_size=8 * 512)
+    B, P = 512, topo.boxes_per_leaf
+    H = -(-fabric.SAMPLE_SHIFTS // P) * P
+    for shift in list(range(1, B)) + [-k for k in range(1, B)]:
+        rep, sampled = fabric._sampling(topo, shift, 8)
+        k = shift % B
+        assert sampled == (H <= k <= B - H)
+        if not sampled:
+            assert rep == k
+            continue
+        assert rep % P == k % P
+        window, at = fabric.in_flight_shifts(B, rep if shift > 0 else rep - B, 8)
+        assert window[at] == rep and all(H <= w <= B - H for w in window), (shift, window)
+    small = load_topology("hls2", world_size=8 * 63)  # under 4H boxes: every shift exact
+    assert not any(fabric._sampling(small, s, 8)[1] for s in range(1, 63))
+
+
+def test_iterations_in_flight_hide_collisions_behind_each_other():
+    """Gaudi 3, 64 boxes (4 pods), 256 MB: ECMP costs time over an ideal fabric, but less with the
+    iterations in flight sharing it than with each iteration's collisions charged alone."""
+    topo = load_topology("hls3", world_size=512)
+    ideal = simulate("all_reduce", 256 << 20, fabric.ideal(topo), world_size=512).duration_ns
+    shared = simulate("all_reduce", 256 << 20, topo, world_size=512).duration_ns
+    real = fabric.shift_slowdown
+    try:
+        fabric.shift_slowdown = lambda *a, in_flight=1, **kw: real(*a, **kw)
+        from hccl.sim import planner
+        planner._simulate_cached.cache_clear()
+        alone = simulate("all_reduce", 256 << 20, topo, world_size=512).duration_ns
+    finally:
+        fabric.shift_slowdown = real
+        planner._simulate_cached.cache_clear()
+    assert ideal < shared < alone

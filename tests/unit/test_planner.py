@@ -148,7 +148,8 @@ def test_many_ranks_run():
     """512 ranks on 64 Gaudi2 boxes: 64 MB is one HCL slice of 128 KB per rank; its 2 x 63 box
     iterations overlap 8 at a time (HCL's scale-out buffers), so on an ideal fabric the slice
     runs at the scale-out ports' pace plus a crossing per 8 iterations, not one per iteration;
-    ECMP collisions on the uplinks between pods cost more on top."""
+    ECMP collisions on the uplinks between pods cost more on top (less than they would if the
+    iterations did not share the fabric: NOTE [box iterations in flight share the fabric])."""
     res = simulate("all_reduce", 64 * MB, ideal(HLS2), world_size=512)
     assert res.algorithm == "pairwise" and len(res.end_ns) == 512 and res.phases == 2 * 64 + 1
     spine = 4 * HLS2.nic_latency_ns + 3 * HLS2.switch_latency_ns  # a crossing between pods
@@ -157,7 +158,7 @@ def test_many_ranks_run():
     assert ports < res.duration_ns < ports + 2 * (-(-63 // 8)) * spine
     assert res.duration_ns < ports + 2 * 63 * spine / 4  # what iterations in turn would pay, far less
     assert _busbw(res, 512) < 8 * g_out
-    assert simulate("all_reduce", 64 * MB, HLS2, world_size=512).duration_ns > 1.1 * res.duration_ns
+    assert simulate("all_reduce", 64 * MB, HLS2, world_size=512).duration_ns > res.duration_ns
 
 
 def test_ragged_all2all():
@@ -236,11 +237,13 @@ def test_4096_ranks_fold_by_symmetry(monkeypatch):
     assert res.algorithm == "pairwise" and len(set(res.end_ns)) <= 128
 
 
-@pytest.mark.parametrize("fabric", ["ecmp", "ideal"])
-@pytest.mark.parametrize("nbytes", [256 * MB, 97 * MB + 12])
+@pytest.mark.parametrize("fabric,nbytes", [("ecmp", 256 * MB), ("ecmp", 255 * MB + 12), ("ideal", 256 * MB),
+                                           ("ideal", 97 * MB + 12)])
 def test_repeated_phases_skip_equals_running_them(monkeypatch, fabric, nbytes):
     """Runs of repeated box iterations applied at once (NOTE [repeated phases]) give the same
-    integers as running every phase; the skip did happen."""
+    integers as running every phase; the skip did happen. (At 97 MB + 12 on ECMP the cards
+    whose chunks are one element longer keep a pace a few percent apart for the whole
+    collective, so no period is found and every phase runs: slower, with the same integers.)"""
     topo = HLS2 if fabric == "ecmp" else ideal(HLS2)
     ran = []
     real = planner._Engine.phase

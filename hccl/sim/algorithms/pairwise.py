@@ -39,7 +39,8 @@ NOTE [HCL's pairwise box iterations]
       boxes per slice, where iterations that waited for each other paid it per box: a
       many-box all-reduce runs at its ports' pace (Intel's Network Configuration page: the
       multi-box peak of Allreduce is the box's scale-out bandwidth), and what slows it is the
-      fabric (:mod:`hccl.sim.fabric`);
+      fabric, which the iterations in flight share as one window of flows (NOTE [box
+      iterations in flight share the fabric] in :mod:`hccl.sim.fabric`);
     - slices of ``HCL_SLICE_SIZE`` (512 KB, ``hcl_global_conf.cpp``) per rank: a slice
       covers ``n x 512 KB`` of the buffer (``CommonState::calcMaxSliceCounts``: the count per
       rank is cut into ``optimalBufferCount`` pieces); slices are software pipelined as every
@@ -91,14 +92,16 @@ class _BoxPhase:
     for ranks ``0 .. T-1`` only, which the planner's rank-symmetry fold uses (NOTE [rank
     symmetry] in :mod:`hccl.sim.planner`): every part is invariant under a shift by one box."""
 
-    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set", "key", "up_after", "out_after")
+    __slots__ = ("n", "L", "table", "gather", "up_shift", "out_shift", "qp_set", "key", "up_after", "out_after",
+                 "in_flight")
 
     def __init__(self, topo, n, L, table, *, gather: bool, up_shift: int | None, out_shift: int | None,
-                 qp_set: int, up_after, out_after, gate: int):
+                 qp_set: int, up_after, out_after, gate: int, in_flight: int):
         self.n, self.L, self.table, self.gather = n, L, table, gather
+        self.in_flight = in_flight
         self.up_shift, self.out_shift, self.qp_set = up_shift, out_shift, qp_set
         self.up_after, self.out_after = up_after, out_after
-        self.key = (gate, _timing_key(topo, n // L, gather, up_shift, out_shift, qp_set))
+        self.key = (gate, _timing_key(topo, n // L, gather, up_shift, out_shift, qp_set, in_flight))
         """Phases with equal keys are timed alike on the folded ranks (NOTE [repeated phases]
         in :mod:`hccl.sim.planner`)."""
 
@@ -136,11 +139,12 @@ class _BoxPhase:
             chunk = r[None, :] if self.gather else dst
             off = start[chunk]
             out.append(Block(r, dst, length[chunk], off, off, reduce=not self.gather, dense=dense,
-                             qp_set=self.qp_set, shift=k, after=self.out_after, tag="out"))
+                             qp_set=self.qp_set, shift=k, in_flight=self.in_flight, after=self.out_after,
+                             tag="out"))
         return out
 
 
-def _timing_key(topo, B: int, gather: bool, up_shift, out_shift, qp_set: int) -> tuple:
+def _timing_key(topo, B: int, gather: bool, up_shift, out_shift, qp_set: int, in_flight: int) -> tuple:
     """What the timing of a box-iteration phase depends on, on ranks folded by whole pods: the
     in-box part's target box modulo a pod, and the scale-out shift's contention sample (which
     keeps the shift modulo a pod) when every folded rank's peer is in another pod."""
@@ -148,9 +152,10 @@ def _timing_key(topo, B: int, gather: bool, up_shift, out_shift, qp_set: int) ->
     up = None if up_shift is None else up_shift % bpl
     if out_shift is None:
         return gather, up, None
-    k = (-out_shift if gather else out_shift) % B
+    signed = -out_shift if gather else out_shift
+    k = signed % B
     far = bpl <= k <= B - bpl
-    return gather, up, ("far" if far else "near", fabric.sampled_shift(topo, k) if far else k, qp_set)
+    return gather, up, ("far" if far else "near", fabric.sampled_shift(topo, signed, in_flight) if far else k, qp_set)
 
 
 class _Table:
@@ -202,7 +207,7 @@ class Pairwise(WholeBoxes):
         return [_BoxPhase(ctx.topo, ctx.n, L, table, gather=False, up_shift=j if j < B else None,
                           out_shift=j - 1 if j >= 2 else None, qp_set=qp,
                           up_after=None if j == 0 else (("out", W),), out_after=(("up", 1), ("out", W)),
-                          gate=0 if j == 0 else 1 if j < W + 2 else 2)
+                          gate=0 if j == 0 else 1 if j < W + 2 else 2, in_flight=W)
                 for j in range(B + 1 if B > 1 else 1)]
 
     def all_gather(self, ctx: Ctx, table) -> list[Phase]:
@@ -214,7 +219,7 @@ class Pairwise(WholeBoxes):
         # part of iteration j + 1 sends this card's reduced chunk, which is ready since phase 0
         return [_BoxPhase(ctx.topo, ctx.n, L, table, gather=True, up_shift=j, out_shift=j + 1 if j + 1 < B else None,
                           qp_set=qp, up_after=None if j == 0 else (("out", 1),),
-                          out_after=None if j == 0 else (("out", W),), gate=0 if j == 0 else 2)
+                          out_after=None if j == 0 else (("out", W),), gate=0 if j == 0 else 2, in_flight=W)
                 for j in range(B)]
 
     def all_reduce(self, ctx: Ctx, s0: int, s1: int) -> list[Phase]:
