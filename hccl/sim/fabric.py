@@ -86,6 +86,7 @@ import dataclasses
 import functools
 import numbers
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -209,7 +210,8 @@ class _Flows:
         ns, nd: the NIC port each flow leaves from / arrives at (ids in ``0 .. nics-1``).
         cap_s, cap_d: the capacity of those NIC ports, milli-Gb/s (a degraded port's is lower).
         fabric: ``(ids, cross)`` for the leaf uplink and the spine downlink of each flow (ids in
-            ``0 .. width-1``; ``cross``: the flow leaves its leaf), empty without ECMP.
+            ``0 .. width-1``, ``width`` set by the topology's leaves; ``cross``: the flow leaves
+            its leaf), empty without ECMP on two tiers.
     """
 
     __slots__ = ("idx", "S", "ns", "nd", "cap_s", "cap_d", "nics", "fabric", "width", "up_m", "port_m")
@@ -251,14 +253,13 @@ class _Flows:
             bpl = topo.boxes_per_leaf
             leaf_s, leaf_d = fs // L // bpl, fd // L // bpl
             cross = leaf_s != leaf_d
-            if cross.any():
-                U = fab.leaf_uplinks
-                plane = fp % fab.planes
-                u = (ecmp_hash(fs, fd, hp, qp_set) % np.uint64(U)).astype(np.int64)
-                nleaf = int(max(leaf_s.max(), leaf_d.max())) + 1
-                self.width = fab.planes * nleaf * U
-                self.up_m = _milli(fab.uplink_gbps)
-                self.fabric = [((plane * nleaf + leaf_s) * U + u, cross), ((plane * nleaf + leaf_d) * U + u, cross)]
+            U = fab.leaf_uplinks
+            plane = fp % fab.planes
+            u = (ecmp_hash(fs, fd, hp, qp_set) % np.uint64(U)).astype(np.int64)
+            nleaf = -(-(topo.world_size // L) // bpl)  # the topology's leaves: the same ids for every call
+            self.width = fab.planes * nleaf * U
+            self.up_m = _milli(fab.uplink_gbps)
+            self.fabric = [((plane * nleaf + leaf_s) * U + u, cross), ((plane * nleaf + leaf_d) * U + u, cross)]
 
 
 def _scale_out(topo, src, dst):
@@ -375,8 +376,7 @@ def _shift_slowdown(topo, shift: int, qp_set: int, cols: int, in_flight: int):
         return one, one
     B = n // topo.cards_per_box
     if in_flight > 1 and B > 2:
-        m = k if shift > 0 else B - k  # the sample, in the direction of ``shift``
-        window, at = in_flight_shifts(B, m if shift > 0 else -m, in_flight)
+        window, at = in_flight_shifts(B, k if shift > 0 else k - B, in_flight)  # the sample, signed as ``shift``
         num, den = _window_exact(topo, window, at, qp_set, cols)
         return _pooled(num, den) if sampled else (num, den)
     if sampled:
@@ -399,17 +399,30 @@ def in_flight_shifts(B: int, shift: int, in_flight: int) -> tuple[tuple[int, ...
     return tuple((x if shift > 0 else -x) % B for x in range(start, start + w)), m - start
 
 
+class _ShiftFlows(NamedTuple):
+    """The flows of one box iteration, as :func:`_window_exact` adds them up over a window."""
+
+    ports: list
+    """Per side (leaving, arriving): ``(nic, flows, capacity)``: each flow's NIC port, the flows
+    per port, each port's least capacity (milli-Gb/s)."""
+    g_cap: np.ndarray
+    """Each flow's NIC ports' least capacity (milli-Gb/s, float)."""
+    links: list
+    """Per fabric link of a flow's path (uplink, downlink): ``(ids, load)``: each flow's link,
+    one past the last for a flow that stays in its leaf; this iteration's flows per link."""
+    up_m: int
+    """An uplink's capacity, milli-Gb/s."""
+    port_m: int
+    """A scale-out port's line rate, milli-Gb/s."""
+    S: int
+    """Flows per message (scale-out ports per card)."""
+
+
 @functools.lru_cache(maxsize=16)
-def _shift_flows(topo, shift: int, qp_set: int):
+def _shift_flows(topo, shift: int, qp_set: int) -> _ShiftFlows | None:
     """The flows of box iteration ``shift`` (every card to the same card of box ``b + shift``,
-    ``shift`` in ``1 .. B-1``), as :func:`_window_exact` sums them over a window: ``(ports,
-    g_cap, links, nics, up_m, port_m, S)`` with ``ports`` ``[(nic, flows, capacity)]`` for the
-    NIC ports flows leave and arrive at (each flow's port, flows per port, each port's least
-    capacity in milli-Gb/s), ``g_cap`` each flow's NIC ports' least capacity, ``links``
-    ``[(ids, load)]`` for its uplink and downlink (``ids``: one past the last link for a flow
-    that stays in its leaf; ``load``: this iteration's flows per link), ``nics`` the NIC port count;
-    None when no message leaves its box. Kept for a window's length of neighbouring shifts
-    (a window slides by one shift per iteration)."""
+    ``shift`` in ``1 .. B-1``); None when no message leaves its box. Kept for a window's length
+    of neighbouring shifts (a window slides by one shift per iteration)."""
     n, L = topo.world_size, topo.cards_per_box
     r = np.arange(n, dtype=np.int64)
     dst = ((r // L + shift) % (n // L)) * L + r % L
@@ -420,15 +433,16 @@ def _shift_flows(topo, shift: int, qp_set: int):
     if fl.idx.size != n:  # a shift's messages all leave their box (checked, as the window relies on it)
         raise AssertionError(f"box shift {shift}: {n - fl.idx.size} messages stay in their box")
     g_cap = np.minimum(np.broadcast_to(fl.cap_s, fl.ns.shape), np.broadcast_to(fl.cap_d, fl.nd.shape)).astype(np.float64)
-    # a flow that stays in its leaf points at one past the links (an unlimited share)
     links = [(np.where(cross, ids, fl.width).astype(np.int32), np.bincount(ids[cross], minlength=fl.width))
              for ids, cross in fl.fabric]
-    ports = []  # per side (leaving, arriving): each NIC port's flows and least capacity
+    # every card is a sender and a receiver, so the NIC ports are the same for every shift
+    nics = fl.nics
+    ports = []
     for nic, cap in ((fl.ns, fl.cap_s), (fl.nd, fl.cap_d)):
-        capacity = np.full(fl.nics, np.iinfo(np.int64).max, dtype=np.int64)
+        capacity = np.full(nics, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(capacity, nic, np.broadcast_to(cap, nic.shape))
-        ports.append((nic, np.bincount(nic, minlength=fl.nics), capacity))
-    return ports, g_cap, links, fl.nics, fl.up_m, fl.port_m, fl.S
+        ports.append((nic, np.bincount(nic, minlength=nics), capacity))
+    return _ShiftFlows(ports, g_cap, links, fl.up_m, fl.port_m, fl.S)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -440,38 +454,29 @@ def _window_exact(topo, window: tuple[int, ...], at: int, qp_set: int, cols: int
     num, den = np.ones(cols, dtype=np.int64), np.ones(cols, dtype=np.int64)
     parts = [_shift_flows(topo, k, qp_set) for k in window]
     if parts[at] is not None:  # (the shifts of a window have flows alike: all or none)
-        nics = max(p[3] for p in parts)
-        up_m, port_m, S = parts[0][4:7]
-        # the window's flows per fabric link: every iteration's load added up
-        loads = []
-        for j in range(len(parts[0][2])):
-            width = max(p[2][j][1].size for p in parts)
-            total = np.zeros(width, dtype=np.int64)
-            for p in parts:
-                total[:p[2][j][1].size] += p[2][j][1]
-            loads.append(total)
-        shares = [np.append(up_m / np.maximum(total, 1), np.inf) for total in loads]
+        first = parts[0]
+        # the window's flows per fabric link (every iteration's load added up) and each link's
+        # equal share, with an unlimited one past the last link for flows that stay in a leaf
+        shares = [np.append(first.up_m / np.maximum(sum(p.links[j][1] for p in parts), 1), np.inf)
+                  for j in range(len(first.links))]
         # each flow's cap outside its NIC ports: its NIC ports' line rates, the fabric links'
         # equal shares; then per NIC port, the flows' caps added up and the flows counted
-        rate = [np.zeros(nics), np.zeros(nics)]
-        flows = [np.zeros(nics, dtype=np.int64), np.zeros(nics, dtype=np.int64)]
-        capacity = [np.full(nics, np.iinfo(np.int64).max, dtype=np.int64) for _ in range(2)]
-        for ports, g_cap, links, *_ in parts:
-            g = g_cap
-            for (ids, _), share in zip(links, shares):
+        rate = [0.0, 0.0]
+        for p in parts:
+            g = p.g_cap
+            for (ids, _), share in zip(p.links, shares):
                 g = np.minimum(g, share[ids])
-            for side, (nic, count, cap) in enumerate(ports):
-                w = count.size
-                rate[side][:w] += np.bincount(nic, weights=g, minlength=w)
-                flows[side][:w] += count
-                np.minimum(capacity[side][:w], cap, out=capacity[side][:w])
+            for side, (nic, _, cap) in enumerate(p.ports):
+                rate[side] = rate[side] + np.bincount(nic, weights=g, minlength=cap.size)
         # a NIC port is shared max-min among its flows: it runs at its capacity unless their
         # caps elsewhere add up to less, and its cards share that rate evenly
         slow = None
-        for side, (nic, _, _) in enumerate(parts[at][0]):
-            per_card = np.minimum(capacity[side], rate[side])[nic] * W / flows[side][nic]
-            slow = port_m / per_card if slow is None else np.maximum(slow, port_m / per_card)
-        mine = slow.reshape(-1, S)[:cols].max(axis=1)
+        for side, (nic, _, _) in enumerate(parts[at].ports):
+            flows = sum(p.ports[side][1] for p in parts)
+            capacity = np.minimum.reduce([p.ports[side][2] for p in parts])
+            per_card = np.minimum(capacity, rate[side])[nic] * W / flows[nic]
+            slow = first.port_m / per_card if slow is None else np.maximum(slow, first.port_m / per_card)
+        mine = slow.reshape(-1, first.S)[:cols].max(axis=1)
         # to a fraction of _POOL_UNIT, rounded up (below 1e-9 of a whole: float noise, not a share)
         q = np.ceil(mine * _POOL_UNIT - 1e-9).astype(np.int64)
         slower = q > _POOL_UNIT

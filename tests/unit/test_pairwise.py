@@ -376,19 +376,18 @@ def test_sampled_windows_lie_among_the_far_shifts():
     assert not any(fabric._sampling(small, s, 8)[1] for s in range(1, 63))
 
 
-def test_iterations_in_flight_hide_collisions_behind_each_other():
+def test_iterations_in_flight_hide_collisions_behind_each_other(monkeypatch):
     """Gaudi 3, 64 boxes (4 pods), 256 MB: ECMP costs time over an ideal fabric, but less with the
     iterations in flight sharing it than with each iteration's collisions charged alone."""
+    from hccl.sim import planner
+
     topo = load_topology("hls3", world_size=512)
+    planner._simulate_cached.cache_clear()
     ideal = simulate("all_reduce", 256 << 20, fabric.ideal(topo), world_size=512).duration_ns
     shared = simulate("all_reduce", 256 << 20, topo, world_size=512).duration_ns
     real = fabric.shift_slowdown
-    try:
-        fabric.shift_slowdown = lambda *a, in_flight=1, **kw: real(*a, **kw)
-        from hccl.sim import planner
-        planner._simulate_cached.cache_clear()
-        alone = simulate("all_reduce", 256 << 20, topo, world_size=512).duration_ns
-    finally:
-        fabric.shift_slowdown = real
-        planner._simulate_cached.cache_clear()
+    monkeypatch.setattr(fabric, "shift_slowdown", lambda *a, in_flight=1, **kw: real(*a, **kw))
+    planner._simulate_cached.cache_clear()
+    alone = simulate("all_reduce", 256 << 20, topo, world_size=512).duration_ns
+    planner._simulate_cached.cache_clear()
     assert ideal < shared < alone
