@@ -16,7 +16,12 @@ NOTE [planning slower ranks]
     once: after :data:`~hccl.sim.cluster.ALIGN_STEP` steps every rank enters a barrier, which
     also makes its host wait for its streams (``models.train`` does it when the cluster has
     variability or what-ifs). The step after the barrier holds its wait; from the next one on,
-    a live run with the same seed gives the same integers.
+    a live run with the same seed gives the same integers. The barrier also drains every
+    rank's pipeline: a steady step starts with the host ahead of its device (the device still
+    running the last step's graphs while the host records the next), and that lead takes a step
+    or two to build again, so the :data:`SETTLE_STEPS` steps after the barrier's are replayed
+    but not kept either: kept, they would charge each point a start-up transient that depends on
+    its buckets (NOTE [the steps after the barrier]).
     Beyond, two ranks are replayed in lock step: rank 0 with its own factors, and a stand-in
     for all the others whose factor in each step is the largest of theirs (NOTE [the slowest
     of n, at scale] in :mod:`hccl.sim.variability`); every collective starts when the later of
@@ -24,6 +29,23 @@ NOTE [planning slower ranks]
     up to :data:`LOCKSTEP_RANKS`. The simplification: the stand-in is the slowest rank in every
     step, so its own slack (a rank that was fast in the previous step starts early) is not
     there; rank 0 waits for it at least as long as for the slowest real rank.
+
+NOTE [the steps after the barrier]
+    In a steady lazy-mode step the host is ahead of its device: it records the next step's
+    forward while the device runs the last step's optimizer graph, and with variability a rank
+    waits at each bucket's allreduce for ranks whose hosts lag. The alignment barrier drains all
+    of it (every host waits for its streams), so the first steps after it are shorter or longer
+    than a steady step by an amount that depends on how the step is cut into graphs, that is on
+    the buckets. Measured on ResNet-50 (batch 256, lazy mode, torch's SGD, Gaudi2, hls2):
+    with a constant slow card (``--slow-card 3:1.1``, 8 cards) and DDP's default buckets the
+    step after the barrier's is 85.430 ms and every later one 93.699 ms, while with one bucket
+    every step is 93.659 ms; with the calibrated variability on 64 cards (seeds 0-7), one bucket's
+    step minus DDP's default's is 1.7-9.2 ms in that first step and up to 9.9 ms in the second,
+    then within about 0.5 ms either way. Kept in a mean of 16 steps, that transient charged one
+    bucket 0.2-0.9% more than DDP's default at 64 cards, enough to turn the bucket study's
+    answer. So :data:`SETTLE_STEPS` = 2 steps after the one holding the barrier's wait are
+    replayed and dropped; a live run's summary keeps every step, and its steps from
+    :data:`WARMUP` on are the planned samples.
 """
 
 from __future__ import annotations
@@ -37,12 +59,16 @@ from .cluster import ALIGN_STEP
 from .timing import collective_times
 from .variability import OFF, rank_slowdown, slowest_ppm
 
-__all__ = ["LOCKSTEP_RANKS", "WARMUP", "DEFAULT_STEPS", "plan_steps"]
+__all__ = ["LOCKSTEP_RANKS", "SETTLE_STEPS", "WARMUP", "DEFAULT_STEPS", "plan_steps"]
 
 LOCKSTEP_RANKS = 8
 """Largest world size planned rank by rank (a live job on this machine has at most this many)."""
-WARMUP = ALIGN_STEP + 1
-"""Steps replayed before the samples: up to the alignment, and the step holding it."""
+SETTLE_STEPS = 2
+"""Steps after the one holding the alignment barrier's wait that are replayed but not kept
+(NOTE [the steps after the barrier])."""
+WARMUP = ALIGN_STEP + 1 + SETTLE_STEPS
+"""Steps replayed before the samples: up to the alignment, the step holding it, and
+:data:`SETTLE_STEPS` more. A live run's steps from this index on are the planned samples."""
 DEFAULT_STEPS = 16
 """Sampled steps when the caller does not say."""
 _WAIT_S = 300.0

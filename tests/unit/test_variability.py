@@ -111,3 +111,28 @@ def test_link_faults_follow_hcl():
         link_faults(hls2, WhatIf.parse(degraded_links=["3-9:2"]))
     with pytest.raises(ValueError, match="outside the job"):
         link_faults(hls2, WhatIf.parse(degraded_links=["99/0:2"]))
+
+
+def test_kept_steps_start_once_the_pipeline_has_refilled(monkeypatch):
+    """NOTE [the steps after the barrier]: with a constant slow card (rank 1 at 1.5x) every
+    steady step is the same, yet the step right after the one holding the barrier's wait is
+    not (the barrier drained the host's lead over its device). The planner keeps its samples
+    from WARMUP on, and every kept step is then the steady one, at either bucket cap."""
+    from hccl.sim import straggler_plan
+    from hccl.sim.ddp_plan import plan_ddp_step
+    from hpu_runtime.device.spec import get_device_spec
+    from hpu_runtime.tools.tracing import trace_step
+    from models.zoo import resolve_factory
+
+    assert straggler_plan.WARMUP == cluster.ALIGN_STEP + 1 + straggler_plan.SETTLE_STEPS
+    trace = trace_step(resolve_factory("mlp"), 8, spec=get_device_spec("gaudi2"))
+    slow = WhatIf.parse(slow_cards=["1:1.5"])
+    for cap in (0.01, 100):
+        kept = plan_ddp_step(trace, world_size=2, topology="hls2", bucket_cap_mb=cap, whatif=slow, steps=4)
+        steps = {t.step_ns for t in kept.samples}
+        assert len(kept.samples) == 4 and len(steps) == 1, (cap, steps)
+        monkeypatch.setattr(straggler_plan, "WARMUP", cluster.ALIGN_STEP + 1)  # keep the settling steps too
+        early = plan_ddp_step(trace, world_size=2, topology="hls2", bucket_cap_mb=cap, whatif=slow, steps=4)
+        monkeypatch.undo()
+        assert early.samples[0].step_ns not in steps  # the transient the settling steps leave out
+        assert early.samples[-1].step_ns in steps
