@@ -16,6 +16,7 @@ in a worker after the device may exist.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from pathlib import Path
 
 from ..device.spec import DeviceSpec, get_device_spec
 from .fallback import FallbackPolicy
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["CARDS_PER_BOX", "RECIPE_CACHE_ENV", "RecipeCacheConfig", "RuntimeConfig", "parse_recipe_cache_config",
            "visible_modules"]
@@ -204,6 +207,10 @@ class RuntimeConfig:
     gpu_migration_log_dir: str | None = None
     """Where the toolkit logs its conversions: ``$HABANA_LOGS/gpu_migration_logs`` (``HABANA_LOGS``
     defaulting to ``~/.habana_logs``) when ``GPU_MIGRATION_LOG_LEVEL`` is set and not 0; None: no log."""
+    recipe_lru_max: int | None = None
+    """``HABANA_PGM_LRU_MAX``: recipes the in-memory recipe cache keeps (at least 3, as the bridge
+    raises a smaller number); None: the bridge's bound for the mode (NOTE [the recipe cache's
+    LRU] in :mod:`hpu_runtime.bridge.recipe_cache`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_compound_ops, int) or isinstance(self.max_compound_ops, bool) \
@@ -215,6 +222,9 @@ class RuntimeConfig:
             raise ValueError(f"HPU_DEVICE_SPEC={self.device_spec!r}: {exc}") from None
         if self.recipe_cache is not None and not isinstance(self.recipe_cache, RecipeCacheConfig):
             raise ValueError(f"{RECIPE_CACHE_ENV}: expected a RecipeCacheConfig, got {self.recipe_cache!r}")
+        if self.recipe_lru_max is not None and (not isinstance(self.recipe_lru_max, int)
+                                                or isinstance(self.recipe_lru_max, bool) or self.recipe_lru_max < 3):
+            raise ValueError(f"HABANA_PGM_LRU_MAX={self.recipe_lru_max!r} must be an integer >= 3")
         if any(not isinstance(n, str) or not n or "::" in n for n in self.place_on_cpu):
             raise ValueError(f"PT_HPU_PLACE_ON_CPU: op names must be short names such as 'digamma', "
                              f"got {sorted(self.place_on_cpu)!r}")
@@ -236,6 +246,10 @@ class RuntimeConfig:
         if migration_log < 0:
             raise ValueError(f"GPU_MIGRATION_LOG_LEVEL={migration_log} must be 0 (no log) or more")
         logs = env.get("HABANA_LOGS", "").strip() or os.path.join(os.path.expanduser("~"), ".habana_logs")
+        lru_max = _int(env, "HABANA_PGM_LRU_MAX", 0) if env.get("HABANA_PGM_LRU_MAX", "").strip() else None
+        if lru_max is not None and lru_max < 3:  # as RecipeCacheLRU's constructor does
+            logger.warning("HABANA_PGM_LRU_MAX=%d: the recipe cache keeps at least 3 recipes; using 3", lru_max)
+            lru_max = 3
         level = _int(env, "LOG_LEVEL_PT_FALLBACK", 6)
         if not 0 <= level <= 6:
             raise ValueError(f"LOG_LEVEL_PT_FALLBACK={level} must be a Gaudi log level, 0 to 6")
@@ -252,12 +266,21 @@ class RuntimeConfig:
             gpu_migration=_bool(env, "PT_HPU_GPU_MIGRATION", False),
             gpu_migration_fp16_to_bf16=_bool(env, "PT_HPU_CONVERT_FP16_TO_BF16_FOR_MIGRATION", False),
             gpu_migration_log_dir=os.path.join(logs, "gpu_migration_logs") if migration_log else None,
+            recipe_lru_max=lru_max,
         )
 
     @property
     def spec(self) -> DeviceSpec:
         """The :class:`~hpu_runtime.device.spec.DeviceSpec` named by ``device_spec``."""
         return get_device_spec(self.device_spec)
+
+    @property
+    def max_recipes(self) -> int:
+        """Recipes the in-memory recipe cache keeps: ``HABANA_PGM_LRU_MAX``, else the bridge's
+        bound for the mode (30,000 in lazy mode, 100,000 in eager and torch.compile mode)."""
+        from .recipe_cache import default_max_recipes
+
+        return self.recipe_lru_max if self.recipe_lru_max is not None else default_max_recipes(self.lazy)
 
     @property
     def fallback(self) -> FallbackPolicy:

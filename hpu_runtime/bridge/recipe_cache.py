@@ -6,11 +6,28 @@ counting hits and misses. If a :class:`~hpu_runtime.bridge.recipe_disk.DiskRecip
 attached and the caller gives a stable digest of the key, a memory miss falls through to
 the disk level (its snapshot, NOTE [disk recipe cache protocol]) and every insert is also
 stored on disk.
+
+NOTE [the recipe cache's LRU]
+Gaudi's bridge keeps its in-memory recipes in an LRU of at most 30,000 recipes in lazy mode and
+100,000 in eager and torch.compile mode, a number ``HABANA_PGM_LRU_MAX`` replaces (raised to 3
+if smaller); inserting into a full cache first drops the least recently used recipe, and a hit
+makes a recipe the most recently used (HabanaAI/gaudi-pytorch-bridge,
+``backend/kernel/hpu_recipe_cache.h``: ``PGM_LRU_MAX_LAZY_NRECIPES``,
+``PGM_LRU_MAX_EAGER_NRECIPES``, ``PGM_LRU_MIN_NRECIPES``; ``backend/kernel/hpu_recipe_cache.cpp``:
+``RecipeCacheLRU::insert``, ``get``, the constructor). :class:`RecipeCache` does the same, so a
+dropped recipe that is needed again is a miss, compiled and charged again, as on Gaudi. The
+bound matters in eager mode: a Python number the eager bridge hashes into an op's key (torch's
+Adam passes its step size, new every step, as ``addcdiv_``'s ``value``: NOTE [scalars as graph
+inputs] in :mod:`hpu_runtime.bridge.graph_key`) makes a new recipe every step, and an unbounded
+cache grew by about 8.5 MB per 1,000 steps of the README's digits MLP (6 new recipes a step).
+Not modelled: the bridge also drops recipes while the host's memory is above a threshold
+(``PT_HPU_HOST_MEMORY_THRESHOLD_PERCENT``, 90%), and never drops a recipe in use.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -18,7 +35,21 @@ from .config import RecipeCacheConfig
 from .recipe import Recipe
 from .recipe_disk import DiskRecipeCache
 
-__all__ = ["Recipe", "RecipeCache", "RecipeCacheStats"]
+__all__ = ["MAX_EAGER_RECIPES", "MAX_LAZY_RECIPES", "MIN_RECIPES", "Recipe", "RecipeCache", "RecipeCacheStats",
+           "default_max_recipes"]
+
+MAX_LAZY_RECIPES = 30_000
+"""Recipes Gaudi's bridge keeps in memory in lazy mode (NOTE [the recipe cache's LRU])."""
+MAX_EAGER_RECIPES = 100_000
+"""Recipes it keeps in eager and torch.compile mode (same note)."""
+MIN_RECIPES = 3
+"""The least ``HABANA_PGM_LRU_MAX`` can make it keep (same note)."""
+
+
+def default_max_recipes(lazy: bool) -> int:
+    """The recipes an in-memory cache keeps when ``HABANA_PGM_LRU_MAX`` is unset: lazy mode's
+    bound, or eager and torch.compile mode's."""
+    return MAX_LAZY_RECIPES if lazy else MAX_EAGER_RECIPES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,6 +64,8 @@ class RecipeCacheStats:
     """The subset of ``hits`` answered from disk."""
     entries: int
     """Recipes held in memory."""
+    evictions: int = 0
+    """Recipes dropped from memory to make room (NOTE [the recipe cache's LRU])."""
 
 
 class RecipeCache:
@@ -46,29 +79,53 @@ class RecipeCache:
 
     Args:
         disk: disk level, or None for memory only.
+        max_recipes: recipes kept in memory, the least recently used dropped first (NOTE [the
+            recipe cache's LRU]); default lazy mode's bound.
+
+    Raises:
+        ValueError: ``max_recipes`` not an integer of at least :data:`MIN_RECIPES`.
     """
 
-    def __init__(self, *, disk: DiskRecipeCache | None = None) -> None:
+    def __init__(self, *, disk: DiskRecipeCache | None = None, max_recipes: int = MAX_LAZY_RECIPES) -> None:
+        if not isinstance(max_recipes, int) or isinstance(max_recipes, bool) or max_recipes < MIN_RECIPES:
+            raise ValueError(f"RecipeCache: max_recipes must be an integer >= {MIN_RECIPES}, got {max_recipes!r}")
         self.disk = disk
-        self._entries: dict[Hashable, Recipe] = {}
+        self.max_recipes = max_recipes
+        self._entries: OrderedDict[Hashable, Recipe] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
         self._disk_hits = 0
+        self._evictions = 0
 
     @classmethod
-    def from_config(cls, config: RecipeCacheConfig | None) -> RecipeCache:
-        """A memory cache over a new disk level of ``config`` (memory only if None)."""
-        return cls() if config is None else cls(disk=DiskRecipeCache(config))
+    def from_config(cls, config: RecipeCacheConfig | None, *, max_recipes: int = MAX_LAZY_RECIPES) -> RecipeCache:
+        """A memory cache of ``max_recipes`` over a new disk level of ``config`` (memory only if None)."""
+        return cls(max_recipes=max_recipes) if config is None else cls(disk=DiskRecipeCache(config),
+                                                                       max_recipes=max_recipes)
 
     def memory_hit(self, key: Hashable) -> Recipe | None:
-        """The recipe of a graph key if memory holds it, counted as a hit; None otherwise, with
-        nothing counted (the caller goes on to :meth:`lookup`, which counts the miss)."""
+        """The recipe of a graph key if memory holds it, counted as a hit and made the most
+        recently used; None otherwise, with nothing counted (the caller goes on to
+        :meth:`lookup`, which counts the miss)."""
         with self._lock:
             recipe = self._entries.get(key)
             if recipe is not None:
                 self._hits += 1
+                self._entries.move_to_end(key)
             return recipe
+
+    def _keep(self, key: Hashable, recipe: Recipe) -> None:
+        """Hold ``recipe`` as the most recently used, dropping the least recently used ones
+        while memory is full (NOTE [the recipe cache's LRU]); the caller holds the lock."""
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+        else:
+            while len(entries) >= self.max_recipes:
+                entries.popitem(last=False)
+                self._evictions += 1
+        entries[key] = recipe
 
     def lookup(self, key: Hashable, *, digest: bytes | Callable[[], bytes] | None = None
                ) -> Recipe | None:
@@ -89,7 +146,7 @@ class RecipeCache:
             recipe = self.disk.lookup(digest() if callable(digest) else digest)
             if recipe is not None:
                 with self._lock:
-                    self._entries[key] = recipe
+                    self._keep(key, recipe)
                     self._hits += 1
                     self._disk_hits += 1
                 return recipe
@@ -102,7 +159,7 @@ class RecipeCache:
         """Remember a freshly compiled recipe; also hand it to the disk level if a digest is
         given (published to the directory at ``flush()``/``close()``/exit)."""
         with self._lock:
-            self._entries[key] = recipe
+            self._keep(key, recipe)
         if self.disk is not None and digest is not None:
             self.disk.store_async(digest() if callable(digest) else digest, recipe)
 
@@ -127,13 +184,13 @@ class RecipeCache:
     def stats(self) -> RecipeCacheStats:
         """Snapshot of the counters."""
         with self._lock:
-            return RecipeCacheStats(hits=self._hits, misses=self._misses,
-                                    disk_hits=self._disk_hits, entries=len(self._entries))
+            return RecipeCacheStats(hits=self._hits, misses=self._misses, disk_hits=self._disk_hits,
+                                    entries=len(self._entries), evictions=self._evictions)
 
     def reset_stats(self) -> None:
-        """Zero the hit/miss counters (entries are kept)."""
+        """Zero the hit/miss/eviction counters (entries are kept)."""
         with self._lock:
-            self._hits = self._misses = self._disk_hits = 0
+            self._hits = self._misses = self._disk_hits = self._evictions = 0
 
     def clear(self) -> None:
         """Forget the in-memory entries (the disk level is untouched)."""

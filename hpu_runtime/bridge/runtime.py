@@ -29,8 +29,8 @@ _device_lock = threading.Lock()
 _disk: tuple[RecipeCacheConfig | None, DiskRecipeCache | None] | None = None
 
 
-def _recipe_cache(cfg: RecipeCacheConfig | None) -> RecipeCache:
-    """A fresh in-memory cache over the (shared, long-lived) disk level of ``cfg``.
+def _recipe_cache(cfg: RecipeCacheConfig | None, max_recipes: int) -> RecipeCache:
+    """A fresh in-memory cache of ``max_recipes`` over the (shared, long-lived) disk level of ``cfg``.
 
     The disk level is opened once per configuration, so its snapshot (what counts as a disk
     hit, see NOTE [disk recipe cache protocol]) survives ``reset_device``; this process's
@@ -41,11 +41,11 @@ def _recipe_cache(cfg: RecipeCacheConfig | None) -> RecipeCache:
         if _disk is not None and _disk[1] is not None:
             _disk[1].close()
         _disk = (cfg, None if cfg is None else DiskRecipeCache(cfg))
-    return RecipeCache(disk=_disk[1])
+    return RecipeCache(disk=_disk[1], max_recipes=max_recipes)
 
 
 def _device_kwargs(cfg: RuntimeConfig) -> dict:
-    return dict(lazy=cfg.lazy, max_compound_ops=cfg.max_compound_ops, recipes=_recipe_cache(cfg.recipe_cache),
+    return dict(lazy=cfg.lazy, max_compound_ops=cfg.max_compound_ops, recipes=_recipe_cache(cfg.recipe_cache, cfg.max_recipes),
                 fallback=cfg.fallback)
 
 
@@ -68,7 +68,7 @@ def get_device() -> SimDevice:
 
     Reads :class:`~hpu_runtime.bridge.config.RuntimeConfig` (``PT_HPU_LAZY_MODE``,
     ``PT_HPU_MAX_COMPOUND_OP_SIZE``, ``HPU_DEVICE_SPEC``, ``PT_HPU_RECIPE_CACHE_CONFIG``,
-    the CPU-fallback variables, ``PT_HPU_AUTOCAST_FP32_ON_HOST``) once.
+    ``HABANA_PGM_LRU_MAX``, the CPU-fallback variables, ``PT_HPU_AUTOCAST_FP32_ON_HOST``) once.
 
     Raises:
         ValueError: a malformed environment variable, naming it.

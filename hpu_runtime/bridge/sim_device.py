@@ -42,7 +42,7 @@ from ..device.timeline import StepTimes, Stream, TraceEvent
 from .fallback import FallbackPolicy
 from .launcher import CapturedGraph, GraphInfo, Launcher
 from .op_accounting import OpAccounting, OpEntry
-from .recipe_cache import RecipeCache
+from .recipe_cache import RecipeCache, default_max_recipes
 
 __all__ = ["GraphInfo", "SimDevice", "StepTimes", "Stream"]
 
@@ -72,7 +72,8 @@ class SimDevice:
             each op on its own.
         max_compound_ops: launch the pending graph once it holds this many ops
             (``PT_HPU_MAX_COMPOUND_OP_SIZE``; 0 = unlimited).
-        recipes: the recipe cache (default: memory only).
+        recipes: the recipe cache (default: memory only, holding the bridge's number of recipes
+            for the mode: NOTE [the recipe cache's LRU] in :mod:`hpu_runtime.bridge.recipe_cache`).
         fallback: CPU-fallback policy (default: none beyond the dtypes and ops Gaudi lacks).
 
     Attributes:
@@ -108,7 +109,8 @@ class SimDevice:
         self.hbm = HBMModel.from_spec(spec)
         self.residency = Residency(self.hbm)
         self.card = Card(spec)
-        self.launcher = Launcher(spec, self.card, recipes if recipes is not None else RecipeCache(),
+        self.launcher = Launcher(spec, self.card,
+                                 recipes if recipes is not None else RecipeCache(max_recipes=default_max_recipes(lazy)),
                                  lazy=lazy, max_compound_ops=max_compound_ops)
         self.ops = OpAccounting(spec, self.residency, self.card, self.launcher,
                                 fallback if fallback is not None else FallbackPolicy(), self.lock)

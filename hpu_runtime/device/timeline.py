@@ -10,11 +10,16 @@ simulated nanoseconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STREAMS", "Stream", "StepTimes", "TraceEvent", "step_breakdown"]
+__all__ = ["FOLD_AT", "STREAMS", "Stream", "StepTimes", "TraceEvent", "busy", "step_breakdown"]
+
+
+FOLD_AT = 4096
+"""Intervals a stream holds before its card folds the settled ones into the open step's totals
+(NOTE [a long step window, folded] in :mod:`hpu_runtime.device.card`)."""
 
 
 @dataclass(slots=True)
@@ -22,13 +27,16 @@ class Stream:
     """A simulated device queue: when it is next free, and its busy intervals (ns).
 
     ``trace``, when a list, also receives every span as ``(stream, start, dur, label)``
-    (kept for the whole run, unlike ``intervals`` which steps trim).
+    (kept for the whole run, unlike ``intervals`` which steps trim). ``on_full``, when set, is
+    called once ``intervals`` holds more than ``fold_at`` spans (the card folds them).
     """
 
     name: str
     free_ns: int = 0
     intervals: list[tuple[int, int, str]] = field(default_factory=list)
     trace: list | None = None
+    fold_at: int = FOLD_AT
+    on_full: Callable[[], None] | None = None
 
     def run(self, ready_ns: int, duration_ns: int, label: str, args: dict | None = None) -> tuple[int, int]:
         """Enqueue work ready at ``ready_ns``; returns its (start, end) in simulated ns.
@@ -38,6 +46,8 @@ class Stream:
         self.free_ns = end
         if duration_ns > 0:
             self.intervals.append((start, end, label))
+            if self.on_full is not None and len(self.intervals) > self.fold_at:
+                self.on_full()
             if self.trace is not None:
                 self.trace.append((self.name, start, duration_ns, label) if args is None
                                   else (self.name, start, duration_ns, label, args))
@@ -106,12 +116,18 @@ def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
     return total
 
 
-def step_breakdown(compute: Stream, collective: Stream, lo: int, hi: int, host_ns: int) -> StepTimes:
-    """The breakdown of the window ``[lo, hi)`` (simulated ns) from the streams' intervals."""
+def busy(compute: Stream, collective: Stream, lo: int, hi: int) -> tuple[int, int, int]:
+    """Within ``[lo, hi)`` (simulated ns): the time the compute stream was busy, the time the
+    collective stream was busy, and the collective time not under compute (exposed)."""
     comp = _union(_clip(compute.intervals, lo, hi))
     comm = _union(_clip(collective.intervals, lo, hi))
-    return StepTimes(step_ns=hi - lo, compute_ns=_length(comp), comm_ns=_length(comm),
-                     exposed_comm_ns=_subtract(comm, comp), host_ns=host_ns)
+    return _length(comp), _length(comm), _subtract(comm, comp)
+
+
+def step_breakdown(compute: Stream, collective: Stream, lo: int, hi: int, host_ns: int) -> StepTimes:
+    """The breakdown of the window ``[lo, hi)`` (simulated ns) from the streams' intervals."""
+    comp, comm, exposed = busy(compute, collective, lo, hi)
+    return StepTimes(step_ns=hi - lo, compute_ns=comp, comm_ns=comm, exposed_comm_ns=exposed, host_ns=host_ns)
 
 
 STREAMS: tuple[str, ...] = ("host", "compute", "collective")

@@ -110,3 +110,76 @@ def test_lazy_collective_runs_inside_the_graph():
     t = d.end_step()
     assert t.compute_ns == 10_000 + 5_000 + 20_000
     assert t.exposed_comm_ns == 50_000 - 5_000
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_long_step_window_is_folded_to_the_same_breakdown(lazy, monkeypatch):
+    """NOTE [a long step window, folded]: a window of 1,000 graphs and 334 collectives (some
+    hidden under later graphs, some not) has the same breakdown, step by step, on a card that
+    folds its intervals every 16 as on one that never folds (the reference); the folding card
+    holds few intervals."""
+    import random
+
+    from hpu_runtime.device import card as card_mod
+    from hpu_runtime.device import timeline
+
+    def run(fold: bool):
+        d = _dev(lazy=lazy, host_op_ns=3_000, graph_launch_ns=5_000)
+        for s in (d.card.compute, d.card.collective):
+            s.fold_at, s.on_full = (16, s.on_full) if fold else (16, None)
+        rng = random.Random(7)
+        times, most = [], 0
+        for _ in range(3):
+            d.begin_step()
+            for i in range(1000):
+                d.record_op(_op(rng.choice((1_000, 9_000, 40_000))))
+                if i % 3 == 0:
+                    ready = d.collective_ready_ns()
+                    d.record_collective("allreduce", ready, ready + rng.choice((2_000, 60_000)))
+                d.launch()
+                most = max(most, len(d.card.compute.intervals), len(d.card.collective.intervals))
+            times.append(d.end_step())
+        return times, most
+
+    monkeypatch.setattr(card_mod, "FOLD_AT", 16)
+    folded, most = run(True)
+    reference, held = run(False)
+    assert folded == reference
+    assert all(t.exposed_comm_ns > 0 and t.comm_ns > t.exposed_comm_ns for t in reference)
+    assert held >= 1000 and most <= 40, (held, most)
+    assert timeline.FOLD_AT >= 1000  # real windows fold only when long
+
+
+def test_the_kernels_eager_launches_fold_a_step_that_never_ends(monkeypatch):
+    """A script that never closes a step (no ``end_step``: a user's own loop) keeps few
+    intervals when the kernel launches its eager ops (``eager_launch`` checks the stream's
+    ``fold_at`` as ``Stream.run`` does), and the step closed at last is the one a card that
+    never folds reports (the reference)."""
+    import torch
+
+    import hpu_runtime as hpu
+    from hpu_runtime.device import card as card_mod
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    monkeypatch.setattr(card_mod, "FOLD_AT", 8)
+
+    def run(fold: bool):
+        dev = hpu.reset_device("gaudi2")
+        dev.card.compute.fold_at = 8
+        if not fold:
+            dev.card.compute.on_full = None
+        x = torch.ones(1 << 20, device="hpu")
+        most = 0
+        for _ in range(100):
+            x = x * 1.5 + 1.0
+            most = max(most, len(dev.card.compute.intervals))
+        return dev.end_step(), most, dev.launcher.graphs_launched
+
+    try:
+        folded, most, launches = run(True)
+        reference, held, _ = run(False)
+    finally:
+        monkeypatch.delenv("PT_HPU_LAZY_MODE")
+        hpu.reset_device("gaudi2")
+    assert folded == reference and reference.compute_ns > 0
+    assert launches >= 200 and held >= 200 and most <= 20, (launches, held, most)

@@ -131,6 +131,87 @@ def test_memory_hits_and_misses():
     assert key in cache and len(cache) == 1
 
 
+def test_memory_keeps_the_most_recently_used_recipes():
+    """NOTE [the recipe cache's LRU], worked out by hand: with room for 3 recipes, a 4th drops
+    the least recently used one, and a hit (memory_hit, or lookup) makes a recipe the most
+    recently used."""
+    cache = RecipeCache(max_recipes=3)
+    k = [(("aten.mm", (i, 4), "bf16"),) for i in range(5)]
+    for i in range(3):
+        cache.insert(k[i], _recipe(i + 1))
+    assert cache.memory_hit(k[0]) == _recipe(1)  # least to most recent: k1, k2, k0
+    cache.insert(k[3], _recipe(4))  # drops k1
+    assert [key in cache for key in k] == [True, False, True, True, False]
+    assert cache.lookup(k[2]) == _recipe(3)  # k0, k3, k2
+    cache.insert(k[4], _recipe(5))  # drops k0
+    assert [key in cache for key in k] == [False, False, True, True, True]
+    assert cache.lookup(k[0]) is None  # dropped: a miss (the caller compiles again)
+    s = cache.stats()
+    assert (s.entries, s.evictions, s.hits, s.misses) == (3, 2, 2, 1)
+    for bad in (2, 0, 3.0, True):
+        with pytest.raises(ValueError, match="max_recipes"):
+            RecipeCache(max_recipes=bad)
+
+
+def test_habana_pgm_lru_max_sets_the_bound_as_the_bridge_reads_it(caplog):
+    """The bridge's bounds (HabanaAI/gaudi-pytorch-bridge ``backend/kernel/hpu_recipe_cache.h``):
+    30,000 recipes in lazy mode, 100,000 in eager mode; ``HABANA_PGM_LRU_MAX`` replaces them, and
+    a number under 3 is raised to 3 (with a warning here); a malformed one is refused by name."""
+    assert RuntimeConfig.from_env({}).max_recipes == 30_000
+    assert RuntimeConfig.from_env({"PT_HPU_LAZY_MODE": "0"}).max_recipes == 100_000
+    assert RuntimeConfig.from_env({"HABANA_PGM_LRU_MAX": " 50 ", "PT_HPU_LAZY_MODE": "0"}).max_recipes == 50
+    with caplog.at_level(logging.WARNING):
+        assert RuntimeConfig.from_env({"HABANA_PGM_LRU_MAX": "1"}).max_recipes == 3
+    assert "HABANA_PGM_LRU_MAX=1" in caplog.text
+    for bad in ("lots", "1e5", "2.5"):
+        with pytest.raises(ValueError, match="HABANA_PGM_LRU_MAX"):
+            RuntimeConfig.from_env({"HABANA_PGM_LRU_MAX": bad})
+    with pytest.raises(ValueError, match="HABANA_PGM_LRU_MAX"):
+        RuntimeConfig(recipe_lru_max=2)
+
+
+def test_a_recipe_dropped_from_a_full_cache_compiles_again(monkeypatch):
+    """Eager mode with torch's Adam: with the default bound no recipe is dropped; with
+    ``HABANA_PGM_LRU_MAX=3`` memory holds 3 recipes, and an op whose recipe 3 others followed
+    since its last launch compiles again (an LRU of 3 has dropped it), each compile a miss
+    charged to the host: more than twice the compiles for the same launches."""
+    import torch
+
+    import hpu_runtime as hpu
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+
+    def run(lru: str | None):
+        if lru is None:
+            monkeypatch.delenv("HABANA_PGM_LRU_MAX", raising=False)
+        else:
+            monkeypatch.setenv("HABANA_PGM_LRU_MAX", lru)
+        dev = hpu.reset_device("gaudi2")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
+        for _ in range(3):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        launcher = dev.launcher
+        return launcher.recipes.stats(), launcher.compilations, launcher.graphs_launched, dev.card.host_ns
+
+    try:
+        (roomy, roomy_compiles, launches, roomy_host), (tight, tight_compiles, tight_launches, tight_host) = (
+            run(None), run("3"))
+    finally:
+        monkeypatch.delenv("HABANA_PGM_LRU_MAX", raising=False)
+        monkeypatch.delenv("PT_HPU_LAZY_MODE")
+        hpu.reset_device("gaudi2")
+    assert roomy.evictions == 0 and roomy.hits > roomy.misses
+    assert tight_launches == launches > 100
+    assert tight.entries == 3 and tight.evictions == tight.misses - 3
+    assert tight_compiles == tight.misses > 2 * roomy_compiles
+    assert tight_host > roomy_host  # each compile is charged
+
+
 # -- disk level, one process ---------------------------------------------------------------
 
 def test_disk_hit_from_fresh_cache(tmp_path):

@@ -1095,7 +1095,15 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
     if (!label) throw python_error();
     py::object span = py::reinterpret_steal<py::object>(PyTuple_Pack(3, start_o.ptr(), end_o.ptr(), label.ptr()));
     if (!span) throw python_error();
-    append(get(compute, NAME("intervals")).ptr(), span.ptr());
+    py::object intervals = get(compute, NAME("intervals"));
+    append(intervals.ptr(), span.ptr());
+    if (PyList_GET_SIZE(intervals.ptr()) > as_int64(get(compute, NAME("fold_at")).ptr())) {  // Stream.run's check
+      py::object on_full = get(compute, NAME("on_full"));  // Card.fold_intervals: NOTE [a long step window, folded]
+      if (!on_full.is_none()) {
+        py::object r = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(on_full.ptr()));
+        if (!r) throw python_error();
+      }
+    }
   }
   l.add(NAME("graphs_launched"), one);
   l.set(NAME("last_recipe"), recipe.ptr());
