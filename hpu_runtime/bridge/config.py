@@ -27,8 +27,23 @@ from .fallback import FallbackPolicy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CARDS_PER_BOX", "RECIPE_CACHE_ENV", "RecipeCacheConfig", "RuntimeConfig", "parse_recipe_cache_config",
+__all__ = ["CARDS_PER_BOX", "MAX_EAGER_RECIPES", "MAX_LAZY_RECIPES", "MIN_RECIPES", "RECIPE_CACHE_ENV",
+           "RecipeCacheConfig", "RuntimeConfig", "default_max_recipes", "parse_recipe_cache_config",
            "visible_modules"]
+
+MAX_LAZY_RECIPES = 30_000
+"""Recipes Gaudi's bridge keeps in memory in lazy mode (NOTE [the recipe cache's LRU] in
+:mod:`hpu_runtime.bridge.recipe_cache`)."""
+MAX_EAGER_RECIPES = 100_000
+"""Recipes it keeps in eager and torch.compile mode (same note)."""
+MIN_RECIPES = 3
+"""The least ``HABANA_PGM_LRU_MAX`` can make it keep (same note)."""
+
+
+def default_max_recipes(lazy: bool) -> int:
+    """The recipes an in-memory cache keeps when ``HABANA_PGM_LRU_MAX`` is unset: lazy mode's
+    bound, or eager and torch.compile mode's."""
+    return MAX_LAZY_RECIPES if lazy else MAX_EAGER_RECIPES
 
 CARDS_PER_BOX = 8
 """Gaudi devices in one server, what ``torch.hpu.device_count()`` counts there (SynapseAI's
@@ -208,8 +223,8 @@ class RuntimeConfig:
     """Where the toolkit logs its conversions: ``$HABANA_LOGS/gpu_migration_logs`` (``HABANA_LOGS``
     defaulting to ``~/.habana_logs``) when ``GPU_MIGRATION_LOG_LEVEL`` is set and not 0; None: no log."""
     recipe_lru_max: int | None = None
-    """``HABANA_PGM_LRU_MAX``: recipes the in-memory recipe cache keeps (at least 3, as the bridge
-    raises a smaller number); None: the bridge's bound for the mode (NOTE [the recipe cache's
+    """``HABANA_PGM_LRU_MAX``: recipes the in-memory recipe cache keeps (at least :data:`MIN_RECIPES`,
+    as the bridge raises a smaller number); None: the bridge's bound for the mode (NOTE [the recipe cache's
     LRU] in :mod:`hpu_runtime.bridge.recipe_cache`)."""
 
     def __post_init__(self) -> None:
@@ -223,8 +238,9 @@ class RuntimeConfig:
         if self.recipe_cache is not None and not isinstance(self.recipe_cache, RecipeCacheConfig):
             raise ValueError(f"{RECIPE_CACHE_ENV}: expected a RecipeCacheConfig, got {self.recipe_cache!r}")
         if self.recipe_lru_max is not None and (not isinstance(self.recipe_lru_max, int)
-                                                or isinstance(self.recipe_lru_max, bool) or self.recipe_lru_max < 3):
-            raise ValueError(f"HABANA_PGM_LRU_MAX={self.recipe_lru_max!r} must be an integer >= 3")
+                                                or isinstance(self.recipe_lru_max, bool)
+                                                or self.recipe_lru_max < MIN_RECIPES):
+            raise ValueError(f"HABANA_PGM_LRU_MAX={self.recipe_lru_max!r} must be an integer >= {MIN_RECIPES}")
         if any(not isinstance(n, str) or not n or "::" in n for n in self.place_on_cpu):
             raise ValueError(f"PT_HPU_PLACE_ON_CPU: op names must be short names such as 'digamma', "
                              f"got {sorted(self.place_on_cpu)!r}")
@@ -247,9 +263,10 @@ class RuntimeConfig:
             raise ValueError(f"GPU_MIGRATION_LOG_LEVEL={migration_log} must be 0 (no log) or more")
         logs = env.get("HABANA_LOGS", "").strip() or os.path.join(os.path.expanduser("~"), ".habana_logs")
         lru_max = _int(env, "HABANA_PGM_LRU_MAX", 0) if env.get("HABANA_PGM_LRU_MAX", "").strip() else None
-        if lru_max is not None and lru_max < 3:  # as RecipeCacheLRU's constructor does
-            logger.warning("HABANA_PGM_LRU_MAX=%d: the recipe cache keeps at least 3 recipes; using 3", lru_max)
-            lru_max = 3
+        if lru_max is not None and lru_max < MIN_RECIPES:  # as RecipeCacheLRU's constructor does
+            logger.warning("HABANA_PGM_LRU_MAX=%d: the recipe cache keeps at least %d recipes; using %d", lru_max,
+                           MIN_RECIPES, MIN_RECIPES)
+            lru_max = MIN_RECIPES
         level = _int(env, "LOG_LEVEL_PT_FALLBACK", 6)
         if not 0 <= level <= 6:
             raise ValueError(f"LOG_LEVEL_PT_FALLBACK={level} must be a Gaudi log level, 0 to 6")
@@ -278,8 +295,6 @@ class RuntimeConfig:
     def max_recipes(self) -> int:
         """Recipes the in-memory recipe cache keeps: ``HABANA_PGM_LRU_MAX``, else the bridge's
         bound for the mode (30,000 in lazy mode, 100,000 in eager and torch.compile mode)."""
-        from .recipe_cache import default_max_recipes
-
         return self.recipe_lru_max if self.recipe_lru_max is not None else default_max_recipes(self.lazy)
 
     @property

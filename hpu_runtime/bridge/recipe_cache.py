@@ -33,25 +33,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from .config import RecipeCacheConfig
+from .config import MAX_EAGER_RECIPES, MAX_LAZY_RECIPES, MIN_RECIPES, RecipeCacheConfig, default_max_recipes
 from .recipe import Recipe
 from .recipe_disk import DiskRecipeCache
 
 __all__ = ["MAX_EAGER_RECIPES", "MAX_LAZY_RECIPES", "MIN_RECIPES", "Recipe", "RecipeCache", "RecipeCacheStats",
            "default_max_recipes"]
-
-MAX_LAZY_RECIPES = 30_000
-"""Recipes Gaudi's bridge keeps in memory in lazy mode (NOTE [the recipe cache's LRU])."""
-MAX_EAGER_RECIPES = 100_000
-"""Recipes it keeps in eager and torch.compile mode (same note)."""
-MIN_RECIPES = 3
-"""The least ``HABANA_PGM_LRU_MAX`` can make it keep (same note)."""
-
-
-def default_max_recipes(lazy: bool) -> int:
-    """The recipes an in-memory cache keeps when ``HABANA_PGM_LRU_MAX`` is unset: lazy mode's
-    bound, or eager and torch.compile mode's."""
-    return MAX_LAZY_RECIPES if lazy else MAX_EAGER_RECIPES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

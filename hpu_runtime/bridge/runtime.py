@@ -45,8 +45,8 @@ def _recipe_cache(cfg: RecipeCacheConfig | None, max_recipes: int) -> RecipeCach
 
 
 def _device_kwargs(cfg: RuntimeConfig) -> dict:
-    return dict(lazy=cfg.lazy, max_compound_ops=cfg.max_compound_ops, recipes=_recipe_cache(cfg.recipe_cache, cfg.max_recipes),
-                fallback=cfg.fallback)
+    return dict(lazy=cfg.lazy, max_compound_ops=cfg.max_compound_ops,
+                recipes=_recipe_cache(cfg.recipe_cache, cfg.max_recipes), fallback=cfg.fallback)
 
 
 def _publish(dev: SimDevice | None) -> None:

@@ -175,9 +175,8 @@ def test_a_recipe_dropped_from_a_full_cache_compiles_again(monkeypatch):
     ``HABANA_PGM_LRU_MAX=3`` memory holds 3 recipes, and an op whose recipe 3 others followed
     since its last launch compiles again (an LRU of 3 has dropped it), each compile a miss
     charged to the host: more than twice the compiles for the same launches."""
-    import torch
-
     import hpu_runtime as hpu
+    from tests.unit.test_bridge_in_kernel import _small_adam_job, _three_adam_steps
 
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
 
@@ -187,14 +186,7 @@ def test_a_recipe_dropped_from_a_full_cache_compiles_again(monkeypatch):
         else:
             monkeypatch.setenv("HABANA_PGM_LRU_MAX", lru)
         dev = hpu.reset_device("gaudi2")
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("hpu")
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-        x, y = torch.randn(5, 8).to("hpu"), torch.randint(0, 4, (5,)).to("hpu")
-        for _ in range(3):
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        _three_adam_steps(*_small_adam_job())
         launcher = dev.launcher
         return launcher.recipes.stats(), launcher.compilations, launcher.graphs_launched, dev.card.host_ns
 
