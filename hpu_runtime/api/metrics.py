@@ -13,13 +13,23 @@ Stat names per metric (as on Gaudi):
 
 * "graph_compilation": TotalNumber, TotalTime, AvgTime.
 * "cpu_fallback": TotalNumber, FallbackOps (dict op name -> count).
-* "recipe_cache": TotalHit, TotalMiss, RecipeHit, RecipeMiss (dicts recipe name -> count).
+* "recipe_cache": TotalHit, TotalMiss, RecipeHit, RecipeMiss (dicts recipe name -> count, of
+  at most :data:`MAX_NAMED_RECIPES` recipes each: NOTE [named recipes, bounded]).
 * "memory_defragmentation": TotalNumber, TotalSuccessful, AvgTime, MaxTime.
 
 NOTE [metric time unit]: times are *simulated* compile/defragmentation durations reported in
 microseconds (TotalTime and MaxTime as ints, AvgTime as a float). The unit is our choice;
 Gaudi documents integer times but the emulator's own clock is integer nanoseconds, so divide
 by 1000 once, here.
+
+NOTE [named recipes, bounded]: RecipeHit and RecipeMiss name each recipe they count. A run that
+makes a recipe per step (an eager op keyed by a Python number that changes every step, as a
+learning rate scheduled per step reaches torch's Adam: NOTE [the recipe cache's LRU] in
+:mod:`hpu_runtime.bridge.recipe_cache`) would add names for as long as it runs, so each dict
+keeps the :data:`MAX_NAMED_RECIPES` most recently counted recipes and forgets the others' names
+(TotalHit and TotalMiss still count every lookup). The bound is eager mode's recipe cache's
+(:data:`~hpu_runtime.bridge.config.MAX_EAGER_RECIPES`), the larger of the two modes': every
+recipe the cache can hold keeps its counts.
 
 NOTE [unknown names]: on Gaudi ``metric_global`` of an unknown name returns None and
 ``metric_localcontext`` raises ``MetricNotFound``. Here both raise ``MetricNotFound``, a
@@ -34,6 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
+    "MAX_NAMED_RECIPES",
     "METRIC_NAMES",
     "Metric",
     "MetricNotFound",
@@ -46,6 +57,11 @@ __all__ = [
     "reset_all",
     "snapshot",
 ]
+
+MAX_NAMED_RECIPES = 100_000
+"""Recipes named in each of RecipeHit and RecipeMiss, the most recently counted kept (NOTE
+[named recipes, bounded]): eager mode's recipe-cache bound (``MAX_EAGER_RECIPES`` in
+:mod:`hpu_runtime.bridge.config`; this module imports nothing of the runtime)."""
 
 METRIC_NAMES: tuple[str, ...] = (
     "graph_compilation", "cpu_fallback", "recipe_cache", "memory_defragmentation")
@@ -130,12 +146,14 @@ class Metric:
     def _add_lookup(self, hit: bool, recipe: str | None) -> None:
         if hit:
             self._hits += 1
-            if recipe is not None:
-                self._hit_by_name[recipe] = self._hit_by_name.get(recipe, 0) + 1
+            named = self._hit_by_name
         else:
             self._misses += 1
-            if recipe is not None:
-                self._miss_by_name[recipe] = self._miss_by_name.get(recipe, 0) + 1
+            named = self._miss_by_name
+        if recipe is not None:  # NOTE [named recipes, bounded]: the last counted is the newest key
+            named[recipe] = named.pop(recipe, 0) + 1
+            if len(named) > MAX_NAMED_RECIPES:
+                del named[next(iter(named))]
 
 
 _GLOBAL: dict[str, Metric] = {name: Metric(name) for name in METRIC_NAMES}

@@ -68,6 +68,28 @@ def test_recipe_cache_hits_and_misses():
     assert s["RecipeHit"] == {"graph_0": 2} and s["RecipeMiss"] == {"graph_0": 1}
 
 
+def test_named_recipes_keep_the_most_recently_counted(monkeypatch):
+    """NOTE [named recipes, bounded]: past the bound, the name counted longest ago is forgotten
+    (a recipe counted again is the newest), while the totals count every lookup."""
+    from hpu_runtime.api import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "MAX_NAMED_RECIPES", 3)
+    for name in ("a", "b", "a", "c", "d", "a", "e"):
+        record_recipe_cache(False, name)
+        record_recipe_cache(True, name)
+    s = dict(metric_global("recipe_cache").stats())
+    # by hand: after a b a c the order (oldest first) is b a c; d drops b; a moves last: c d a; e drops c
+    assert s["RecipeMiss"] == {"d": 1, "a": 3, "e": 1} and s["RecipeHit"] == {"d": 1, "a": 3, "e": 1}
+    assert (s["TotalHit"], s["TotalMiss"]) == (7, 7)
+
+
+def test_every_recipe_the_cache_holds_keeps_its_name():
+    """The bound is no smaller than either mode's recipe cache (NOTE [named recipes, bounded])."""
+    from hpu_runtime.api.metrics import MAX_NAMED_RECIPES
+    from hpu_runtime.bridge.config import MAX_EAGER_RECIPES, MAX_LAZY_RECIPES
+
+    assert MAX_NAMED_RECIPES >= max(MAX_EAGER_RECIPES, MAX_LAZY_RECIPES)
+
 def test_stats_returns_copies():
     """Mutating a returned dict does not change the metric."""
     record_fallback("aten::x")
