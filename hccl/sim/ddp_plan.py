@@ -195,8 +195,9 @@ def plan_ddp_step(trace: StepTrace, *, world_size: int, topology: str | Topology
             planned one by one (:mod:`hccl.sim.straggler_plan`) instead of the steady state.
         steps: steps to plan with variability (default 16 after the warm-up steps).
         lockstep: with variability, replay every rank (True: what a live run would give) or
-            rank 0 and a stand-in for the slowest of the others (False, cheaper); default: every
-            rank up to 8 ranks (NOTE [planning slower ranks] in :mod:`hccl.sim.straggler_plan`).
+            rank 0 and a stand-in for the others (False, cheaper: within 0.4% of every rank at 8
+            ranks); default: every rank up to 8 ranks (NOTE [planning slower ranks] in
+            :mod:`hccl.sim.straggler_plan`).
 
     Returns:
         The :class:`PlannedStep` (simulated ns per card).

@@ -27,9 +27,11 @@ NOTE [the slowdown distribution]
     how a job scales: not modelled.
 
 NOTE [the slowest of n, at scale]
-    The planner needs, per step, the largest factor among ``n`` ranks. Up to
-    :data:`EXACT_RANKS` ranks it draws every rank's factor (vectorized) and takes the largest:
-    the same values a live run draws. Beyond, it uses the order statistic: the largest of
+    A single collective's benchmark (``hccl.tools.bench --variability``) needs, per step, the
+    largest factor among ``n`` ranks (the DDP planner's stand-in draws every rank instead, as
+    it also needs each rank's running sum: NOTE [planning slower ranks] in
+    :mod:`hccl.sim.straggler_plan`). Up to :data:`EXACT_RANKS` ranks it draws every rank's
+    factor (vectorized) and takes the largest: the same values a live run draws. Beyond, it uses the order statistic: the largest of
     ``n`` independent uniforms is distributed as ``v^(1/n)``, so the slowest card's factor is
     the quantile function at ``v^(1/n)`` for one uniform ``v`` per step (drawn from the seed,
     the step and ``n``). That costs O(1) per step at 65,536 ranks; it is the same distribution

@@ -370,9 +370,11 @@ class SimDevice:
                 self.launcher.rescale()
             return times
 
-    def set_step_slowdown(self, fn: Callable[[int], int] | None) -> None:
+    def set_step_slowdown(self, fn: Callable[[int], int] | None,
+                          device_fn: Callable[[int], int] | None = None) -> None:
         """Run each step ``s`` ``fn(s) / 1e6`` times slower than nominal, from this step on
-        (None: nominal); see NOTE [a slower card, step by step] in :mod:`hpu_runtime.device.card`."""
+        (None: nominal); ``device_fn``: the compute stream's own factors, where they differ from
+        the host's; see NOTE [a slower card, step by step] in :mod:`hpu_runtime.device.card`."""
         with self.lock:
-            self.card.set_step_slowdown(fn)
+            self.card.set_step_slowdown(fn, device_fn)
             self.launcher.rescale()

@@ -27,7 +27,9 @@ the step (the number of :meth:`Card.end_step` calls so far) to a factor in parts
 compiles; not its waits) and the compute stream's graphs, rounded down to whole ns. The
 collective stream is not scaled: its durations come from the network model. The cluster's
 variability model (:mod:`hccl.sim.variability`) supplies the factors, the same in a live run
-and in the planner.
+and in the planner. A real card has one factor per step for both; the planner's stand-in for
+many ranks gives its compute stream factors of its own (:attr:`Card.device_slowdown`: NOTE
+[planning slower ranks] in :mod:`hccl.sim.straggler_plan`).
 
 NOTE [collective dependencies]
 A collective writes storages (named by serial, see :mod:`hpu_runtime.device.residency`):
@@ -131,7 +133,12 @@ class Card:
         self.step_slowdown: Callable[[int], int] | None = None
         """Step index -> slowdown in ppm (NOTE [a slower card, step by step]); None: nominal."""
         self.slowdown_ppm = _PPM
-        """This step's slowdown, ppm."""
+        """This step's slowdown of the host's work, ppm."""
+        self.device_slowdown: Callable[[int], int] | None = None
+        """Step index -> slowdown of the compute stream's graphs in ppm, where it differs from
+        the host's (a planner's stand-in: NOTE [a slower card, step by step]); None: the host's."""
+        self.device_ppm = _PPM
+        """This step's slowdown of the compute stream's graphs, ppm."""
         self.steps_done = 0
         """Steps closed by :meth:`end_step` so far (the index of the current step)."""
         self._step_start_ns = 0
@@ -145,10 +152,24 @@ class Card:
         ppm = self.slowdown_ppm
         return ns if ppm == _PPM else ns * ppm // _PPM
 
-    def set_step_slowdown(self, fn: Callable[[int], int] | None) -> None:
-        """Install the per-step slowdown (NOTE [a slower card, step by step]) from this step on."""
+    def scaled_device(self, ns: int) -> int:
+        """``ns`` of nominal compute-stream work at this step's speed (simulated ns)."""
+        ppm = self.device_ppm
+        return ns if ppm == _PPM else ns * ppm // _PPM
+
+    def set_step_slowdown(self, fn: Callable[[int], int] | None,
+                          device_fn: Callable[[int], int] | None = None) -> None:
+        """Install the per-step slowdown (NOTE [a slower card, step by step]) from this step on:
+        ``fn`` for the host's work and, unless ``device_fn`` gives the compute stream its own,
+        for the compute stream's graphs too."""
         self.step_slowdown = fn
-        self.slowdown_ppm = _PPM if fn is None else int(fn(self.steps_done))
+        self.device_slowdown = device_fn
+        self._read_slowdown()
+
+    def _read_slowdown(self) -> None:
+        fn, dfn, step = self.step_slowdown, self.device_slowdown, self.steps_done
+        self.slowdown_ppm = _PPM if fn is None else int(fn(step))
+        self.device_ppm = int(dfn(step)) if dfn is not None else self.slowdown_ppm
 
     # ---- host ------------------------------------------------------------------------------
     def host_event(self, label: str, dur_ns: int, args: dict, start: int | None = None) -> None:
@@ -170,7 +191,7 @@ class Card:
 
     def run_compute(self, ready_ns: int, ns: int, label: str) -> tuple[int, int]:
         """Run ``ns`` nominal ns of device work on the compute stream; its (start, end)."""
-        return self.compute.run(ready_ns, self.scaled(ns), label)
+        return self.compute.run(ready_ns, self.scaled_device(ns), label)
 
     def copy_h2d(self, nbytes: int) -> None:
         """Host time of one host->device copy of ``nbytes`` over PCIe."""
@@ -250,7 +271,7 @@ class Card:
                     if t > seg:
                         self.compute.run(seg, t - seg, label)
                     seg = t = dep
-            t += self.scaled(times[k])
+            t += self.scaled_device(times[k])
         if t > seg:
             self.compute.run(seg, t - seg, label)
         self.compute.free_ns = max(self.compute.free_ns, t)
@@ -300,8 +321,8 @@ class Card:
         self._step_host_start = self.host_ns
         self._trim(hi)
         self.steps_done += 1
-        if self.step_slowdown is not None:
-            self.slowdown_ppm = int(self.step_slowdown(self.steps_done))
+        if self.step_slowdown is not None or self.device_slowdown is not None:
+            self._read_slowdown()
         return times
 
     def _trim(self, before_ns: int) -> None:

@@ -1079,7 +1079,7 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
   }
   // Card.run_compute(max(host_ns, _dep_ns), recipe.device_ns, f"{name} (eager)"): Stream.run
   const int64_t ready = std::max(as_int64(card[NAME("host_ns")]), as_int64(l[NAME("_dep_ns")]));
-  const int64_t ppm = as_int64(card[NAME("slowdown_ppm")]);
+  const int64_t ppm = as_int64(card[NAME("device_ppm")]);
   const int64_t nominal = as_int64(get(recipe.ptr(), NAME("device_ns")).ptr());
   constexpr int64_t kPpm = 1000000;  // Card's _PPM
   const int64_t ns = ppm == kPpm ? nominal : static_cast<int64_t>(static_cast<__int128>(nominal) * ppm / kPpm);
@@ -1152,7 +1152,7 @@ struct CurrentDevice {
         {&CurrentDevice::launcher, {"card", "_dep_ns", "log", "ops_recorded", "pending", "region", "lazy", "_host_start",
                                     "_op_host_ns", "_eager_ns", "_keys", "_ops", "max_compound_ops", "capture",
                                     "new_scalars", "graph_log", "_colls", "recipes", "graphs_launched", "last_recipe"}},
-        {&CurrentDevice::card, {"ready_after", "host_ns", "compute", "slowdown_ppm"}}};
+        {&CurrentDevice::card, {"ready_after", "host_ns", "compute", "device_ppm"}}};
     for (const auto& [member, names] : plain) {
       const Attrs& f = this->*member;
       for (const char* name : names) {
