@@ -76,7 +76,7 @@ from hpu_runtime.tools.replay import replay_device
 
 from .cluster import ALIGN_STEP
 from .timing import collective_times
-from .variability import OFF, PPM, rank_slowdown
+from .variability import OFF, PPM, rank_slowdown, world_factors_ppm
 
 __all__ = ["LOCKSTEP_RANKS", "SETTLE_STEPS", "WARMUP", "DEFAULT_STEPS", "plan_steps", "stand_in_ppm"]
 
@@ -148,25 +148,19 @@ def stand_in_ppm(var, whatif, world_size: int, total: int) -> tuple[list[int], l
 
     Draws every rank (vectorized, O(``world_size``) memory and work per step: 0.1 s for 65,536
     ranks and 22 steps on a 2-core machine)."""
-    ranks = np.arange(1, world_size, dtype=np.int64)
-    slow = np.ones(len(ranks))
-    for r, x in (whatif.slow_cards if whatif is not None else ()):
-        if 1 <= r < world_size:
-            slow[r - 1] *= x
-    scaled = bool((slow != 1.0).any())
-    cum = np.zeros(len(ranks), dtype=np.int64)
+    if world_size < 2:
+        return [PPM] * total, [PPM] * total
+    cum = np.zeros(world_size - 1, dtype=np.int64)
     host, device, latest = [], [], 0
     for s in range(total):
         if s == ALIGN_STEP:
             cum[:] = 0
             latest = 0
-        f = var.factors_ppm(ranks, s)
-        if scaled:
-            f = np.rint(f * slow).astype(np.int64)
+        f = world_factors_ppm(var, whatif, world_size, s)[1:]
         cum += f
-        now = int(cum.max()) if len(ranks) else 0
+        now = int(cum.max())
         host.append(now - latest)
-        device.append(int(f.max()) if len(ranks) else PPM)
+        device.append(int(f.max()))
         latest = now
     return host, device
 

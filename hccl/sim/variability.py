@@ -31,8 +31,8 @@ NOTE [the slowest of n, at scale]
     largest factor among ``n`` ranks (the DDP planner's stand-in draws every rank instead, as
     it also needs each rank's running sum: NOTE [planning slower ranks] in
     :mod:`hccl.sim.straggler_plan`). Up to :data:`EXACT_RANKS` ranks it draws every rank's
-    factor (vectorized) and takes the largest: the same values a live run draws. Beyond, it uses the order statistic: the largest of
-    ``n`` independent uniforms is distributed as ``v^(1/n)``, so the slowest card's factor is
+    factor (vectorized) and takes the largest: the same values a live run draws. Beyond, it
+    uses the order statistic: the largest of ``n`` independent uniforms is distributed as ``v^(1/n)``, so the slowest card's factor is
     the quantile function at ``v^(1/n)`` for one uniform ``v`` per step (drawn from the seed,
     the step and ``n``). That costs O(1) per step at 65,536 ranks; it is the same distribution
     as the rank-by-rank maximum, not the same sample (the power uses the C library's ``log`` and
@@ -48,7 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Variability", "DEFAULT", "OFF", "EXACT_RANKS", "PPM", "ENV", "parse", "rank_slowdown", "slowest_ppm"]
+__all__ = ["Variability", "DEFAULT", "OFF", "EXACT_RANKS", "PPM", "ENV", "parse", "rank_slowdown", "slowest_ppm",
+           "world_factors_ppm"]
 
 ENV = "HCCL_SIM_VARIABILITY"
 """A live job's variability: ``off`` (default), ``on`` (:data:`DEFAULT`) or ``seed=N[,field=value...]``."""
@@ -210,6 +211,19 @@ def rank_slowdown(var: Variability, whatif, rank: int):
     return factor
 
 
+def world_factors_ppm(var: Variability, whatif, world_size: int, step: int) -> np.ndarray:
+    """Every rank's factor in ``step``, ppm, its slow-card what-if included (int64 array of
+    ``world_size``, rank ``r`` at index ``r``): what each rank's :func:`rank_slowdown` gives."""
+    f = var.factors_ppm(np.arange(world_size), step)
+    slow = [(r, x) for r, x in (whatif.slow_cards if whatif is not None else ()) if r < world_size]
+    if not slow:
+        return f
+    scaled = f.astype(np.float64)
+    for r, x in slow:
+        scaled[r] *= x
+    return np.rint(scaled).astype(np.int64)
+
+
 def slowest_ppm(var: Variability, whatif, world_size: int, step: int, *, exclude: int | None = None) -> int:
     """The largest of the ``world_size`` ranks' factors in ``step`` (ppm), slow cards included,
     ``exclude`` left out."""
@@ -217,12 +231,9 @@ def slowest_ppm(var: Variability, whatif, world_size: int, step: int, *, exclude
     if not slow:
         return var.slowest_ppm(world_size, step, exclude=exclude)
     if world_size <= EXACT_RANKS:
-        ranks = np.arange(world_size)
-        f = var.factors_ppm(ranks, step).astype(np.float64)
-        for r, x in slow:
-            f[r] *= x
+        f = world_factors_ppm(var, whatif, world_size, step)
         if exclude is not None:
-            f[exclude] = 0.0
-        return int(np.rint(f.max()))
+            f[exclude] = 0
+        return int(f.max())
     rest = var.slowest_ppm(world_size - len({r for r, _ in slow}) - (exclude is not None), step)
     return max([rest] + [int(round(var.factor_ppm(r, step) * whatif.slow_factor(r))) for r, _ in slow])

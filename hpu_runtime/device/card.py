@@ -98,6 +98,11 @@ class GraphCollective:
     on_timed: Callable | None
 
 
+def _at_ppm(ns: int, ppm: int) -> int:
+    """``ns`` scaled by ``ppm`` / 1e6, rounded down (NOTE [a slower card, step by step])."""
+    return ns if ppm == _PPM else ns * ppm // _PPM
+
+
 def latest_end(op: OpRecord, ends: dict[int, int]) -> int:
     """The latest end (ns) in ``ends`` of a storage ``op`` reads or writes; 0 if none."""
     latest = 0
@@ -148,14 +153,12 @@ class Card:
         self.compute.on_full = self.collective.on_full = self.fold_intervals
 
     def scaled(self, ns: int) -> int:
-        """``ns`` of nominal work at this step's speed (simulated ns)."""
-        ppm = self.slowdown_ppm
-        return ns if ppm == _PPM else ns * ppm // _PPM
+        """``ns`` of nominal host work at this step's speed (simulated ns)."""
+        return _at_ppm(ns, self.slowdown_ppm)
 
     def scaled_device(self, ns: int) -> int:
         """``ns`` of nominal compute-stream work at this step's speed (simulated ns)."""
-        ppm = self.device_ppm
-        return ns if ppm == _PPM else ns * ppm // _PPM
+        return _at_ppm(ns, self.device_ppm)
 
     def set_step_slowdown(self, fn: Callable[[int], int] | None,
                           device_fn: Callable[[int], int] | None = None) -> None:
