@@ -18,9 +18,26 @@ torchvision finds the files and downloads nothing. ``python -m models.data mnist
 
 Splits are deterministic in ``seed``: digits stratified by label; text examples are
 disjoint windows of the corpus, shuffled by a seeded permutation before the split.
+
+NOTE [digits split cache]
+    The digits split is scikit-learn's (``load_digits`` and ``train_test_split`` stratified by
+    label), and importing scikit-learn costs about 1.5 s of CPU per process (it imports SciPy),
+    more than the rest of a small job's start-up: every rank of a ``models.train`` job paid it.
+    The first process to make a split writes it to ``<cache>/digits-sklearn<version>-test<f>-
+    seed<s>.npz`` (atomically; NumPy's format, read back without pickle) and later processes
+    read it, with no scikit-learn import. The key holds the installed scikit-learn version
+    (read from its package metadata, which does not import it), so a new version makes a new
+    file. A file that cannot be read or does not hold a well-formed split is made again. The
+    cache is ``$HPU_EMULATOR_DATA_CACHE`` if set (``0``: none), else ``hpu_emulator`` in the
+    user's cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``); an unwritable one is skipped.
 """
 
 from __future__ import annotations
+
+import importlib.metadata
+import os
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,21 +45,76 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from hpu_runtime.cli_args import count
-from hpu_runtime.files import atomic_write
+from hpu_runtime.files import atomic_open, atomic_write
 
 from . import text
 
 __all__ = ["load_dataset", "dataset_names", "DigitsImages", "write_mnist", "MNIST_FILES"]
 
 
-def _digits_arrays(test_fraction: float, seed: int):
+DATA_CACHE_ENV = "HPU_EMULATOR_DATA_CACHE"
+"""A folder for the digits split (NOTE [digits split cache]); ``0``: no cache."""
+
+_SPLIT_KEYS = ("x_train", "x_test", "y_train", "y_test")
+
+
+def _data_cache_dir() -> Path | None:
+    value = os.environ.get(DATA_CACHE_ENV)
+    if value == "0":
+        return None
+    if value:
+        return Path(value)
+    from torch._appdirs import user_cache_dir  # torch's copy of appdirs: honours XDG_CACHE_HOME
+
+    return Path(user_cache_dir(appname="hpu_emulator"))
+
+
+def _digits_split_path(test_fraction: float, seed: int) -> Path | None:
+    """Where the split is cached, or None (no cache folder, or scikit-learn not installed)."""
+    folder = _data_cache_dir()
+    try:
+        version = importlib.metadata.version("scikit-learn")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # the import below then says what is missing
+    if folder is None:
+        return None
+    return folder / f"digits-sklearn{version}-test{test_fraction!r}-seed{seed}.npz"
+
+
+def _read_split(path: Path) -> tuple[np.ndarray, ...] | None:
+    """The four arrays of a cached split, or None where the file is missing or malformed."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            x_tr, x_te, y_tr, y_te = (f[k] for k in _SPLIT_KEYS)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    well_formed = (x_tr.dtype == x_te.dtype == np.float32 and y_tr.dtype == y_te.dtype == np.int64
+                   and x_tr.ndim == x_te.ndim == 2 and x_tr.shape[1] == x_te.shape[1] == 64
+                   and y_tr.shape == x_tr.shape[:1] and y_te.shape == x_te.shape[:1] and len(y_te) > 0)
+    return (x_tr, x_te, y_tr, y_te) if well_formed else None
+
+
+def _digits_arrays(test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """scikit-learn's digits, stratified by label: ``(x_train (N, 64) float32 in [0, 1], x_test,
+    y_train (N,) int64, y_test)``, cached (NOTE [digits split cache])."""
+    path = _digits_split_path(test_fraction, seed)
+    if path is not None and (cached := _read_split(path)) is not None:
+        return cached
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     data = load_digits()
     x = (data.data.astype(np.float32) / 16.0).reshape(-1, 64)
     y = data.target.astype(np.int64)
-    return train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    split = tuple(train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_open(path, "wb") as f:
+                np.savez(f, **dict(zip(_SPLIT_KEYS, split)))
+        except OSError:
+            pass  # an unwritable cache: the next process makes the split again
+    return split
 
 
 def _digits(test_fraction: float, seed: int, **_: int | None) -> tuple[TensorDataset, TensorDataset]:
@@ -174,8 +246,6 @@ def write_mnist(root: str, *, test_fraction: float = 0.2, seed: int = 0) -> str:
     ``test_fraction``). Images are uint8 28 x 28, labels uint8 0-9. Existing files are
     overwritten (atomically, file by file).
     """
-    import os
-
     x_tr, x_te, y_tr, y_te = _digits_arrays(test_fraction, seed)
     raw = os.path.join(root, "MNIST", "raw")
     os.makedirs(raw, exist_ok=True)

@@ -16,7 +16,8 @@ NOTE [corpus and tokenizer]
 from __future__ import annotations
 
 import functools
-import importlib.resources
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -30,7 +31,12 @@ OFFSET = 4
 @functools.cache
 def corpus_text() -> str:
     """The whole corpus as one string (sklearn dataset descriptions, then pydoc topics)."""
-    descr = importlib.resources.files("sklearn.datasets") / "descr"
+    # The package's folder found without importing it (scikit-learn's import costs about 1.5 s
+    # of CPU, NOTE [digits split cache] in models.data); files read as importlib.resources would
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the text corpus needs scikit-learn's dataset descriptions: pip install scikit-learn")
+    descr = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "descr"
     parts = [p.read_text(encoding="utf-8") for p in sorted(descr.iterdir(), key=lambda p: p.name)
              if p.name.endswith(".rst")]
     from pydoc_data.topics import topics

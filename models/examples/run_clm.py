@@ -20,7 +20,8 @@ the ``[optimum]`` extra (README, "Your Gaudi tools")::
     torchrun --nproc-per-node 2 models/examples/run_clm.py ... --distribution_strategy fast_ddp
 
 ``--dump_params_dir DIR`` writes each rank's final parameters to ``DIR/params_rank{R}.pt``
-(for comparing ranks and runs) and ``DIR/log_rank{R}.json`` (the trainer's log history).
+(for comparing ranks and runs) and ``DIR/log_rank{R}.json`` (the trainer's log history, the backend, and
+how many graphs dynamo compiled).
 """
 
 from __future__ import annotations
@@ -142,9 +143,18 @@ def main(argv: list[str] | None = None) -> dict:
         (folder / f"log_rank{rank}.json").write_text(json.dumps(
             {"log_history": trainer.state.log_history, "results": results,
              "param_device": str(next(trainer.model.parameters()).device),
-             "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None},
+             "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+             # graphs dynamo compiled in this process (0 unless --torch_compile took effect)
+             "dynamo_graphs": _dynamo_graphs()},
             default=str))
     return results
+
+
+def _dynamo_graphs() -> int:
+    import sys
+
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Reference models at real size: registry, torchvision shim, offline data, step factory, CLI."""
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,3 +273,53 @@ def test_train_cli_rejects_bad_values():
         main(["--model", "resnet50", "--seq-len", "8"])
     with pytest.raises(ValueError, match="trains on dataset"):
         main(["--model", "resnet50", "--flavour", "debug", "--dataset", "digits"])
+
+
+def test_digits_split_is_sklearns_and_a_later_process_reads_it_without_importing_sklearn(tmp_path, monkeypatch):
+    """NOTE [digits split cache]: the split is scikit-learn's stratified ``train_test_split`` of
+    ``load_digits`` (computed here as the reference); a second process reads it from the cache
+    and imports no scikit-learn, nor does the text corpus; a torn or malformed file is made
+    again; ``HPU_EMULATOR_DATA_CACHE=0`` writes nothing."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from models import data
+
+    digits = load_digits()
+    x, y = (digits.data.astype(np.float32) / 16.0).reshape(-1, 64), digits.target.astype(np.int64)
+    ref = train_test_split(x, y, test_size=0.25, random_state=7, stratify=y)
+
+    def same(got) -> bool:
+        return all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(data.DATA_CACHE_ENV, str(cache))
+    assert same(data._digits_arrays(0.25, 7))
+    (path,) = cache.iterdir()
+    code = textwrap.dedent("""
+        import json, sys
+        from models.data import load_dataset
+        from models import text
+        train, test = load_dataset("digits", test_fraction=0.25, seed=7)
+        corpus = text.corpus_text()
+        print(json.dumps({"sklearn": "sklearn" in sys.modules, "sums": [float(train.tensors[0].double().sum()),
+              int(train.tensors[1].sum()), float(test.tensors[0].double().sum()), int(test.tensors[1].sum())],
+              "corpus": len(corpus)}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, data.DATA_CACHE_ENV: str(cache)}, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["sklearn"] is False and out["corpus"] == len(text.corpus_text())
+    assert out["sums"] == [float(ref[0].astype(np.float64).sum()), int(ref[2].sum()),
+                           float(ref[1].astype(np.float64).sum()), int(ref[3].sum())]
+    path.write_bytes(path.read_bytes()[:1000])  # torn
+    assert data._read_split(path) is None and same(data._digits_arrays(0.25, 7))
+    assert same(data._read_split(path))  # written again, whole
+    np.savez(path, x_train=ref[0], x_test=ref[1], y_train=ref[2].astype(np.int32), y_test=ref[3])  # wrong dtype
+    assert data._read_split(path) is None and same(data._digits_arrays(0.25, 7))
+    off = tmp_path / "xdg"
+    monkeypatch.setenv(data.DATA_CACHE_ENV, "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(off))
+    assert same(data._digits_arrays(0.25, 7)) and not off.exists()
