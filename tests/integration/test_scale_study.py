@@ -34,6 +34,7 @@ def test_scale_study_end_to_end(tmp_path, capsys):
     assert rows[-1]["step_p99_ns"] > rows[-1]["step_median_ns"]  # variability on: the sampled steps differ
     text = (out / "summary.md").read_text()
     assert "variability: seed 0" in text and "what-ifs: none" in text and "512 |" in text
+    assert "the mean of 4 steps after a host sync" in text  # the stretch the waiting is averaged over
     # the same study planned by two worker processes (--jobs, as large studies run by default)
     assert study.main([*argv, "--out", str(tmp_path / "jobs2"), "--jobs", "2"]) == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "jobs2" / "study.json").read_text())["rows"] == rows
