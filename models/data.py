@@ -23,10 +23,11 @@ NOTE [digits split cache]
     The digits split is scikit-learn's (``load_digits`` and ``train_test_split`` stratified by
     label), and importing scikit-learn costs about 1.5 s of CPU per process (it imports SciPy),
     more than the rest of a small job's start-up: every rank of a ``models.train`` job paid it.
-    The first process to make a split writes it to ``<cache>/digits-sklearn<version>-test<f>-
-    seed<s>.npz`` (atomically; NumPy's format, read back without pickle) and later processes
-    read it, with no scikit-learn import. The key holds the installed scikit-learn version
-    (read from its package metadata, which does not import it), so a new version makes a new
+    The first process to make a split writes it to ``<cache>/digits-v<format>-sklearn<version>-
+    test<f>-seed<s>.npz`` (atomically; NumPy's format, read back without pickle) and later
+    processes read it, with no scikit-learn import. The key holds the installed scikit-learn
+    version (read from its package metadata, which does not import it) and the format of what
+    this module makes of the digits (``_SPLIT_FORMAT``), so a new version of either makes a new
     file. A file that cannot be read or does not hold a well-formed split is made again. The
     cache is ``$HPU_EMULATOR_DATA_CACHE`` if set (``0``: none), else ``hpu_emulator`` in the
     user's cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``); an unwritable one is skipped.
@@ -56,6 +57,9 @@ DATA_CACHE_ENV = "HPU_EMULATOR_DATA_CACHE"
 """A folder for the digits split (NOTE [digits split cache]); ``0``: no cache."""
 
 _SPLIT_KEYS = ("x_train", "x_test", "y_train", "y_test")
+_SPLIT_FORMAT = 1
+"""What :func:`_digits_arrays` makes of scikit-learn's digits (features / 16 as float32, labels
+as int64, stratified): part of the cache's key, so a change to it must bump this."""
 
 
 def _data_cache_dir() -> Path | None:
@@ -78,7 +82,7 @@ def _digits_split_path(test_fraction: float, seed: int) -> Path | None:
         return None  # the import below then says what is missing
     if folder is None:
         return None
-    return folder / f"digits-sklearn{version}-test{test_fraction!r}-seed{seed}.npz"
+    return folder / f"digits-v{_SPLIT_FORMAT}-sklearn{version}-test{test_fraction!r}-seed{seed}.npz"
 
 
 def _read_split(path: Path) -> tuple[np.ndarray, ...] | None:
