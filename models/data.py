@@ -76,12 +76,12 @@ def _data_cache_dir() -> Path | None:
 def _digits_split_path(test_fraction: float, seed: int) -> Path | None:
     """Where the split is cached, or None (no cache folder, or scikit-learn not installed)."""
     folder = _data_cache_dir()
+    if folder is None:
+        return None
     try:
         version = importlib.metadata.version("scikit-learn")
     except importlib.metadata.PackageNotFoundError:
         return None  # the import below then says what is missing
-    if folder is None:
-        return None
     return folder / f"digits-v{_SPLIT_FORMAT}-sklearn{version}-test{test_fraction!r}-seed{seed}.npz"
 
 

@@ -151,8 +151,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _dynamo_graphs() -> int:
-    import sys
-
     dynamo_utils = sys.modules.get("torch._dynamo.utils")
     return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from models.data import load_dataset
 from models.registry import build_config, build_model, model_kind, model_names
 from models.resnet import forward_macs
 from models.zoo import resolve_factory, split_batch, step_factory, task_loss
-from tests.integration.launch_helpers import free_port
+from tests.integration.launch_helpers import REPO, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ["mlp", "resnet50", "resnext101", "bert-large", "gpt2"]
@@ -308,7 +307,7 @@ def test_digits_split_is_sklearns_and_a_later_process_reads_it_without_importing
               "corpus": len(corpus)}))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, data.DATA_CACHE_ENV: str(cache)}, cwd=Path(__file__).resolve().parents[2])
+                          env={**os.environ, data.DATA_CACHE_ENV: str(cache)}, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sklearn"] is False and out["corpus"] == len(text.corpus_text())
