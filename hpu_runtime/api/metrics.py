@@ -212,7 +212,12 @@ def record_fallback(op_name: str) -> None:
 
 
 def record_recipe_cache(hit: bool, recipe: str | None = None) -> None:
-    """Count one recipe-cache lookup; ``recipe`` names it in RecipeHit/RecipeMiss."""
+    """Count one recipe-cache lookup; ``recipe`` names it in RecipeHit/RecipeMiss.
+
+    The hpu kernel counts an eager op's hit itself, with the same updates of the same
+    :class:`Metric` slots under ``_LOCK`` (``record_recipe_hit`` in
+    ``hpu_runtime/bridge/csrc/hpu_device.cpp``): a change to this function or to
+    :meth:`Metric._add_lookup` goes there too."""
     with _LOCK:
         for m in _targets("recipe_cache"):
             m._add_lookup(bool(hit), recipe)

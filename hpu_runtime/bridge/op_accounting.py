@@ -65,7 +65,13 @@ regions the op is then launched at once, as ``append_op`` does: by the library i
 (``eager_launch``) when the launch touches nothing but the recipe cache's memory, its metric
 and the compute stream (a recipe already compiled; no new scalar to copy, no lazy collective,
 no event log, graph log or trace), a twin of
-:meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for that case, else by that method. It
+:meth:`~hpu_runtime.bridge.launcher.Launcher.launch` for that case, else by that method. The
+hit itself is counted there too, by twins of :meth:`RecipeCache.memory_hit
+<hpu_runtime.bridge.recipe_cache.RecipeCache.memory_hit>` and of
+:func:`~hpu_runtime.api.metrics.record_recipe_cache` (each under its object's lock, taken without
+waiting: while another thread holds it the launch goes to ``Launcher.launch``, or the metric to
+its function, which wait). The two Python calls they replace were about 1.5 us of the 11-14 us an
+eager op cost over plain PyTorch on a 2-core VM (``x.add_(y)`` on a 128 x 64 tensor). It
 reads and writes the pending graph's, the card's and the accounting's state in their instance
 dicts, having checked when the device was published that their classes define none of those
 names (a property would be bypassed: such a device is refused with a TypeError). Anything else

@@ -96,7 +96,9 @@ class RecipeCache:
     def memory_hit(self, key: Hashable) -> Recipe | None:
         """The recipe of a graph key if memory holds it, counted as a hit and made the most
         recently used; None otherwise, with nothing counted (the caller goes on to
-        :meth:`lookup`, which counts the miss)."""
+        :meth:`lookup`, which counts the miss). The hpu kernel has a twin of this method for a
+        cache of this exact class (``recipe_memory_hit`` in ``csrc/hpu_device.cpp``: the same
+        reads and counts under ``_lock``, taken without waiting): a change here goes there too."""
         with self._lock:
             recipe = self._entries.get(key)
             if recipe is not None:

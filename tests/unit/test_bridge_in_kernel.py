@@ -495,9 +495,12 @@ def test_the_kernels_eager_launches_equal_the_launchers(monkeypatch):
     (``eager_launch`` in ``csrc/hpu_device.cpp``), against the Python hooks alone (the
     reference: every op recorded by the after hook and launched by ``Launcher.launch``): three
     training steps of a small MLP on a card whose steps run 1.3x slower; the same compute
-    stream intervals (start, end, label), host time, launches, recipe-cache counts and
-    ``recipe_cache`` metric (hits and misses by recipe name), the same parameters; and the
-    kernel launched many ops itself (the rest: the first step's new entries, Adam's numbers)."""
+    stream intervals (start, end, label), host time, launches, recipe-cache counts and order of
+    use (the kernel's twin of ``RecipeCache.memory_hit`` makes a hit the most recently used),
+    ``recipe_cache`` metric (hits and misses by recipe name, in a local context and globally:
+    the kernel's twin of ``metrics.record_recipe_cache``; the names kept in the same order with
+    the bound on them lowered to 5, so that the oldest are forgotten), the same parameters; and the kernel
+    launched many ops itself (the rest: the first step's new entries, Adam's numbers)."""
     from hpu_runtime.api import metrics
     from hpu_runtime.bridge import launcher as launcher_mod
     from hpu_runtime.bridge import runtime
@@ -511,6 +514,7 @@ def test_the_kernels_eager_launches_equal_the_launchers(monkeypatch):
         return launch(self, reason, *a)
 
     monkeypatch.setattr(launcher_mod.Launcher, "launch", counted)
+    monkeypatch.setattr(metrics, "MAX_NAMED_RECIPES", 5)
 
     def run(kernel: bool):
         dev = hpu.reset_device("gaudi2")
@@ -520,22 +524,73 @@ def test_the_kernels_eager_launches_equal_the_launchers(monkeypatch):
         if not kernel:
             python_only.__enter__()
         try:
+            metrics.metric_global("recipe_cache").reset()
             with metrics.metric_localcontext("recipe_cache") as cache_metric:
                 params = _three_adam_steps(*_small_adam_job())
             assert dev.launcher.log is None and dev.card.trace is None
-            stats = dev.launcher.recipes.stats()
+            recipes = dev.launcher.recipes
+            stats = recipes.stats()
+            by_use = [recipes._entries[k].meta["name"] for k in recipes._entries]  # least recently used first
+            named = [list(m._hit_by_name) for m in (cache_metric, metrics.metric_global("recipe_cache"))]
+            assert len(named[0]) == 5
             return (list(dev.card.compute.intervals), dev.card.host_ns, dev.card.compute.free_ns,
-                    dev.launcher.graphs_launched, stats, cache_metric.stats(), params,
-                    python_launches.count("eager"))
+                    dev.launcher.graphs_launched, stats, cache_metric.stats(), by_use,
+                    metrics.metric_global("recipe_cache").stats(), named, params, python_launches.count("eager"))
         finally:
             if not kernel:
                 python_only.__exit__(None, None, None)
 
     kernel, python = run(True), run(False)
-    assert python[3] > 100 and python[7] == python[3]  # every launch an op's (mark_step finds nothing pending)
-    assert kernel[:6] == python[:6]
-    assert all(torch.equal(a, b) for a, b in zip(kernel[6], python[6]))
-    assert python[7] - kernel[7] >= 50, (kernel[7], python[7])  # launched by the kernel (62 here)
+    assert python[3] > 100 and python[10] == python[3]  # every launch an op's (mark_step finds nothing pending)
+    assert kernel[:9] == python[:9]
+    assert kernel[5] == python[7] and dict(kernel[5])["TotalHit"] > 50  # the local context counted what the global did
+    assert all(torch.equal(a, b) for a, b in zip(kernel[9], python[9]))
+    assert python[10] - kernel[10] >= 50, (kernel[10], python[10])  # launched by the kernel (62 here)
+
+
+@pytest.mark.parametrize("busy", ["recipe cache", "metrics"])
+def test_an_eager_hit_waits_for_a_lock_another_thread_holds_and_is_counted_once(monkeypatch, busy):
+    """Eager mode: the kernel takes the recipe cache's lock and the metrics' lock without waiting
+    (it holds the GIL); while another thread holds one, the op goes to the Python code, which
+    waits for it. The reference, by hand: an op whose recipe is in memory, run while another
+    thread holds the lock, ends after that thread let go, and is counted as exactly one hit in
+    the cache and in the ``recipe_cache`` metric, as the same op is with the lock free."""
+    from hpu_runtime.api import metrics
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    dev = hpu.reset_device("gaudi2")
+    try:
+        x = torch.ones(4, device="hpu")
+        torch.mul(x, x)  # the recipe compiled (a miss)
+        recipes, metric = dev.launcher.recipes, metrics.metric_global("recipe_cache")
+
+        def counts():
+            return recipes.stats().hits, dict(metric.stats())["TotalHit"]
+
+        before = counts()
+        torch.mul(x, x)
+        free = counts()
+        assert free == (before[0] + 1, before[1] + 1)
+        lock = recipes._lock if busy == "recipe cache" else metrics._LOCK
+        held, events = threading.Event(), []
+
+        def hold():
+            with lock:
+                held.set()
+                threading.Event().wait(0.3)
+                events.append("released")
+
+        t = threading.Thread(target=hold)
+        t.start()
+        assert held.wait(10)
+        torch.mul(x, x)
+        events.append("op done")
+        t.join(10)
+        assert events == ["released", "op done"]
+        assert counts() == (free[0] + 1, free[1] + 1)
+    finally:
+        monkeypatch.undo()
+        hpu.reset_device("gaudi2")
 
 
 def test_a_number_at_a_scalar_input_shares_the_entry_and_each_new_one_is_still_charged(monkeypatch):

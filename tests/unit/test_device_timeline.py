@@ -183,3 +183,46 @@ def test_the_kernels_eager_launches_fold_a_step_that_never_ends(monkeypatch):
         hpu.reset_device("gaudi2")
     assert folded == reference and reference.compute_ns > 0
     assert launches >= 200 and held >= 200 and most <= 20, (launches, held, most)
+
+
+def test_the_busy_intervals_of_a_window_against_a_pointwise_count():
+    """``busy``'s merge of a stream's intervals clipped to a window, in one pass when they come
+    in start order (a stream's usual order) and by sorting when they do not: against a reference
+    that marks each covered nanosecond of a small range and reads the runs of marks back. Both
+    orders, intervals before, across and after the window, empty ones, touching ones."""
+    import random
+
+    from hpu_runtime.device.timeline import _clipped_union
+
+    def by_points(intervals, lo, hi):
+        covered = {t for s, e, _ in intervals for t in range(max(s, lo), min(e, hi))}
+        runs, t = [], lo
+        while t < hi:
+            if t in covered:
+                start = t
+                while t < hi and t in covered:
+                    t += 1
+                runs.append((start, t))
+            else:
+                t += 1
+        return runs
+
+    rng = random.Random(3)
+    orders = {"in order": 0, "out of order": 0}
+    for _ in range(3000):
+        n = rng.randint(0, 10)
+        in_order = rng.random() < 0.6
+        intervals, t = [], rng.randint(-8, 4)
+        for _ in range(n):
+            if in_order:
+                t += rng.randint(0, 5)
+                s = t
+            else:
+                s = rng.randint(-10, 30)
+            intervals.append((s, s + rng.randint(0, 7), "op"))
+        lo = rng.randint(-6, 20)
+        hi = lo + rng.randint(0, 25)
+        starts = [iv[0] for iv in intervals]
+        orders["in order" if starts == sorted(starts) else "out of order"] += 1
+        assert _clipped_union(intervals, lo, hi) == by_points(intervals, lo, hi), (intervals, lo, hi)
+    assert min(orders.values()) > 500, orders

@@ -1022,6 +1022,143 @@ int launcher_append(const Attrs& l, const Attrs& card, PyObject* op) {
   return most > 0 && no_region && PyList_GET_SIZE(pending) >= most ? 2 : 0;
 }
 
+// A lock taken without waiting (lock.acquire(False)) and released at the end of the scope: the
+// kernel never blocks on a Python lock while it holds the GIL and the device's lock; a lock
+// another thread holds sends the caller back to the Python code, which waits for it.
+struct TryLock {
+  PyObject* lock;
+  bool held = false;
+  explicit TryLock(PyObject* l) : lock(l) {
+    static PyObject* const acquire = interned("acquire");
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(lock, acquire, Py_False));
+    if (!r) throw python_error();
+    held = r.ptr() == Py_True;
+  }
+  TryLock(const TryLock&) = delete;
+  TryLock& operator=(const TryLock&) = delete;
+  ~TryLock() {
+    if (!held) return;
+    static PyObject* const release = interned("release");
+    PyObject* r = PyObject_CallMethodNoArgs(lock, release);
+    if (r == nullptr) {
+      PyErr_WriteUnraisable(lock);
+    } else {
+      Py_DECREF(r);
+    }
+  }
+};
+
+// The class a module defines, looked up once; a class that defines one of `plain` (a property
+// would be bypassed by the instance-dict reads of Attrs) is refused with a TypeError.
+PyObject* plain_class(const char* module, const char* name, std::initializer_list<const char*> plain) {
+  PyObject* m = PyImport_ImportModule(module);
+  if (m == nullptr) throw python_error();
+  PyObject* cls = PyObject_GetAttrString(m, name);
+  Py_DECREF(m);
+  if (cls == nullptr) throw python_error();
+  for (const char* attr : plain) {
+    if (PyObject_HasAttrString(cls, attr)) {
+      Py_DECREF(cls);
+      PyErr_Format(PyExc_TypeError, "the hpu kernel reads %s.%s as a plain attribute, but the class defines it", name, attr);
+      throw python_error();
+    }
+  }
+  return cls;  // kept for the process
+}
+
+// RecipeCache.memory_hit(key) (hpu_runtime/bridge/recipe_cache.py) for a cache of that exact
+// class: the recipe memory holds for `key` (borrowed), counted as a hit and made the most
+// recently used; or null with nothing counted: a miss (Launcher.launch looks it up again and
+// counts it), or a cache whose lock another thread holds (the caller leaves the launch to
+// Launcher.launch, which waits for it).
+py::object recipe_memory_hit(PyObject* recipes, PyObject* key) {
+  static PyObject* const cls = plain_class("hpu_runtime.bridge.recipe_cache", "RecipeCache", {"_lock", "_entries", "_hits"});
+  static PyObject* const one = PyLong_FromLong(1);
+  if (reinterpret_cast<PyObject*>(Py_TYPE(recipes)) != cls) {  // a subclass may count otherwise: its own method
+    static PyObject* const memory_hit = interned("memory_hit");
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(recipes, memory_hit, key));
+    if (!r) throw python_error();
+    return r.is_none() ? py::object() : r;
+  }
+  const Attrs cache(recipes);
+  TryLock lock(cache[NAME("_lock")]);
+  if (!lock.held) return py::object();
+  PyObject* entries = cache[NAME("_entries")];  // an OrderedDict: a dict to read
+  PyObject* recipe = PyDict_GetItemWithError(entries, key);
+  if (recipe == nullptr) {
+    if (PyErr_Occurred()) throw python_error();
+    return py::object();
+  }
+  py::object kept = py::reinterpret_borrow<py::object>(recipe);
+  cache.add(NAME("_hits"), one);
+  static PyObject* const move_to_end = interned("move_to_end");
+  py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(entries, move_to_end, key));
+  if (!r) throw python_error();
+  return kept;
+}
+
+// metrics.record_recipe_cache(True, name) (hpu_runtime/api/metrics.py): one hit counted on the
+// global recipe_cache metric and on every local context's, `name` made the most recently
+// counted of each one's RecipeHit names, the oldest forgotten past MAX_NAMED_RECIPES
+// (Metric._add_lookup). Returns false, having counted nothing, when the metrics' lock is held
+// by another thread or a target is not exactly a Metric; the caller then calls the function.
+bool record_recipe_hit(PyObject* name) {
+  static PyObject* const globals = [] {
+    PyObject* m = PyImport_ImportModule("hpu_runtime.api.metrics");
+    if (m == nullptr) throw python_error();
+    PyObject* d = PyModule_GetDict(m);  // borrowed from the module, which sys.modules keeps
+    Py_INCREF(d);
+    Py_DECREF(m);
+    return d;
+  }();
+  static PyObject* const metric_cls = plain_class("hpu_runtime.api.metrics", "Metric", {});
+  static PyObject* const one = PyLong_FromLong(1);
+  const auto global = [](PyObject* n) {
+    PyObject* v = PyDict_GetItemWithError(globals, n);
+    if (v == nullptr) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_AttributeError, "hpu_runtime.api.metrics has no %U", n);
+      throw python_error();
+    }
+    return v;
+  };
+  TryLock lock(global(NAME("_LOCK")));
+  if (!lock.held) return false;
+  PyObject* const kind = NAME("recipe_cache");
+  PyObject* first = PyDict_GetItemWithError(global(NAME("_GLOBAL")), kind);
+  PyObject* locals = PyDict_GetItemWithError(global(NAME("_LOCAL")), kind);
+  if (first == nullptr || locals == nullptr || !PyList_CheckExact(locals)) {
+    if (PyErr_Occurred()) throw python_error();
+    return false;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(locals);
+  for (Py_ssize_t i = -1; i < n; ++i) {
+    if (reinterpret_cast<PyObject*>(Py_TYPE(i < 0 ? first : PyList_GET_ITEM(locals, i))) != metric_cls) return false;
+  }
+  const Py_ssize_t most = PyLong_AsSsize_t(global(NAME("MAX_NAMED_RECIPES")));
+  if (most == -1 && PyErr_Occurred()) throw python_error();
+  for (Py_ssize_t i = -1; i < n; ++i) {
+    PyObject* m = i < 0 ? first : PyList_GET_ITEM(locals, i);
+    set_attr(m, NAME("_hits"), PyNumber_Add(get(m, NAME("_hits")).ptr(), one));
+    if (name == Py_None) continue;
+    py::object named = get(m, NAME("_hit_by_name"));
+    PyObject* count = PyDict_GetItemWithError(named.ptr(), name);
+    if (count == nullptr && PyErr_Occurred()) throw python_error();
+    py::object next = py::reinterpret_steal<py::object>(count != nullptr ? PyNumber_Add(count, one) : PyLong_FromLong(1));
+    if (!next) throw python_error();
+    if (count != nullptr && PyDict_DelItem(named.ptr(), name) != 0) throw python_error();  // to the end, as pop
+    if (PyDict_SetItem(named.ptr(), name, next.ptr()) != 0) throw python_error();
+    if (PyDict_GET_SIZE(named.ptr()) > most) {
+      Py_ssize_t pos = 0;
+      PyObject *oldest, *value;
+      if (PyDict_Next(named.ptr(), &pos, &oldest, &value)) {
+        py::object key = py::reinterpret_borrow<py::object>(oldest);
+        if (PyDict_DelItem(named.ptr(), key.ptr()) != 0) throw python_error();
+      }
+    }
+  }
+  return true;
+}
+
 // Launcher.launch("eager", 0) of the one op launcher_append has just added, when that launch
 // touches nothing but the recipe cache's memory, its metric and the compute stream: no new
 // scalars to copy, no log, no graph log, no lazy collective, no trace of the stream, a recipe
@@ -1049,10 +1186,10 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
   if (get(compute, NAME("trace")).ptr() != Py_None) return false;
   py::object key = py::reinterpret_steal<py::object>(PyTuple_Pack(1, PyList_GET_ITEM(keys, 0)));
   if (!key) throw python_error();
-  static PyObject* const memory_hit = interned("memory_hit");  // Launcher._recipe's lookup when it hits
-  py::object recipe = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(l[NAME("recipes")], memory_hit, key.ptr()));
-  if (!recipe) throw python_error();
-  if (recipe.is_none()) return false;  // a miss: Launcher.launch counts it and compiles
+  // Launcher._recipe's lookup when it hits (a cache whose lock another thread holds: left to
+  // Launcher.launch, nothing counted)
+  py::object recipe = recipe_memory_hit(l[NAME("recipes")], key.ptr());
+  if (!recipe) return false;  // a miss (Launcher.launch counts it and compiles), or the cache's lock busy
   py::object name;  // recipe.meta.get("name", "recipe")
   {
     py::object meta = get(recipe.ptr(), NAME("meta"));
@@ -1065,7 +1202,7 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
       if (!name) throw python_error();
     }
   }
-  {  // the recipe_cache metric (Launcher._recipe's hit)
+  if (!record_recipe_hit(name.ptr())) {  // the recipe_cache metric (Launcher._recipe's hit), by the function
     static PyObject* const record = [] {
       PyObject* m = PyImport_ImportModule("hpu_runtime.api.metrics");
       if (m == nullptr) throw python_error();
