@@ -3,8 +3,11 @@
 Runs the digits MLP (hidden 128) and a larger MLP (hidden 2048) with the train job's step
 (cross-entropy, Adam, ``mark_step`` after backward and after the optimizer step), single
 process, one intra-op thread, batch 32 on 8 x 8 digits-shaped inputs. The two variants
-alternate in rounds and the median per-step time of each is reported, so load from other
-processes affects both alike. Times here are *wall-clock* on this machine, not simulated::
+alternate in rounds, plain first and last, and the median per-step time of each is reported;
+the ratio is the median over the bridge's rounds of each one's time over the mean of the two
+plain rounds either side of it (:func:`paired_ratio`), so a machine whose speed drifts within
+the run (a shared VM) moves both sides of each ratio alike. Times here are *wall-clock* on this
+machine, not simulated::
 
     python -m hpu_runtime.tools.bench_overhead [--steps 30] [--rounds 3] [--hidden 128 2048] [--breakdown]
     PT_HPU_LAZY_MODE=0 python -m hpu_runtime.tools.bench_overhead --compile [--hidden 128]
@@ -37,7 +40,7 @@ import time
 
 from ..cli_args import count
 
-__all__ = ["breakdown", "measure", "main"]
+__all__ = ["breakdown", "measure", "main", "paired_ratio"]
 
 _WARMUP_STEPS = 3
 """Untimed steps before each timed run (:func:`_time_steps`)."""
@@ -118,17 +121,34 @@ def _steps(hidden: int, batch: int, compiled: bool = False):
     return plain_step, bridge_step
 
 
+def paired_ratio(plain: list[float], bridged: list[float]) -> float:
+    """The bridge's time over plain PyTorch's, round by round: the median over ``i`` of
+    ``bridged[i] / ((plain[i] + plain[i + 1]) / 2)``, for rounds run plain, bridge, plain, ...,
+    bridge, plain (any unit, the same for both).
+
+    Raises:
+        ValueError: ``plain`` not one round longer than a non-empty ``bridged``, or a time <= 0.
+    """
+    if not bridged or len(plain) != len(bridged) + 1:
+        raise ValueError(f"paired_ratio: needs one more plain round than bridge rounds (at least one), got"
+                         f" {len(plain)} and {len(bridged)}")
+    if min(plain + bridged) <= 0:
+        raise ValueError("paired_ratio: every round's time must be > 0")
+    return statistics.median(b / ((plain[i] + plain[i + 1]) / 2) for i, b in enumerate(bridged))
+
+
 def measure(hidden: int, *, steps: int = 30, rounds: int = 3, batch: int = 32,
             compiled: bool = False) -> dict[str, float]:
-    """Median wall seconds per step for plain PyTorch and with the bridge; and their ratio
+    """Median wall seconds per step for plain PyTorch and with the bridge over ``rounds``
+    rounds each (plain runs once more: first and last), and the bridge's :func:`paired_ratio`
     (``compiled``: both under ``torch.compile``, module doc)."""
     plain_step, bridge_step = _steps(hidden, batch, compiled)
-    plain, bridged = [], []
+    plain, bridged = [_time(plain_step, steps, bridge=False)], []
     for _ in range(rounds):
-        plain.append(_time(plain_step, steps, bridge=False))
         bridged.append(_time(bridge_step, steps, bridge=True))
+        plain.append(_time(plain_step, steps, bridge=False))
     p, b = statistics.median(plain), statistics.median(bridged)
-    return {"hidden": hidden, "plain_s": p, "bridge_s": b, "ratio": b / p}
+    return {"hidden": hidden, "plain_s": p, "bridge_s": b, "ratio": paired_ratio(plain, bridged)}
 
 
 def _noop_dispatch_mode():

@@ -161,3 +161,22 @@ def test_the_compiled_step_runs_the_models_graphs_in_compiled_regions(monkeypatc
     cmd = [sys.executable, "-m", "hpu_runtime.tools.bench_overhead", "--compile", "--breakdown"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--breakdown" in out.stderr and "--compile" in out.stderr, out.stderr
+
+
+def test_the_ratio_pairs_each_bridge_round_with_the_plain_rounds_around_it():
+    """``paired_ratio`` by hand: on a machine that halves its speed from round to round (plain
+    1, 2, 4; bridge 3, 6: twice the plain time around each) the ratio is 2.0, where the medians'
+    ratio would say 2.25; two rounds of ratios 2 and 1 give their median 1.5; rounds that do
+    not pair, and a time of 0, are refused by name."""
+    import pytest
+
+    from hpu_runtime.tools.bench_overhead import paired_ratio
+
+    assert paired_ratio([1.0, 2.0, 4.0], [3.0, 6.0]) == 2.0
+    assert paired_ratio([1.0, 3.0, 1.0], [4.0, 2.0]) == 1.5
+    assert paired_ratio([0.5, 0.5], [1.5]) == 3.0
+    for plain, bridged in (([1.0, 1.0], [1.0, 1.0]), ([1.0], []), ([1.0, 1.0, 1.0], [1.0])):
+        with pytest.raises(ValueError, match="one more plain round"):
+            paired_ratio(plain, bridged)
+    with pytest.raises(ValueError, match="> 0"):
+        paired_ratio([1.0, 0.0], [1.0])
