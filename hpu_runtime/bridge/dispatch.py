@@ -126,7 +126,10 @@ an eager op's recipe-cache hit and its metric counted in the kernel (NOTE [the o
 kernel] in :mod:`.op_accounting`); a fold of a long step window in one pass over the stream's
 intervals, 0.7 -> 0.2 us an interval (:func:`~hpu_runtime.device.timeline.busy`). Together: lazy
 mode 2.34-2.73x -> 1.95-2.53x, eager mode 3.54-3.63x -> 3.13-3.27x on that VM (the plain step
-there is about 1.0 ms, against 0.55 ms on the machine of the figures above).
+there is about 1.0 ms, against 0.55 ms on the machine of the figures above). Those are ratios of
+medians; the benchmark's ratio is now paired round by round
+(:func:`~hpu_runtime.tools.bench_overhead.paired_ratio`), which gave 2.14-2.24x in lazy mode on
+the same VM and tree.
 
 NOTE [an op's entry, kept by the kernel]
 Most of what the bridge needs about an op depends on the op and its signature only: the
