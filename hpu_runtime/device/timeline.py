@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 __all__ = ["FOLD_AT", "STREAMS", "Stream", "StepTimes", "TraceEvent", "busy", "step_breakdown"]
@@ -74,21 +75,22 @@ class StepTimes:
 
 
 def _clipped_union(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
-    """``_union(_clip(intervals, lo, hi))`` in one pass over intervals sorted by start, as a
-    stream's are when it runs in order (the sort and the two other passes are the cost of a
-    fold: NOTE [a long step window, folded] in :mod:`hpu_runtime.device.card`); intervals out of
-    that order take the general way. The same list either way: clipping keeps starts in order, and
-    intervals with equal starts merge alike in any order."""
+    """The busy spans of ``intervals`` (``(start, end, ...)``, ns) within ``[lo, hi)``: clipped
+    to it, merged where they overlap or touch, in start order. One pass when the intervals come
+    in start order, as a stream's do when it runs in order (a sort and separate passes were the
+    cost of a fold: NOTE [a long step window, folded] in :mod:`hpu_runtime.device.card`); out of
+    that order, the same pass over them sorted by start (intervals with equal starts merge alike
+    in any order)."""
     merged: list[tuple[int, int]] = []
     if not intervals:
         return merged
     append = merged.append
-    last = None  # the latest merged interval's end
+    last = None  # the latest merged span's end
     prev = intervals[0][0]  # the latest start seen
     for iv in intervals:
         s = iv[0]
         if s < prev:
-            return _union(_clip(intervals, lo, hi))
+            return _clipped_union(sorted(intervals, key=itemgetter(0)), lo, hi)
         prev = s
         e = iv[1]
         if s < lo:
@@ -106,28 +108,8 @@ def _clipped_union(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
     return merged
 
 
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            if e > merged[-1][1]:
-                merged[-1] = (merged[-1][0], e)
-        else:
-            merged.append((s, e))
-    return merged
-
-
 def _length(intervals: list[tuple[int, int]]) -> int:
     return sum(e - s for s, e in intervals)
-
-
-def _clip(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
-    out = []
-    for iv in intervals:
-        s2, e2 = max(iv[0], lo), min(iv[1], hi)
-        if e2 > s2:
-            out.append((s2, e2))
-    return out
 
 
 def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
