@@ -77,8 +77,7 @@ kernel library (NOTE [the HBM counters, in the kernel library] in
 :mod:`hpu_runtime.device.memory`), the record joins the pending graph there, and in eager mode
 the kernel launches the op when its recipe is compiled already (its lookup, its metric, the
 compute stream). The Python hooks remain for a signature's first call, the copies between host
-and device, an op that puts a number new to the device on it (Adam's bias corrections: two a
-step), the ops of HPU-graph captures, and in eager mode an op called with other numbers than
+and device, the ops of HPU-graph captures, and in eager mode an op called with other numbers than
 its record's where they are constants of the key (Adam's step size in ``addcdiv_``: five a step
 on the digits MLP, each a new recipe). An eager ``mul_`` of two 16-float hpu tensors costs 5.0
 us against 0.9 us plain (7.8-8.2 us with every eager op recorded and launched in Python; 3.99
@@ -129,7 +128,43 @@ mode 2.34-2.73x -> 1.95-2.53x, eager mode 3.54-3.63x -> 3.13-3.27x on that VM (t
 there is about 1.0 ms, against 0.55 ms on the machine of the figures above). Those are ratios of
 medians; the benchmark's ratio is now paired round by round
 (:func:`~hpu_runtime.tools.bench_overhead.paired_ratio`), which gave 2.14-2.24x in lazy mode on
-the same VM and tree.
+the same VM and tree. Six later cuts, on a 2-core VM slower again (the plain step 1.5-1.7 ms),
+measured in wall-clock alternating with the tree before them and, since wall-clock there moves by
+10-20% from run to run, in instructions per step as valgrind's callgrind counts them between
+two marks of a running loop of steps (the same count on any load): the CPU kernel of a small
+aten op run with the GIL kept (NOTE [the GIL around a small op]); the device's lock a
+``DeviceLock`` of the kernel library, which the kernel takes in place (calling
+``threading.RLock.acquire`` from C parsed its arguments each time: about 4% of a lazy
+``x.add_(y)`` in ``perf``); the op record's tuples made at their final sizes (no list to convert,
+the ``OpRecord`` filled in place); a new result's ``StorageRef`` made by the weak reference's
+``__new__`` with its slots set in place and its bytes read from the C++ storage; a number new
+to the device put in the scalar cache by the kernel (Adam's two bias corrections a step had sent
+two ops a step to the after hook); and the transfer hooks' device types read from a cache
+(``torch.device.type`` builds a new string at each read, about 0.8 us). Together: a step of the
+digits MLP 4.85 M -> 4.57 M instructions (plain PyTorch: 2.98 M), lazy mode; ``bench_overhead
+--hidden 128 --rounds 7 --steps 60``, seven runs of each tree alternated: lazy 1.90-2.46x (median
+2.16x) -> 1.87-2.32x (median 2.09x), eager mode within the noise (2.89-3.42x -> 3.00-3.08x). A
+cache of each op's last record (its tuples reused when the op ran again on the same storages)
+was tried and dropped: a training step's ops almost always touch a storage new since their last
+call (a result, a fresh gradient). In callgrind's counts the step's hpu kernels are about 36% of the
+bridge's instructions, the op records 13% (the pending graph's bookkeeping in the instance dicts
+3%, the storages' lookups 3%), the hook's own work about 9%; the extra instructions cost more
+time than plain PyTorch's (1.53x the instructions for 1.9-2.3x the time: allocations, and
+pointers followed through dicts and Python objects), so the next step is still the one named
+above, the storages and the pending graph kept in C++.
+
+NOTE [the GIL around a small op]
+The hpu kernel holds the GIL for its hooks and its op record. Around the op's CPU kernel it
+keeps it for an ``aten`` op whose tensor arguments hold at most 256 KiB (``keeps_gil`` in
+``csrc/hpu_device.cpp``), and releases it otherwise. Releasing and taking back the GIL costs
+about as much as such a small op's kernel, and while the GIL is released every tensor whose C++
+reference count passes between one and two (the op's arguments, once the hook's copy of them and
+the CPU views over them are dropped) takes the GIL again to change its Python object's count
+(PyObject preservation in torch 2.13: ``incref_pyobject`` / ``decref_pyobject`` in
+``c10/util/intrusive_ptr.h``); the hook's copy of the arguments is dropped before the GIL is, for
+the same reason. A larger op, and any op outside the ``aten`` namespace (a c10d collective, a
+user's custom op: either may wait for another thread), runs with the GIL released, as before, so
+other Python threads run during it; they wait at most one small kernel's time otherwise.
 
 NOTE [an op's entry, kept by the kernel]
 Most of what the bridge needs about an op depends on the op and its signature only: the
@@ -221,10 +256,25 @@ _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _aten = torch.ops.aten
 
 
+_DEVICE_TYPES: dict = {}
+
+
+def device_type(device: torch.device) -> str:
+    """``device.type``, kept per device: ``torch.device.type`` makes a new string from the device
+    type's name at every read (about 0.8 us on a 2-core VM, against 0.1 us for this lookup),
+    and the transfer hooks read it several times a copy."""
+    t = _DEVICE_TYPES.get(device)
+    if t is None:
+        t = device.type
+        if len(_DEVICE_TYPES) < 256:
+            _DEVICE_TYPES[device] = t
+    return t
+
+
 def _read_back(t, nbytes: int | None = None) -> None:
     """A host read of ``t`` (``nbytes`` of it, default all): launch, wait and copy back if it is
     on the device."""
-    if isinstance(t, torch.Tensor) and t.device.type == "hpu":
+    if isinstance(t, torch.Tensor) and device_type(t.device) == "hpu":
         dev = get_device()
         try:
             serial = dev.serial_of(t)
@@ -285,17 +335,20 @@ def _transfer(dev, func, args, kwargs):
     a token, or None when the op is device work (a copy or cast on the device)."""
     if func is _TO_COPY:
         target, src = kwargs.get("device"), args[0]
-        if target is None or target.type == src.device.type:
+        if target is None:
             return None
-        if target.type == "hpu":
+        to = device_type(target)
+        if to == device_type(src.device):
+            return None
+        if to == "hpu":
             dev.check_alloc(src.numel() * (kwargs.get("dtype") or src.dtype).itemsize)
             return _TO_DEVICE
         _read_back(src)
         return _DONE
     if func is _COPY:
         dst, src = args[0], args[1]
-        into_device = dst.device.type == "hpu"
-        if into_device == (src.device.type == "hpu"):
+        into_device = device_type(dst.device) == "hpu"
+        if into_device == (device_type(src.device) == "hpu"):
             return None
         if not into_device:
             _read_back(src)
@@ -327,7 +380,7 @@ def _before(func, args, kwargs, entry=None):
         if kwargs:
             device = kwargs.get("device")
             if device is not None:
-                if device.type != "hpu":
+                if device_type(device) != "hpu":
                     return _DONE  # a host tensor (device="cpu"): not device work
                 nbytes = _factory_nbytes(args, kwargs)
         entry = dev.op_entry(func, args, kwargs, nbytes)
@@ -342,7 +395,7 @@ def _after(func, args, kwargs, out, token):
     if token is _TO_DEVICE:
         if out is None:  # lift_fresh: a view of its argument (NOTE [the bridge in the kernel])
             out = args[0]
-        if isinstance(out, torch.Tensor) and out.device.type == "hpu":
+        if isinstance(out, torch.Tensor) and device_type(out.device) == "hpu":
             dev.to_device(out)
         return
     if token is _H2D:

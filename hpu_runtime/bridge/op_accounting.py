@@ -76,9 +76,12 @@ reads and writes the pending graph's, the card's and the accounting's state in t
 dicts, having checked when the device was published that their classes define none of those
 names (a property would be bypassed: such a device is refused with a TypeError). Anything else
 (a new entry, a record made on the other side of a compiled region's boundary, other numbers
-than its pins, as Adam's step size in ``addcdiv_`` each step, a capture, a scalar new to the
-device, an error while reading the storages) goes to the after hook, which records as it
-always did and leaves the entry's record for the next call;
+than its pins, as Adam's step size in ``addcdiv_`` each step, a capture, an error while reading
+the storages) goes to the after hook, which records as it always did and leaves the entry's
+record for the next call. A number new to the device at a scalar input (Adam's two bias
+corrections each step, in lazy mode) joins the scalar cache in the kernel, a twin of
+:meth:`OpAccounting._scalar_to_device` (the cache emptied at the same ``_MEMO_LIMIT``, which
+the kernel reads when the device is published);
 :func:`~hpu_runtime.bridge.runtime.python_hooks_only` sends every op there.
 ``tests/unit/test_bridge_in_kernel.py`` checks a training step's events, timeline and
 parameters against the after hook's alone, in lazy, eager and compile mode.
@@ -90,7 +93,6 @@ hands it its lock, which every method here takes around the parts it touches.
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -450,7 +452,8 @@ class OpAccounting:
         card: the card's clocks (CPU fallbacks charge host time).
         launcher: the pending graph the records join.
         fallback: which ops run on the CPU.
-        lock: the facade's lock.
+        lock: the facade's reentrant lock (a ``DeviceLock`` of the kernel library, which the
+            kernel takes in place; any lock with ``acquire``/``release`` and ``with``).
 
     Attributes:
         fp32_as_bf16: inside an emulated bf16 autocast region (or the backward after it),
@@ -458,7 +461,7 @@ class OpAccounting:
     """
 
     def __init__(self, spec: DeviceSpec, residency: Residency, card: Card, launcher: Launcher,
-                 fallback: FallbackPolicy, lock: threading.RLock) -> None:
+                 fallback: FallbackPolicy, lock) -> None:
         self.spec = spec
         self._scalars: set = set()  # (type, value) of the scalars already on the device (NOTE [scalars as graph inputs])
         self.residency = residency
@@ -631,7 +634,8 @@ class OpAccounting:
     def _scalar_to_device(self, value) -> None:
         """The bridge's scalar cache: a value's first use joins the pending graph's batch of
         scalars, copied host->device at its launch (:attr:`Launcher.new_scalars`); later uses
-        find it on the device."""
+        find it on the device. The hpu kernel has a twin (``scalars_to_device`` in
+        ``csrc/hpu_device.cpp``) for the ops it records itself: change both together."""
         key = (type(value), value)
         if key not in self._scalars:
             if len(self._scalars) >= _MEMO_LIMIT:

@@ -18,7 +18,10 @@ part                owns
                     emulated autocast (:mod:`hpu_runtime.bridge.op_accounting`)
 ==================  =====================================================================
 
-Every public method takes the lock, so the parts need none of their own; the parts are
+The lock is reentrant, as ``threading.RLock`` (its ``acquire``, ``release`` and ``with``), and is
+a ``DeviceLock`` of the hpu kernel library, which the kernel takes in place, with no Python call,
+around each op record it makes (NOTE [the bridge's hot path] in :mod:`.dispatch`). Every public
+method takes the lock, so the parts need none of their own; the parts are
 public for reading and for tests, but state changes go through the facade. All times are
 simulated nanoseconds (see NOTE [simulated timeline] in :mod:`hpu_runtime.device.card`).
 """
@@ -26,7 +29,6 @@ simulated nanoseconds (see NOTE [simulated timeline] in :mod:`hpu_runtime.device
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -35,6 +37,7 @@ import torch
 from ..device.card import Card, CollectiveTiming
 from ..device.cost_model import OpCost
 from ..device.lazy_graph import OpRecord
+from ..device import native
 from ..device.memory import HBMModel
 from ..device.residency import Residency
 from ..device.spec import DeviceSpec
@@ -105,7 +108,8 @@ class SimDevice:
     def __init__(self, spec: DeviceSpec, *, lazy: bool = True, max_compound_ops: int = 0,
                  recipes: RecipeCache | None = None, fallback: FallbackPolicy | None = None) -> None:
         self.spec = spec
-        self.lock = threading.RLock()
+        # reentrant, as threading.RLock; the hpu kernel takes it without a Python call
+        self.lock = native.functions()["DeviceLock"]()
         self.hbm = HBMModel.from_spec(spec)
         self.residency = Residency(self.hbm)
         self.card = Card(spec)

@@ -548,6 +548,26 @@ def test_the_kernels_eager_launches_equal_the_launchers(monkeypatch):
     assert python[10] - kernel[10] >= 50, (kernel[10], python[10])  # launched by the kernel (62 here)
 
 
+def _run_while_held(lock, op) -> list[str]:
+    """``op()`` while another thread holds ``lock`` for 0.3 s: the order in which the holder let
+    go and the op ended (every wait bounded)."""
+    held, events = threading.Event(), []
+
+    def hold():
+        with lock:
+            held.set()
+            threading.Event().wait(0.3)
+            events.append("released")
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(10)
+    op()
+    events.append("op done")
+    t.join(10)
+    return events
+
+
 @pytest.mark.parametrize("busy", ["recipe cache", "metrics"])
 def test_an_eager_hit_waits_for_a_lock_another_thread_holds_and_is_counted_once(monkeypatch, busy):
     """Eager mode: the kernel takes the recipe cache's lock and the metrics' lock without waiting
@@ -572,21 +592,7 @@ def test_an_eager_hit_waits_for_a_lock_another_thread_holds_and_is_counted_once(
         free = counts()
         assert free == (before[0] + 1, before[1] + 1)
         lock = recipes._lock if busy == "recipe cache" else metrics._LOCK
-        held, events = threading.Event(), []
-
-        def hold():
-            with lock:
-                held.set()
-                threading.Event().wait(0.3)
-                events.append("released")
-
-        t = threading.Thread(target=hold)
-        t.start()
-        assert held.wait(10)
-        torch.mul(x, x)
-        events.append("op done")
-        t.join(10)
-        assert events == ["released", "op done"]
+        assert _run_while_held(lock, lambda: torch.mul(x, x)) == ["released", "op done"]
         assert counts() == (free[0] + 1, free[1] + 1)
     finally:
         monkeypatch.undo()
@@ -752,3 +758,147 @@ def test_the_kernel_refuses_a_device_whose_state_it_cannot_read_as_plain_attribu
             lib.hpu_sim_set_device(dev.hbm.counters, dev.ops, OpRecord)
     finally:
         runtime._publish(hpu.get_device())
+
+
+def test_the_device_lock_behaves_as_threading_rlock():
+    """The device's lock (the kernel library's DeviceLock) against threading.RLock, call by
+    call: reentrant for its owner, refused to another thread (at once, or after a timeout),
+    released only by its owner, and a context manager."""
+    dev = hpu.reset_device("gaudi2")
+    results = {}
+    for name, lock in (("device", dev.lock), ("rlock", threading.RLock())):
+        seen = [lock.acquire(), lock.acquire(False), lock._is_owned()]
+        other = []
+        t = threading.Thread(target=lambda: other.extend([lock.acquire(False), lock.acquire(timeout=0.05)]))
+        t.start()
+        t.join(10)
+        lock.release()
+        lock.release()
+        seen += other + [lock._is_owned()]
+        with pytest.raises(RuntimeError, match="un-acquired"):
+            lock.release()
+        with lock:
+            with lock:
+                seen.append(lock._is_owned())
+        t = threading.Thread(target=lambda: other.append((lock.acquire(False), lock.release())))
+        t.start()
+        t.join(10)
+        seen.append(other[-1])
+        with pytest.raises(ValueError):
+            lock.acquire(False, 1.0)
+        results[name] = seen
+    assert results["device"] == results["rlock"] == [True, True, True, False, False, False, True, (True, None)]
+    assert type(dev.lock).__name__ == "DeviceLock"
+
+
+def test_an_op_waits_for_the_device_lock_another_thread_holds():
+    """The kernel takes the device's lock in place (no Python call); while another thread holds
+    it, a lazy op waits (the GIL released) and is recorded once after that thread let go, with
+    the record the same op makes with the lock free (the reference: the free run's record)."""
+    dev = hpu.reset_device("gaudi2")
+    x = torch.ones(8, device="hpu")
+    y = torch.ones(8, device="hpu")
+    x.add_(y)  # the entry kept by the kernel
+    hpu.mark_step()
+    dev.log = []
+    x.add_(y)
+    free = [e for e in dev.log if e[0] == "op"]
+    events = _run_while_held(dev.lock, lambda: x.add_(y))
+    ops = [e for e in dev.log if e[0] == "op"]
+    dev.log = None
+    assert events == ["released", "op done"]
+    assert len(free) == 1 and ops == free + free
+    assert torch.equal(x.cpu(), torch.full((8,), 4.0))  # 1 + 1 + 1 + 1
+
+
+def test_a_storage_the_kernel_registers_has_its_bytes_serial_and_id():
+    """A result's storage registered by the kernel (its bytes read in C++, its StorageRef's slots
+    set in place) against Python's own view of it: the storage's nbytes(), its id, serials
+    counting up by one, the HBM's live bytes grown by exactly those bytes; a view's storage is
+    the whole storage. A StorageRef subclass with its own __init__ is still called as a class."""
+    from hpu_runtime.device.residency import StorageRef
+
+    dev = hpu.reset_device("gaudi2")
+    x = torch.ones(64, device="hpu")
+    hpu.mark_step()
+    live = dev.hbm.live_bytes
+    a = x[:10] * 2  # a new storage of 10 floats
+    b = torch.cat([x, x])  # 128 floats
+    refs = dev.residency.refs
+    ra, rb = refs[id(a.untyped_storage())], refs[id(b.untyped_storage())]
+    assert (ra.nbytes, rb.nbytes) == (a.untyped_storage().nbytes(), b.untyped_storage().nbytes()) == (40, 512)
+    assert (ra.key, rb.key) == (id(a.untyped_storage()), id(b.untyped_storage()))
+    assert rb.serial == ra.serial + 1 and ra() is a.untyped_storage()
+    assert dev.hbm.live_bytes == live + 40 + 512
+
+    inits = []
+
+    class Counted(StorageRef):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            inits.append(len(args))
+            super().__init__(*args)
+
+    from hpu_runtime.device import native
+
+    register = native.functions()["residency_register"]
+    state = dev.residency.state
+    storage = torch.zeros(3, device="hpu").untyped_storage()  # registered by the kernel (a factory)
+    fresh = torch.empty(0).untyped_storage()  # a host storage no one registered
+    rc = register((state[0], state[1], Counted, state[3], state[4]), fresh)
+    assert type(rc) is Counted and inits == [2] and rc.nbytes == 0 and rc.key == id(fresh) and rc() is fresh
+    assert register(state, storage) is refs[id(storage)] and inits == [2]  # resident already: its ref
+    d = x + 1  # the kernel again, with StorageRef
+    rd = refs[id(d.untyped_storage())]
+    assert type(rd) is StorageRef and rd.nbytes == 256 and rd.serial == rc.serial + 1
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+def test_numbers_new_to_the_device_are_cached_by_the_kernel_as_by_the_after_hook(monkeypatch, limit):
+    """``x * v`` with numbers new to the device: the kernel records the op itself (the after hook
+    is not called once the entry is kept) and puts each new number in the device's scalar cache,
+    one 4-byte copy at the graph's launch per number the cache did not hold, the cache emptied
+    when full (``_MEMO_LIMIT``, lowered to 3 here). The reference: the same calls with every
+    record made by the after hook (``python_hooks_only``)."""
+    from hpu_runtime.bridge import dispatch, op_accounting
+    from hpu_runtime.bridge.runtime import python_hooks_only
+
+    if limit is not None:
+        monkeypatch.setattr(op_accounting, "_MEMO_LIMIT", limit)
+    values = (3.0, 3.0, 4.0, 5.0, 6.0, 3.0, 7, 7, True, 4.0)
+
+    def run(kernel: bool):
+        dev = hpu.reset_device("gaudi2")  # publishes the device: the kernel reads the limit then
+        calls, copies = [], []
+        lib = dispatch._kernel_hooks()
+
+        def after(func, args, kwargs, out, token):
+            calls.append((str(func), args[1:2]))
+            return dispatch._after(func, args, kwargs, out, token)
+
+        lib.hpu_sim_set_hooks(dispatch._before, after, dispatch.OpEntry)  # (the kernel's entries made anew)
+        x = torch.ones(4, device="hpu")
+        dev.log = []
+        for w in (2.0, 2.5, 9, 8, False, True):  # each type of number's entry kept by the kernel (1 is its own)
+            x * w
+        hpu.mark_step()
+        calls.clear()
+        scope = contextlib.nullcontext() if kernel else python_hooks_only()
+        try:
+            with scope:
+                for v in values:
+                    dev.log.clear()
+                    x * v
+                    hpu.mark_step()
+                    copies.append([e[1] for e in dev.log if e[0] == "h2d"])
+        finally:
+            lib.hpu_sim_set_hooks(dispatch._before, dispatch._after, dispatch.OpEntry)
+            dev.log = None
+        return calls, copies, sorted(map(repr, dev.ops._scalars))
+
+    kernel, python = run(True), run(False)
+    assert kernel[0] == [] and len(python[0]) == len(values)
+    assert kernel[1:] == python[1:]
+    if limit is None:
+        assert kernel[1] == [[4], [], [4], [4], [4], [], [4], [], [], []]  # True: 1, a constant of mul's key

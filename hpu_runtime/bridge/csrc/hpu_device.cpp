@@ -646,29 +646,100 @@ void set_attr(PyObject* o, PyObject* name, PyObject* v) {
 // The StorageRef of `storage` (a Python storage: weak-referenceable, with nbytes()), made
 // resident unless it is: its bytes allocated on the HBM (HPUOutOfMemoryError if they do not
 // fit: nothing changes then), the next serial, a weak reference whose callback frees them.
-py::object register_storage(const ResidencyState& r, PyObject* storage, PyObject* key) {
+// A new int (a C++ exception if Python could not make one).
+PyObject* new_int(int64_t v) {
+  PyObject* o = PyLong_FromLongLong(v);
+  if (o == nullptr) throw python_error();
+  return o;
+}
+
+// A tuple of `n` items, item i made by make(i) (a new reference each).
+template <class Make>
+py::tuple tuple_of(size_t n, Make make) {
+  py::tuple t = py::reinterpret_steal<py::tuple>(PyTuple_New(static_cast<Py_ssize_t>(n)));
+  if (!t) throw python_error();
+  for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), make(i));
+  return t;
+}
+
+PyObject* pair_of(int64_t a, int64_t b) {
+  PyObject* t = PyTuple_New(2);
+  if (t == nullptr) throw python_error();
+  PyTuple_SET_ITEM(t, 0, PyLong_FromLongLong(a));
+  PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(b));
+  if (PyTuple_GET_ITEM(t, 0) == nullptr || PyTuple_GET_ITEM(t, 1) == nullptr) {
+    Py_DECREF(t);
+    throw python_error();
+  }
+  return t;
+}
+
+// Where StorageRef keeps key, nbytes and serial (its __slots__), read once per type.
+struct RefSlots {
+  PyTypeObject* type = nullptr;
+  Py_ssize_t key = 0, nbytes = 0, serial = 0;
+  bool plain_init = false;  // the type's __init__ is weakref.ref's own (which only checks its arguments)
+};
+
+const RefSlots& ref_slots(PyObject* ref_type) {
+  static RefSlots s;
+  auto* type = reinterpret_cast<PyTypeObject*>(ref_type);
+  if (s.type != type) {
+    RefSlots n;
+    n.key = slot_offset(type, "key");
+    n.nbytes = slot_offset(type, "nbytes");
+    n.serial = slot_offset(type, "serial");
+    n.plain_init = PyType_Check(ref_type) && PyType_IsSubtype(type, &_PyWeakref_RefType) &&
+                   type->tp_init == _PyWeakref_RefType.tp_init;
+    n.type = type;
+    Py_INCREF(ref_type);  // held while cached: its address cannot name another type meanwhile
+    Py_XDECREF(reinterpret_cast<PyObject*>(s.type));
+    s = n;
+  }
+  return s;
+}
+
+// Set a fresh object's slot (it holds nothing yet) to `v`, a new reference.
+void set_slot(PyObject* o, Py_ssize_t offset, PyObject* v) {
+  if (v == nullptr) throw python_error();
+  PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
+  PyObject* old = *p;
+  *p = v;
+  Py_XDECREF(old);
+}
+
+// The StorageRef of `storage` (a Python storage: weak-referenceable, with nbytes()), made
+// resident unless it is: its bytes allocated on the HBM (HPUOutOfMemoryError if they do not
+// fit: nothing changes then), the next serial, a weak reference whose callback frees them.
+// `nbytes`: the storage's bytes when the caller knows them, else -1 (storage.nbytes() says).
+py::object register_storage(const ResidencyState& r, PyObject* storage, PyObject* key, int64_t nbytes = -1) {
   static PyObject* const nbytes_name = interned("nbytes");
-  static PyObject* const key_name = interned("key");
-  static PyObject* const serial_name = interned("serial");
   PyObject* found = PyDict_GetItemWithError(r.refs, key);
   if (found != nullptr) return py::reinterpret_borrow<py::object>(found);
   if (PyErr_Occurred()) throw python_error();
-  py::object n = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(storage, nbytes_name));
-  if (!n) throw python_error();
-  const int64_t nbytes = as_int64(n.ptr());
+  if (nbytes < 0) {
+    py::object n = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(storage, nbytes_name));
+    if (!n) throw python_error();
+    nbytes = as_int64(n.ptr());
+  }
+  const RefSlots& slots = ref_slots(r.ref_type);
   Counters c(r.counters);
   hbm_allocate(c, nbytes, r.oom);
-  py::object ref = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(r.ref_type, storage, r.on_free,
-                                                                                  nullptr));
+  py::object ref;
+  if (slots.plain_init) {  // the weak reference made by the type's __new__ alone, as calling it would
+    PyObject* const pair[2] = {storage, r.on_free};
+    py::tuple args = tuple_of(2, [&](size_t i) { return Py_NewRef(pair[i]); });
+    ref = py::reinterpret_steal<py::object>(slots.type->tp_new(slots.type, args.ptr(), nullptr));
+  } else {
+    ref = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(r.ref_type, storage, r.on_free, nullptr));
+  }
   if (!ref) {
     hbm_free(c, nbytes);
     throw python_error();
   }
-  Py_INCREF(key);
-  set_attr(ref.ptr(), key_name, key);
-  Py_INCREF(n.ptr());
-  set_attr(ref.ptr(), nbytes_name, n.ptr());
-  set_attr(ref.ptr(), serial_name, PyLong_FromLongLong(c[kNextSerial]++));
+  set_slot(ref.ptr(), slots.key, Py_NewRef(key));
+  set_slot(ref.ptr(), slots.nbytes, PyLong_FromLongLong(nbytes));
+  set_slot(ref.ptr(), slots.serial, PyLong_FromLongLong(c[kNextSerial]++));
   if (PyDict_SetItem(r.refs, key, ref.ptr()) != 0) throw python_error();
   return ref;
 }
@@ -749,9 +820,9 @@ bool kernel_fits(PyObject* entry) {
 struct StorageIo {
   ResidencyState r;
   bool low;
-  py::list reads;
-  std::vector<int64_t> serials;  // every tensor argument's serial, -1: not resident
-  std::vector<bool> grads;       // and whether it requires grad
+  std::vector<std::pair<int64_t, int64_t>> reads;  // (serial, charged bytes) of each resident argument
+  std::vector<int64_t> serials;                    // every tensor argument's serial, -1: not resident
+  std::vector<bool> grads;                         // and whether it requires grad
 };
 
 int64_t charged_nbytes(const at::Tensor& t, bool low) {  // as cost_model.charged_nbytes
@@ -767,7 +838,7 @@ py::object storage_ref(const at::Tensor& t, const ResidencyState& r, bool reg) {
   if (!st) throw python_error();
   py::object key = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(st.ptr()));
   if (!key) throw python_error();
-  if (reg) return register_storage(r, st.ptr(), key.ptr());
+  if (reg) return register_storage(r, st.ptr(), key.ptr(), static_cast<int64_t>(t.storage().nbytes()));
   PyObject* ref = PyDict_GetItemWithError(r.refs, key.ptr());
   if (ref != nullptr) return py::reinterpret_borrow<py::object>(ref);
   if (PyErr_Occurred()) throw python_error();
@@ -780,6 +851,8 @@ int64_t serial_of(const py::object& ref) {
   static Py_ssize_t offset = 0;
   if (Py_TYPE(ref.ptr()) != type) {
     offset = slot_offset(Py_TYPE(ref.ptr()), "serial");
+    Py_INCREF(Py_TYPE(ref.ptr()));  // held while cached, as ref_slots holds its type
+    Py_XDECREF(reinterpret_cast<PyObject*>(type));
     type = Py_TYPE(ref.ptr());
   }
   return as_int64(slot(ref.ptr(), offset, "serial"));
@@ -790,7 +863,7 @@ void read_tensor(StorageIo& io, const at::Tensor& t) {
   const int64_t serial = serial_of(ref);
   io.serials.push_back(serial);
   io.grads.push_back(t.requires_grad());
-  if (ref) io.reads.append(py::make_tuple(serial, charged_nbytes(t, io.low)));
+  if (ref) io.reads.emplace_back(serial, charged_nbytes(t, io.low));
 }
 
 
@@ -806,10 +879,8 @@ void each_item(PyObject* v, F f) {
   }
 }
 
-
-
 // The serials of the resident arguments autograd keeps (op_accounting.AUTOGRAD_SAVES).
-py::tuple saved_arguments(PyObject* pattern, const StorageIo& io) {
+std::vector<int64_t> saved_arguments(PyObject* pattern, const StorageIo& io) {
   std::vector<int64_t> kept;
   const auto& s = io.serials;
   if (is_str(pattern, "all")) {
@@ -827,9 +898,7 @@ py::tuple saved_arguments(PyObject* pattern, const StorageIo& io) {
       if (i < s.size() && s[i] >= 0) kept.push_back(s[i]);
     }
   }
-  py::tuple out(kept.size());
-  for (size_t i = 0; i < kept.size(); ++i) out[i] = kept[i];
-  return out;
+  return kept;
 }
 
 bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or positions
@@ -840,35 +909,71 @@ bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or posit
   return false;
 }
 
-// The op's (reads, writes, saves), or None (storage_io below).
-// The op's (reads, writes, saves), or None: `each_arg(f)` calls f on each tensor argument as
-// Python gets them (positional, then keyword), `each_out(f)` on each tensor result (storage_io
-// below, from Python objects; fast_record, from the kernel's own values).
+// An op's storages as an op record holds them (OpRecord.reads, .writes, .saves); `none`: the
+// op reads and writes nothing on the device.
+struct OpIo {
+  py::tuple reads, writes, saves;
+  bool none = false;
+};
+
+struct Write {
+  int64_t serial, nbytes;
+  bool allocates, kept;
+};
+
+// The op's storages: `each_arg(f)` calls f on each tensor argument as Python gets them
+// (positional, then keyword), `each_out(f)` on each tensor result (storage_io below, from
+// Python objects; fast_record, from the kernel's own values). The Python objects are made once
+// every storage is known, each tuple at its final size.
 template <class EachArg, class EachOut>
-py::object op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
-                       PyObject* saves_in, PyObject* saves_out_pattern) {
-  StorageIo io{r, low, py::list(), {}, {}};
+OpIo op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
+                 PyObject* saves_in, PyObject* saves_out_pattern) {
+  StorageIo io{r, low, {}, {}, {}};
   each_arg([&](const at::Tensor& t) { read_tensor(io, t); });
   bool rg = false;
   for (bool g : io.grads) rg = rg || g;
   rg = rg && at::GradMode::is_enabled();
   PyObject* saves_out = rg ? saves_out_pattern : nullptr;
-  py::list writes;
+  c10::SmallVector<Write, 2> writes;
   Py_ssize_t k = -1;
   each_out([&](const at::Tensor& t) {
     ++k;
     if (t.is_cpu()) return;  // a host result
     const py::object ref = storage_ref(t, r, allocates);
     const bool kept = saves_out != nullptr && in_pattern(saves_out, k);
-    writes.append(py::make_tuple(serial_of(ref), charged_nbytes(t, low), allocates, kept));
+    writes.push_back({serial_of(ref), charged_nbytes(t, low), allocates, kept});
   });
-  if (io.reads.empty() && writes.empty()) return py::none();
-  py::tuple saves = rg ? saved_arguments(saves_in, io) : py::tuple();
-  return py::make_tuple(py::tuple(io.reads), py::tuple(writes), saves);
+  OpIo out;
+  if (io.reads.empty() && writes.empty()) {
+    out.none = true;
+    return out;
+  }
+  out.reads = tuple_of(io.reads.size(), [&](size_t i) { return pair_of(io.reads[i].first, io.reads[i].second); });
+  out.writes = tuple_of(writes.size(), [&](size_t i) {
+    const Write& w = writes[i];
+    PyObject* t = PyTuple_New(4);
+    if (t == nullptr) throw python_error();
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLongLong(w.serial));
+    PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(w.nbytes));
+    PyTuple_SET_ITEM(t, 2, py::bool_(w.allocates).release().ptr());
+    PyTuple_SET_ITEM(t, 3, py::bool_(w.kept).release().ptr());
+    if (PyTuple_GET_ITEM(t, 0) == nullptr || PyTuple_GET_ITEM(t, 1) == nullptr) {
+      Py_DECREF(t);
+      throw python_error();
+    }
+    return t;
+  });
+  if (rg) {
+    const std::vector<int64_t> kept = saved_arguments(saves_in, io);
+    out.saves = tuple_of(kept.size(), [&](size_t i) { return new_int(kept[i]); });
+  } else {
+    out.saves = py::tuple();
+  }
+  return out;
 }
 
-py::object op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates,
-                       bool low, PyObject* saves_in, PyObject* saves_out_pattern) {
+OpIo op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates, bool low,
+                 PyObject* saves_in, PyObject* saves_out_pattern) {
   auto tensors_of = [](PyObject* v, auto f) {
     each_item(v, [&](PyObject* a) {
       if (THPVariable_Check(a)) f(THPVariable_Unpack(a));
@@ -906,9 +1011,12 @@ void ivalue_tensors(const IValue& v, F f) {
 // op_storages from the kernel's own values: the passed arguments `argv` and the `nret` results at
 // the end of `stack` (Python gets one result as itself, a list's items included, and several as
 // a tuple whose tensors count, not its lists' items).
-py::object op_storages(const ResidencyState& r, const std::vector<IValue>& argv, const std::vector<bool>& passed,
-                       const torch::jit::Stack& stack, size_t nret, bool allocates, bool low, PyObject* saves_in,
-                       PyObject* saves_out_pattern) {
+// op_storages from the kernel's own values: the passed arguments `argv` and the `nret` results at
+// the end of `stack` (Python gets one result as itself, a list's items included, and several as
+// a tuple whose tensors count, not its lists' items).
+OpIo op_storages(const ResidencyState& r, const std::vector<IValue>& argv, const std::vector<bool>& passed,
+                 const torch::jit::Stack& stack, size_t nret, bool allocates, bool low, PyObject* saves_in,
+                 PyObject* saves_out_pattern) {
   auto each_arg = [&](auto f) {
     for (size_t i = 0; i < argv.size(); ++i)
       if (passed[i]) ivalue_tensors(argv[i], f);
@@ -933,10 +1041,10 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None");
     return nullptr;
   }
-  return op_storages(residency_state(argv[0]), args, kwargs, argv[3], argv[4] == Py_True, argv[5] == Py_True,
-                     argv[6], argv[7])
-      .release()
-      .ptr();
+  OpIo io = op_storages(residency_state(argv[0]), args, kwargs, argv[3], argv[4] == Py_True, argv[5] == Py_True,
+                        argv[6], argv[7]);
+  if (io.none) Py_RETURN_NONE;
+  return PyTuple_Pack(3, io.reads.ptr(), io.writes.ptr(), io.saves.ptr());
   END_HANDLE_TH_ERRORS
 }
 
@@ -1272,14 +1380,141 @@ PyObject* launcher_append_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
+// ---- the device's lock (hpu_runtime.bridge.sim_device.SimDevice.lock) ----
+// A reentrant lock, as threading.RLock, that the kernel takes without a Python call: an owner
+// (thread id), a count and an OS lock. Its state changes only under the GIL; a thread that must
+// wait for the OS lock releases the GIL while it waits.
+struct DeviceLockObject {
+  PyObject_HEAD
+  PyThread_type_lock lock;
+  unsigned long owner;
+  unsigned long count;
+};
+
+PyTypeObject* g_device_lock_type = nullptr;
+
+// Take the lock (blocking, or not); `timeout` in seconds, -1: none. false: not taken (a Python
+// error is set only for an interrupted wait, which cannot happen here: the wait is not
+// interruptible, as threading.RLock's is not without a signal handler that raises).
+bool device_lock_acquire(DeviceLockObject* self, bool blocking, double timeout) {
+  const unsigned long me = PyThread_get_thread_ident();
+  if (self->count > 0 && self->owner == me) {
+    ++self->count;
+    return true;
+  }
+  PyLockStatus r = PyThread_acquire_lock_timed(self->lock, 0, 0);
+  if (r != PY_LOCK_ACQUIRED && blocking) {
+    const PY_TIMEOUT_T us = timeout < 0 ? -1 : static_cast<PY_TIMEOUT_T>(timeout * 1e6);
+    Py_BEGIN_ALLOW_THREADS r = PyThread_acquire_lock_timed(self->lock, us, 0);
+    Py_END_ALLOW_THREADS
+  }
+  if (r != PY_LOCK_ACQUIRED) return false;
+  self->owner = me;
+  self->count = 1;
+  return true;
+}
+
+// false (RuntimeError set): this thread does not hold the lock.
+bool device_lock_release(DeviceLockObject* self) {
+  if (self->count == 0 || self->owner != PyThread_get_thread_ident()) {
+    PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+    return false;
+  }
+  if (--self->count == 0) {
+    self->owner = 0;
+    PyThread_release_lock(self->lock);
+  }
+  return true;
+}
+
+PyObject* device_lock_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<DeviceLockObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->lock = PyThread_allocate_lock();
+  self->owner = 0;
+  self->count = 0;
+  if (self->lock == nullptr) {
+    Py_DECREF(self);
+    PyErr_SetString(PyExc_MemoryError, "cannot allocate a lock");
+    return nullptr;
+  }
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void device_lock_dealloc(PyObject* o) {
+  auto* self = reinterpret_cast<DeviceLockObject*>(o);
+  if (self->lock != nullptr) {
+    if (self->count > 0) PyThread_release_lock(self->lock);
+    PyThread_free_lock(self->lock);
+  }
+  PyTypeObject* type = Py_TYPE(o);
+  type->tp_free(o);
+  Py_DECREF(type);
+}
+
+PyObject* device_lock_acquire_py(PyObject* o, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"blocking", "timeout", nullptr};
+  int blocking = 1;
+  double timeout = -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pd:acquire", const_cast<char**>(names), &blocking, &timeout))
+    return nullptr;
+  if (!blocking && timeout != -1) {
+    PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+    return nullptr;
+  }
+  if (timeout < 0 && timeout != -1) {
+    PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+    return nullptr;
+  }
+  return PyBool_FromLong(device_lock_acquire(reinterpret_cast<DeviceLockObject*>(o), blocking != 0, timeout));
+}
+
+PyObject* device_lock_enter(PyObject* o, PyObject*) {
+  if (!device_lock_acquire(reinterpret_cast<DeviceLockObject*>(o), true, -1)) return nullptr;
+  Py_RETURN_TRUE;
+}
+
+PyObject* device_lock_release_py(PyObject* o, PyObject*) {
+  if (!device_lock_release(reinterpret_cast<DeviceLockObject*>(o))) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* device_lock_exit(PyObject* o, PyObject*) { return device_lock_release_py(o, nullptr); }
+
+PyObject* device_lock_is_owned(PyObject* o, PyObject*) {
+  auto* self = reinterpret_cast<DeviceLockObject*>(o);
+  return PyBool_FromLong(self->count > 0 && self->owner == PyThread_get_thread_ident());
+}
+
+PyMethodDef g_device_lock_methods[] = {
+    {"acquire", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&device_lock_acquire_py)),
+     METH_VARARGS | METH_KEYWORDS, "acquire(blocking=True, timeout=-1) -> bool, as threading.RLock.acquire."},
+    {"release", &device_lock_release_py, METH_NOARGS, "Release once; RuntimeError if this thread does not hold it."},
+    {"__enter__", &device_lock_enter, METH_NOARGS, "acquire()"},
+    {"__exit__", &device_lock_exit, METH_VARARGS, "release()"},
+    {"_is_owned", &device_lock_is_owned, METH_NOARGS, "Whether this thread holds the lock."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyType_Slot g_device_lock_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(&device_lock_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(&device_lock_dealloc)},
+    {Py_tp_methods, g_device_lock_methods},
+    {Py_tp_doc, const_cast<char*>("The simulated device's reentrant lock, which the hpu kernel takes without a Python "
+                                  "call (threading.RLock's acquire, release and context manager).")},
+    {0, nullptr}};
+
+PyType_Spec g_device_lock_spec = {"hpu_runtime.DeviceLock", sizeof(DeviceLockObject), 0, Py_TPFLAGS_DEFAULT,
+                                  g_device_lock_slots};
+
 // ---- the op record of a kept entry, in the kernel (NOTE [the op record, in the kernel] in
 // hpu_runtime/bridge/op_accounting.py) ----
 // The current device (hpu_sim_set_device): its accounting, what the record needs of it, and
 // the OpRecord type.
 struct CurrentDevice {
   Attrs accounting, launcher, card;
-  py::object residency, scalars, lock_acquire, lock_release, op_record;
+  py::object residency, scalars, lock, lock_acquire, lock_release, op_record;
   int64_t gen;
+  Py_ssize_t scalar_limit;
 
   CurrentDevice(PyObject* acc, PyObject* op_record_type)
       : accounting(acc), launcher(accounting[NAME("launcher")]), card(launcher[NAME("card")]) {
@@ -1303,11 +1538,18 @@ struct CurrentDevice {
     }
     residency = get(accounting[NAME("residency")], NAME("state"));
     scalars = py::reinterpret_borrow<py::object>(accounting[NAME("_scalars")]);
-    PyObject* lock = accounting[NAME("lock")];
-    lock_acquire = get(lock, NAME("acquire"));
-    lock_release = get(lock, NAME("release"));
+    lock = py::reinterpret_borrow<py::object>(accounting[NAME("lock")]);
+    lock_acquire = get(lock.ptr(), NAME("acquire"));
+    lock_release = get(lock.ptr(), NAME("release"));
     op_record = py::reinterpret_borrow<py::object>(op_record_type);
     gen = as_int64(accounting[NAME("gen")]);
+    if (!PyAnySet_CheckExact(scalars.ptr())) {
+      PyErr_SetString(PyExc_TypeError, "the hpu kernel needs OpAccounting._scalars to be a set");
+      throw python_error();
+    }
+    py::object module = py::reinterpret_steal<py::object>(PyImport_ImportModule("hpu_runtime.bridge.op_accounting"));
+    if (!module) throw python_error();
+    scalar_limit = static_cast<Py_ssize_t>(as_int64(get(module.ptr(), interned("_MEMO_LIMIT")).ptr()));
   }
 };
 // shared: a record that waits for the device's lock (the GIL released) keeps its device alive
@@ -1315,15 +1557,27 @@ struct CurrentDevice {
 // released after the interpreter has finalized, at the library's static destruction.
 std::shared_ptr<const CurrentDevice>& g_device = *new std::shared_ptr<const CurrentDevice>();
 
+// The device's lock while the kernel records an op: a DeviceLock taken in place (no Python
+// call), any other lock (a test's) through its acquire and release.
 struct Locked {
   const CurrentDevice& d;
+  DeviceLockObject* fast = nullptr;
   explicit Locked(const CurrentDevice& dev) : d(dev) {
+    if (Py_TYPE(d.lock.ptr()) == g_device_lock_type) {
+      fast = reinterpret_cast<DeviceLockObject*>(d.lock.ptr());
+      if (!device_lock_acquire(fast, true, -1)) throw python_error();
+      return;
+    }
     py::object r = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(d.lock_acquire.ptr()));
     if (!r) throw python_error();
   }
   Locked(const Locked&) = delete;
   Locked& operator=(const Locked&) = delete;
   ~Locked() {
+    if (fast != nullptr) {
+      device_lock_release(fast);
+      return;
+    }
     PyObject* r = PyObject_CallNoArgs(d.lock_release.ptr());
     if (r == nullptr) {
       PyErr_WriteUnraisable(d.lock_release.ptr());
@@ -1348,12 +1602,14 @@ py::object python_number(const IValue& v) {
   return py::object();
 }
 
-// Whether every Python number the op puts on the device (one at a scalar-input position: `at`,
-// OpEntry.fast's (position, name, unit_is_constant) triples, as OpAccounting._scalars_as_inputs
-// reads them; a value of 1 stays a constant where the unit is) is in the device's scalar cache.
-bool scalars_on_device(const CurrentDevice& d, PyObject* at, const std::vector<IValue>& argv,
-                       const std::vector<bool>& passed) {
+// The Python numbers the op puts on the device, as (type, value) keys of the device's scalar
+// cache (OpAccounting._scalars): one at each scalar-input position (`at`, OpEntry.fast's
+// (position, name, unit_is_constant) triples, as OpAccounting._scalars_as_inputs reads them; a
+// value of 1 stays a constant where the unit is).
+c10::SmallVector<py::object, 2> device_scalars(PyObject* at, const std::vector<IValue>& argv,
+                                               const std::vector<bool>& passed) {
   static PyObject* const one = PyLong_FromLong(1);
+  c10::SmallVector<py::object, 2> keys;
   for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(at); ++k) {
     PyObject* input = PyTuple_GET_ITEM(at, k);
     const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(input, 0));
@@ -1366,12 +1622,24 @@ bool scalars_on_device(const CurrentDevice& d, PyObject* at, const std::vector<I
       if (is_one < 0) throw python_error();
       if (is_one) continue;
     }
-    py::object key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr()))), v);
+    keys.push_back(py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr()))), v));
+  }
+  return keys;
+}
+
+// OpAccounting._scalar_to_device for each key: a value's first use joins the pending graph's
+// batch of scalars (Launcher.new_scalars), copied host->device at its launch; the cache is
+// emptied first when it holds d.scalar_limit values (op_accounting._MEMO_LIMIT).
+void scalars_to_device(const CurrentDevice& d, const c10::SmallVector<py::object, 2>& keys) {
+  static PyObject* const one = PyLong_FromLong(1);
+  for (const py::object& key : keys) {
     const int in = PySet_Contains(d.scalars.ptr(), key.ptr());
     if (in < 0) throw python_error();
-    if (!in) return false;
+    if (in) continue;
+    if (PySet_GET_SIZE(d.scalars.ptr()) >= d.scalar_limit && PySet_Clear(d.scalars.ptr()) != 0) throw python_error();
+    if (PySet_Add(d.scalars.ptr(), key.ptr()) != 0) throw python_error();
+    d.launcher.add(NAME("new_scalars"), one);
   }
-  return true;
 }
 
 // Whether the call passes, at each pinned position (op_accounting._pinned: a scalar input whose
@@ -1398,11 +1666,16 @@ bool pins_hold(PyObject* pins, const std::vector<IValue>& argv, const std::vecto
   return true;
 }
 
+py::object new_record(const CurrentDevice& d, const ResidencyState& r, PyObject* f, PyObject* mk,
+                      const std::vector<IValue>& argv, const std::vector<bool>& passed, const torch::jit::Stack& stack,
+                      size_t nret, bool allocates);
+
 // The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
 // here: true, or false when the after hook must make it (another device, the other side of a
 // compiled region's boundary, other numbers than the record's pins, a capture, bf16 emulation, a
-// fused kernel's body, a scalar new to the device). In eager mode outside compiled regions the
-// op is then launched at once, as Launcher.append_op does (eager_launch, else Launcher.launch).
+// fused kernel's body); a number new to the device joins the scalar cache here, as the after
+// hook's record puts it there. In eager mode outside compiled regions the op is then launched
+// at once, as Launcher.append_op does (eager_launch, else Launcher.launch).
 bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::vector<IValue>& argv,
                  const std::vector<bool>& passed, const torch::jit::Stack& stack, size_t nret) {
   const std::shared_ptr<const CurrentDevice> device = g_device;
@@ -1422,8 +1695,8 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   const bool in_region = launcher[NAME("region")] != Py_None;
   if ((PyTuple_GET_ITEM(f, 8) == Py_True) != in_region) return false;
   const bool lazy = truth(launcher[NAME("lazy")]);
-  if (!scalars_on_device(d, PyTuple_GET_ITEM(f, 7), argv, passed) || !pins_hold(PyTuple_GET_ITEM(f, 9), argv, passed))
-    return false;
+  if (!pins_hold(PyTuple_GET_ITEM(f, 9), argv, passed)) return false;
+  const c10::SmallVector<py::object, 2> scalars = device_scalars(PyTuple_GET_ITEM(f, 7), argv, passed);
   // the first argument Python gets (OpAccounting.record's args[0]) is a host tensor
   const bool on_host = !argv.empty() && passed[0] && !schema.arguments()[0].kwarg_only() && python_tensor(argv[0]) &&
                        argv[0].toTensor().is_cpu();
@@ -1442,24 +1715,10 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   }
   const bool allocates = PyTuple_GET_ITEM(f, 2) == Py_True;
   if (!allocates && on_host) return true;  // in place on a host tensor: host work
-  py::object io;
-  try {
-    io = op_storages(residency_state(d.residency.ptr()), argv, passed, stack, nret, allocates, false,
-                     PyTuple_GET_ITEM(f, 5), PyTuple_GET_ITEM(f, 6));
-  } catch (const python_error&) {  // the after hook makes the record again and says why (an OOM, a bad tensor)
-    PyErr_Clear();
-    return false;
-  } catch (const py::error_already_set&) {
-    return false;
-  } catch (const c10::Error&) {
-    return false;
-  }
-  if (io.is_none()) return true;  // host work
-  py::tuple items = py::make_tuple(py::handle(mk), py::handle(PyTuple_GET_ITEM(f, 4)), io[py::int_(0)],
-                                   io[py::int_(1)], io[py::int_(2)]);
-  py::object op = py::reinterpret_steal<py::object>(
-      PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(d.op_record.ptr()), py::make_tuple(items).ptr(), nullptr));
-  if (!op) throw python_error();
+  py::object op = new_record(d, residency_state(d.residency.ptr()), f, mk, argv, passed, stack, nret, allocates);
+  if (!op) return false;
+  if (op.is_none()) return true;  // host work
+  scalars_to_device(d, scalars);
   const int launch = launcher_append(launcher, d.card, op.ptr());
   if (launch == 1 && eager_launch(launcher, d.card)) return true;
   if (launch != 0) {
@@ -1469,6 +1728,35 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
     if (!r) throw python_error();
   }
   return true;
+}
+
+// A new record of the op (OpRecord), None for host work, or null when the after hook must make
+// it (an OOM, a bad tensor: it says why).
+py::object new_record(const CurrentDevice& d, const ResidencyState& r, PyObject* f, PyObject* mk,
+                      const std::vector<IValue>& argv, const std::vector<bool>& passed, const torch::jit::Stack& stack,
+                      size_t nret, bool allocates) {
+  OpIo io;
+  try {
+    io = op_storages(r, argv, passed, stack, nret, allocates, false, PyTuple_GET_ITEM(f, 5), PyTuple_GET_ITEM(f, 6));
+  } catch (const python_error&) {  // the after hook makes the record again and says why (an OOM, a bad tensor)
+    PyErr_Clear();
+    return py::object();
+  } catch (const py::error_already_set&) {
+    return py::object();
+  } catch (const c10::Error&) {
+    return py::object();
+  }
+  if (io.none) return py::none();  // host work
+  // OpRecord(mk, cost, reads, writes, saves): a tuple subclass, its items set in place
+  PyTypeObject* record_type = reinterpret_cast<PyTypeObject*>(d.op_record.ptr());
+  py::object op = py::reinterpret_steal<py::object>(record_type->tp_alloc(record_type, 5));
+  if (!op) throw python_error();
+  PyObject* const items[5] = {mk, PyTuple_GET_ITEM(f, 4), io.reads.release().ptr(), io.writes.release().ptr(),
+                              io.saves.release().ptr()};
+  Py_INCREF(items[0]);
+  Py_INCREF(items[1]);
+  for (Py_ssize_t i = 0; i < 5; ++i) PyTuple_SET_ITEM(op.ptr(), i, items[i]);
+  return op;
 }
 
 template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
@@ -1503,25 +1791,61 @@ struct NoTorchFunction {
   ~NoTorchFunction() { at::impl::PythonTorchFunctionTLS::set_disabled_state(old); }
 };
 
+// Whether an op's CPU kernel runs with the GIL kept (NOTE [the GIL around a small op] in
+// hpu_runtime/bridge/dispatch.py): an aten op whose tensor arguments hold at most
+// kKeepGilBytes. Releasing and taking the GIL back costs about as much as such an op's kernel,
+// and while it is released every tensor whose C++ reference count passes between one and two
+// takes the GIL for its Python object (c10/util/intrusive_ptr.h, incref_pyobject).
+constexpr int64_t kKeepGilBytes = int64_t{1} << 18;
+
+bool keeps_gil(const c10::OperatorHandle& op, const std::vector<IValue>& argv) {
+  static const std::string aten = "aten::";
+  const std::string& name = op.schema().name();
+  if (name.compare(0, aten.size(), aten) != 0) return false;
+  int64_t nbytes = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      nbytes = kKeepGilBytes + 1;  // not a size to count on
+      return;
+    }
+    nbytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  };
+  for (const IValue& v : argv) {
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+    } else if (v.isList() || v.isOptionalTensorList()) {
+      return false;  // nested or optional lists: not a small op worth counting
+    }
+    if (nbytes > kKeepGilBytes) return false;
+  }
+  return true;
+}
+
 // Run `run` (which leaves the op's results on `stack`) between the two hooks.
 template <class F>
 void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
-  std::vector<IValue> argv(stack->end() - nargs, stack->end());
   // neither the hooks' ops nor the kernel's own are the user's profile (NOTE [the emulator's
   // own work is not the user's profile] in hpu_runtime/bridge/dispatch.py)
   // (only with a callback registered: switching RecordFunction rebuilds the thread's callbacks)
   std::optional<at::RecordFunctionGuard> unrecorded;
   if (at::hasCallbacks()) unrecorded.emplace(false);
   pybind11::gil_scoped_acquire gil;
+  // Declared after the GIL is taken, so released before it is: a tensor whose last C++
+  // reference beside its Python object goes with `argv` drops that object's reference under
+  // the GIL, not by taking it again (c10/util/intrusive_ptr.h, decref_pyobject).
+  std::vector<IValue> argv(stack->end() - nargs, stack->end());
   const std::vector<bool> passed = passed_args(schema, argv);
   // the op and its arguments as Python objects, made only for a call of a Python hook
-  py::dict kwargs;
+  py::dict kwargs = py::reinterpret_steal<py::dict>(py::handle());
   py::tuple args;
   bool made = false;
   auto python_args = [&] {
-    if (!made) args = py_args(schema, argv, passed, kwargs), made = true;
+    if (!made) kwargs = py::dict(), args = py_args(schema, argv, passed, kwargs), made = true;
   };
   std::vector<int64_t> words;
   words.reserve(32);
@@ -1553,7 +1877,10 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
       g_entries.emplace(std::move(words), token.inc_ref().ptr());
     }
   }
-  {
+  if (keeps_gil(op, argv)) {
+    Inside in;
+    run();
+  } else {
     Inside in;
     pybind11::gil_scoped_release nogil;
     run();
@@ -1888,6 +2215,17 @@ int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
 PyObject* hpu_sim_builtins() {
   PyObject* d = PyDict_New();
   if (d == nullptr) return nullptr;
+  if (g_device_lock_type == nullptr) {
+    g_device_lock_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_device_lock_spec));
+    if (g_device_lock_type == nullptr) {
+      Py_DECREF(d);
+      return nullptr;
+    }
+  }
+  if (PyDict_SetItemString(d, "DeviceLock", reinterpret_cast<PyObject*>(g_device_lock_type)) != 0) {
+    Py_DECREF(d);
+    return nullptr;
+  }
   for (PyMethodDef* m = g_builtins; m->ml_name != nullptr; ++m) {
     PyObject* f = PyCFunction_New(m, nullptr);
     if (f == nullptr || PyDict_SetItemString(d, m->ml_name, f) != 0) {
