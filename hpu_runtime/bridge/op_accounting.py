@@ -452,8 +452,8 @@ class OpAccounting:
         card: the card's clocks (CPU fallbacks charge host time).
         launcher: the pending graph the records join.
         fallback: which ops run on the CPU.
-        lock: the facade's reentrant lock (a ``DeviceLock`` of the kernel library, which the
-            kernel takes in place; any lock with ``acquire``/``release`` and ``with``).
+        lock: the facade's reentrant lock, a ``DeviceLock`` of the kernel library, which the
+            kernel takes in place (publishing a device with another lock raises TypeError).
 
     Attributes:
         fp32_as_bf16: inside an emulated bf16 autocast region (or the backward after it),

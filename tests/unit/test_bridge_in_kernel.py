@@ -790,6 +790,16 @@ def test_the_device_lock_behaves_as_threading_rlock():
     assert results["device"] == results["rlock"] == [True, True, True, False, False, False, True, (True, None)]
     assert type(dev.lock).__name__ == "DeviceLock"
 
+    from hpu_runtime.bridge.runtime import _publish
+
+    dev.ops.lock = threading.RLock()  # a lock the kernel cannot take in place: refused when published
+    try:
+        with pytest.raises(TypeError, match="DeviceLock"):
+            _publish(dev)
+    finally:
+        dev.ops.lock = dev.lock
+        _publish(dev)
+
 
 def test_an_op_waits_for_the_device_lock_another_thread_holds():
     """The kernel takes the device's lock in place (no Python call); while another thread holds

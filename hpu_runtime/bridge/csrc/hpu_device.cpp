@@ -643,9 +643,6 @@ void set_attr(PyObject* o, PyObject* name, PyObject* v) {
   if (rc != 0) throw python_error();
 }
 
-// The StorageRef of `storage` (a Python storage: weak-referenceable, with nbytes()), made
-// resident unless it is: its bytes allocated on the HBM (HPUOutOfMemoryError if they do not
-// fit: nothing changes then), the next serial, a weak reference whose callback frees them.
 // A new int (a C++ exception if Python could not make one).
 PyObject* new_int(int64_t v) {
   PyObject* o = PyLong_FromLongLong(v);
@@ -653,24 +650,13 @@ PyObject* new_int(int64_t v) {
   return o;
 }
 
-// A tuple of `n` items, item i made by make(i) (a new reference each).
+// A tuple of `n` items, item i made by make(i) (a new reference each; if one throws, the
+// tuple goes with the items made so far).
 template <class Make>
 py::tuple tuple_of(size_t n, Make make) {
   py::tuple t = py::reinterpret_steal<py::tuple>(PyTuple_New(static_cast<Py_ssize_t>(n)));
   if (!t) throw python_error();
   for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), make(i));
-  return t;
-}
-
-PyObject* pair_of(int64_t a, int64_t b) {
-  PyObject* t = PyTuple_New(2);
-  if (t == nullptr) throw python_error();
-  PyTuple_SET_ITEM(t, 0, PyLong_FromLongLong(a));
-  PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(b));
-  if (PyTuple_GET_ITEM(t, 0) == nullptr || PyTuple_GET_ITEM(t, 1) == nullptr) {
-    Py_DECREF(t);
-    throw python_error();
-  }
   return t;
 }
 
@@ -727,8 +713,8 @@ py::object register_storage(const ResidencyState& r, PyObject* storage, PyObject
   hbm_allocate(c, nbytes, r.oom);
   py::object ref;
   if (slots.plain_init) {  // the weak reference made by the type's __new__ alone, as calling it would
-    PyObject* const pair[2] = {storage, r.on_free};
-    py::tuple args = tuple_of(2, [&](size_t i) { return Py_NewRef(pair[i]); });
+    py::object args = py::reinterpret_steal<py::object>(PyTuple_Pack(2, storage, r.on_free));
+    if (!args) throw python_error();
     ref = py::reinterpret_steal<py::object>(slots.type->tp_new(slots.type, args.ptr(), nullptr));
   } else {
     ref = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(r.ref_type, storage, r.on_free, nullptr));
@@ -948,20 +934,18 @@ OpIo op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bo
     out.none = true;
     return out;
   }
-  out.reads = tuple_of(io.reads.size(), [&](size_t i) { return pair_of(io.reads[i].first, io.reads[i].second); });
-  out.writes = tuple_of(writes.size(), [&](size_t i) {
+  out.reads = tuple_of(io.reads.size(), [&](size_t i) {  // (serial, nbytes)
+    const auto& [serial, nbytes] = io.reads[i];
+    return tuple_of(2, [&](size_t j) { return new_int(j == 0 ? serial : nbytes); }).release().ptr();
+  });
+  out.writes = tuple_of(writes.size(), [&](size_t i) {  // (serial, nbytes, allocates, kept)
     const Write& w = writes[i];
-    PyObject* t = PyTuple_New(4);
-    if (t == nullptr) throw python_error();
-    PyTuple_SET_ITEM(t, 0, PyLong_FromLongLong(w.serial));
-    PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(w.nbytes));
-    PyTuple_SET_ITEM(t, 2, py::bool_(w.allocates).release().ptr());
-    PyTuple_SET_ITEM(t, 3, py::bool_(w.kept).release().ptr());
-    if (PyTuple_GET_ITEM(t, 0) == nullptr || PyTuple_GET_ITEM(t, 1) == nullptr) {
-      Py_DECREF(t);
-      throw python_error();
-    }
-    return t;
+    return tuple_of(4, [&](size_t j) {
+             if (j < 2) return new_int(j == 0 ? w.serial : w.nbytes);
+             return Py_NewRef((j == 2 ? w.allocates : w.kept) ? Py_True : Py_False);
+           })
+        .release()
+        .ptr();
   });
   if (rg) {
     const std::vector<int64_t> kept = saved_arguments(saves_in, io);
@@ -1008,9 +992,6 @@ void ivalue_tensors(const IValue& v, F f) {
   }
 }
 
-// op_storages from the kernel's own values: the passed arguments `argv` and the `nret` results at
-// the end of `stack` (Python gets one result as itself, a list's items included, and several as
-// a tuple whose tensors count, not its lists' items).
 // op_storages from the kernel's own values: the passed arguments `argv` and the `nret` results at
 // the end of `stack` (Python gets one result as itself, a list's items included, and several as
 // a tuple whose tensors count, not its lists' items).
@@ -1470,7 +1451,7 @@ PyObject* device_lock_acquire_py(PyObject* o, PyObject* args, PyObject* kwargs) 
 }
 
 PyObject* device_lock_enter(PyObject* o, PyObject*) {
-  if (!device_lock_acquire(reinterpret_cast<DeviceLockObject*>(o), true, -1)) return nullptr;
+  device_lock_acquire(reinterpret_cast<DeviceLockObject*>(o), true, -1);  // blocking, no timeout: always taken
   Py_RETURN_TRUE;
 }
 
@@ -1512,7 +1493,7 @@ PyType_Spec g_device_lock_spec = {"hpu_runtime.DeviceLock", sizeof(DeviceLockObj
 // the OpRecord type.
 struct CurrentDevice {
   Attrs accounting, launcher, card;
-  py::object residency, scalars, lock, lock_acquire, lock_release, op_record;
+  py::object residency, scalars, lock, op_record;
   int64_t gen;
   Py_ssize_t scalar_limit;
 
@@ -1539,8 +1520,11 @@ struct CurrentDevice {
     residency = get(accounting[NAME("residency")], NAME("state"));
     scalars = py::reinterpret_borrow<py::object>(accounting[NAME("_scalars")]);
     lock = py::reinterpret_borrow<py::object>(accounting[NAME("lock")]);
-    lock_acquire = get(lock.ptr(), NAME("acquire"));
-    lock_release = get(lock.ptr(), NAME("release"));
+    if (Py_TYPE(lock.ptr()) != g_device_lock_type) {  // the kernel takes it in place (Locked)
+      PyErr_Format(PyExc_TypeError, "the hpu kernel takes the device's lock in place: it must be a DeviceLock, not %s",
+                   Py_TYPE(lock.ptr())->tp_name);
+      throw python_error();
+    }
     op_record = py::reinterpret_borrow<py::object>(op_record_type);
     gen = as_int64(accounting[NAME("gen")]);
     if (!PyAnySet_CheckExact(scalars.ptr())) {
@@ -1557,34 +1541,16 @@ struct CurrentDevice {
 // released after the interpreter has finalized, at the library's static destruction.
 std::shared_ptr<const CurrentDevice>& g_device = *new std::shared_ptr<const CurrentDevice>();
 
-// The device's lock while the kernel records an op: a DeviceLock taken in place (no Python
-// call), any other lock (a test's) through its acquire and release.
+// The device's lock (a DeviceLock: CurrentDevice checks) while the kernel records an op, taken
+// in place with no Python call; waiting for it releases the GIL.
 struct Locked {
-  const CurrentDevice& d;
-  DeviceLockObject* fast = nullptr;
-  explicit Locked(const CurrentDevice& dev) : d(dev) {
-    if (Py_TYPE(d.lock.ptr()) == g_device_lock_type) {
-      fast = reinterpret_cast<DeviceLockObject*>(d.lock.ptr());
-      if (!device_lock_acquire(fast, true, -1)) throw python_error();
-      return;
-    }
-    py::object r = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(d.lock_acquire.ptr()));
-    if (!r) throw python_error();
+  DeviceLockObject* lock;
+  explicit Locked(const CurrentDevice& d) : lock(reinterpret_cast<DeviceLockObject*>(d.lock.ptr())) {
+    device_lock_acquire(lock, true, -1);  // blocking with no timeout: it returns once it holds the lock
   }
   Locked(const Locked&) = delete;
   Locked& operator=(const Locked&) = delete;
-  ~Locked() {
-    if (fast != nullptr) {
-      device_lock_release(fast);
-      return;
-    }
-    PyObject* r = PyObject_CallNoArgs(d.lock_release.ptr());
-    if (r == nullptr) {
-      PyErr_WriteUnraisable(d.lock_release.ptr());
-    } else {
-      Py_DECREF(r);
-    }
-  }
+  ~Locked() { device_lock_release(lock); }  // held by this thread since the constructor: cannot fail
 };
 
 bool truth(PyObject* v) {
@@ -1877,12 +1843,10 @@ void hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack, F run) {
       g_entries.emplace(std::move(words), token.inc_ref().ptr());
     }
   }
-  if (keeps_gil(op, argv)) {
+  {
     Inside in;
-    run();
-  } else {
-    Inside in;
-    pybind11::gil_scoped_release nogil;
+    std::optional<pybind11::gil_scoped_release> nogil;
+    if (!keeps_gil(op, argv)) nogil.emplace();
     run();
   }
   const size_t nret = schema.returns().size();
