@@ -254,9 +254,10 @@ def builtins() -> dict:
     :mod:`hpu_runtime.bridge.op_accounting`); the HBM counters' ``hbm`` (:class:`~hpu_runtime.device.memory.HBMModel`);
     ``residency_register`` and ``residency_on_free``
     (:class:`~hpu_runtime.device.residency.Residency`); ``launcher_append``
-    (:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op`); and the class ``DeviceLock``, the
-    device's reentrant lock (:class:`~hpu_runtime.bridge.sim_device.SimDevice`). Installs the
-    library first.
+    (:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op`); the class ``DeviceLock``, the
+    device's reentrant lock (:class:`~hpu_runtime.bridge.sim_device.SimDevice`); and the class
+    ``PendingOps``, the pending graph's records (NOTE [records made when read] in
+    :mod:`hpu_runtime.bridge.launcher`). Installs the library first.
 
     Raises:
         DeviceTypeBuildError: as :func:`install`.

@@ -23,6 +23,18 @@ segment in order. Here the segments' records are kept in order
 once (the input check and the first launch) and ``graph_launch_ns`` for each further segment,
 and runs the segments one after another on the compute stream.
 
+NOTE [records made when read]
+The pending graph's records (``Launcher._ops``) are a ``PendingOps`` of the hpu kernel library:
+a sequence (``len``, ``[i]``, ``[i:j]``, iteration, ``append``) into which the kernel puts a
+record it makes itself (NOTE [the op record, in the kernel] in
+:mod:`hpu_runtime.bridge.op_accounting`) as plain values, its graph-key entry, cost and
+storages' serials and bytes; the ``OpRecord`` and its tuples are made the first time something
+reads that position, and kept. A launch that hits the recipe cache with no lazy collective in the
+graph reads none: the records of a training step's graphs are then never made, which was about
+4% of the instructions of a digits-MLP step (their tuples, ints and the ``OpRecord``, made and
+freed at each launch). A record is made at once, as before, when something reads it at append
+time: the event log, or a collective's output that the op touches (``Card.dependency_ns``).
+
 Not thread-safe on its own: :class:`~hpu_runtime.bridge.sim_device.SimDevice` calls it
 under its lock.
 """
@@ -85,6 +97,17 @@ class CapturedGraph:
 
 
 _APPEND = None
+_PENDING_OPS = None
+
+
+def _pending_ops():
+    """A new, empty ``PendingOps`` of the kernel library (NOTE [records made when read])."""
+    global _PENDING_OPS
+    if _PENDING_OPS is None:
+        from .device_type import builtins
+
+        _PENDING_OPS = builtins()["PendingOps"]
+    return _PENDING_OPS()
 
 
 def _launcher_append():
@@ -140,7 +163,7 @@ class Launcher:
         self.compilations = 0
         self.new_scalars = 0
         self._keys: list = []
-        self._ops: list[OpRecord] = []
+        self._ops = _pending_ops()  # a sequence of OpRecord (NOTE [records made when read])
         self._dep_ns = 0  # the pending graph touches a collective's output ready then
         self._colls: list[GraphCollective] = []  # lazy collectives in the pending graph
         self._host_start = 0
@@ -238,7 +261,7 @@ class Launcher:
             self._segments.append(tuple(self._ops))
         self.pending = []
         self._keys = []
-        self._ops = []
+        self._ops.clear()
         self._dep_ns = 0
         card.forget_dependencies_before(span[0])
         return span

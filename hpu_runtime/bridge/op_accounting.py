@@ -60,7 +60,9 @@ a view's graph-key entry (lazy mode, outside compiled regions), or the storages 
 Python sees them by: a wrapped number is a number, one result's list counts, several results'
 lists do not), an :class:`~hpu_runtime.device.lazy_graph.OpRecord`, and its place in the
 pending graph (the library's ``launcher_append``, which
-:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well). In eager mode outside
+:meth:`~hpu_runtime.bridge.launcher.Launcher.append_op` calls as well; the record is kept there
+as plain values and made when something reads it, NOTE [records made when read] in
+:mod:`hpu_runtime.bridge.launcher`). In eager mode outside
 regions the op is then launched at once, as ``append_op`` does: by the library itself
 (``eager_launch``) when the launch touches nothing but the recipe cache's memory, its metric
 and the compute stream (a recipe already compiled; no new scalar to copy, no lazy collective,

@@ -912,3 +912,106 @@ def test_numbers_new_to_the_device_are_cached_by_the_kernel_as_by_the_after_hook
     assert kernel[1:] == python[1:]
     if limit is None:
         assert kernel[1] == [[4], [], [4], [4], [4], [], [4], [], [], []]  # True: 1, a constant of mul's key
+
+
+def test_pending_ops_is_a_sequence_of_the_records_appended():
+    """``Launcher._ops`` (NOTE [records made when read] in hpu_runtime.bridge.launcher) against a
+    Python list given the same appends: length, truth, indexing (negative too), slices, iteration
+    and ``tuple``; the errors a list raises for a bad index."""
+    from hpu_runtime.bridge.device_type import builtins
+
+    pending_ops = builtins()["PendingOps"]
+    ops, ref = pending_ops(), []
+    assert len(ops) == 0 and not ops and list(ops) == []
+    for item in [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)]:
+        ops.append(item)
+        ref.append(item)
+    assert ops and len(ops) == len(ref) == 5 and ops.values_held() == 0
+    for i in range(-5, 5):
+        assert ops[i] is ref[i]
+    for sl in [slice(None), slice(1, 4), slice(None, None, 2), slice(-2, None), slice(4, 0, -1), slice(3, 1)]:
+        assert ops[sl] == ref[sl]
+    assert list(ops) == ref and tuple(ops) == tuple(ref)
+    with pytest.raises(IndexError):
+        ops[5]
+    with pytest.raises(IndexError):
+        ops[-6]
+    with pytest.raises(TypeError, match="integers or slices"):
+        ops["0"]
+    with pytest.raises(TypeError, match="no arguments"):
+        pending_ops([1])
+
+
+def test_records_the_kernel_keeps_as_values_equal_the_after_hooks_when_read(monkeypatch):
+    """With no event log (so the kernel keeps its records as values until read, NOTE [records
+    made when read]), three training steps of a small MLP in lazy mode, each graph's records read
+    at its launch, against the Python after hook recording every op (the reference, through
+    ``python_hooks_only``): the same records (keys, costs, bytes and saves, storages renumbered
+    by first appearance), the same per-op device times of each launched graph (``graph_log``,
+    which reads them), host time and parameters; in the kernel's run most records were still
+    values when their launch came, and the launches that read none (recipe-cache hits with no
+    collective) left them unmade."""
+    from hpu_runtime.bridge import launcher as launcher_mod
+    from hpu_runtime.bridge import runtime
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    launch = launcher_mod.Launcher.launch
+    seen: list = []
+    held: list[int] = []
+
+    def reading(self, reason, *a):
+        held.append(self._ops.values_held())
+        seen.append(list(self._ops))
+        return launch(self, reason, *a)
+
+    def norm(graphs):
+        ids: dict[int, int] = {}
+
+        def s(serial):
+            return ids.setdefault(serial, len(ids))
+
+        return [[(op.key, op.cost, tuple((s(a), n) for a, n in op.reads),
+                  tuple((s(w[0]), *w[1:]) for w in op.writes), tuple(s(a) for a in op.saves)) for op in ops]
+                for ops in graphs]
+
+    def run(kernel: bool, read: bool):
+        dev = hpu.reset_device("gaudi2")
+        seen.clear()
+        held.clear()
+        if read:
+            monkeypatch.setattr(launcher_mod.Launcher, "launch", reading)
+        python_only = runtime.python_hooks_only()
+        if not kernel:
+            python_only.__enter__()
+        try:
+            dev.graph_log = []
+            params = _three_adam_steps(*_small_adam_job())
+            assert dev.launcher.log is None
+            graphs = [(g.reason, g.ops, g.start_ns, g.device_ns, g.op_times_ns) for g in dev.graph_log]
+            dev.graph_log = None
+            return norm(seen), graphs, dev.card.host_ns, params, list(held)
+        finally:
+            monkeypatch.setattr(launcher_mod.Launcher, "launch", launch)
+            if not kernel:
+                python_only.__exit__(None, None, None)
+
+    kernel, python = run(True, True), run(False, True)
+    assert sum(len(g) for g in python[0]) > 100
+    assert kernel[:3] == python[:3]
+    assert all(torch.equal(a, b) for a, b in zip(kernel[3], python[3]))
+    assert sum(kernel[4]) > sum(len(g) for g in kernel[0]) / 2, kernel[4]  # values until read
+    assert sum(python[4]) == 0  # the after hook appends records
+    # no reads: the records of a hit stay values up to its run (the graph log reads them: off here)
+    dev = hpu.reset_device("gaudi2")
+    model, opt, x, y = _small_adam_job()
+    at_run = []
+    run_compute = dev.card.run_compute
+
+    def spied(*a):
+        at_run.append((len(dev.launcher._ops), dev.launcher._ops.values_held()))
+        return run_compute(*a)
+
+    monkeypatch.setattr(dev.card, "run_compute", spied)
+    _three_adam_steps(model, opt, x, y)
+    assert len(at_run) == 6 and len(dev.launcher._ops) == 0, at_run
+    assert at_run[-2][0] > 10 and at_run[-2][1] == at_run[-2][0], at_run  # the third forward+backward: a hit

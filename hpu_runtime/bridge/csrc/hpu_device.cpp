@@ -806,9 +806,9 @@ bool kernel_fits(PyObject* entry) {
 struct StorageIo {
   ResidencyState r;
   bool low;
-  std::vector<std::pair<int64_t, int64_t>> reads;  // (serial, charged bytes) of each resident argument
-  std::vector<int64_t> serials;                    // every tensor argument's serial, -1: not resident
-  std::vector<bool> grads;                         // and whether it requires grad
+  c10::SmallVector<std::pair<int64_t, int64_t>, 4> reads;  // (serial, charged bytes) of each resident argument
+  c10::SmallVector<int64_t, 4> serials;                    // every tensor argument's serial, -1: not resident
+  c10::SmallVector<bool, 4> grads;                         // and whether it requires grad
 };
 
 int64_t charged_nbytes(const at::Tensor& t, bool low) {  // as cost_model.charged_nbytes
@@ -907,39 +907,58 @@ struct Write {
   bool allocates, kept;
 };
 
+// The same storages as plain values, before any Python object is made for them (io_tuples
+// makes them): what a deferred record keeps (NOTE [records made when read] in
+// hpu_runtime/bridge/launcher.py).
+struct OpData {
+  c10::SmallVector<std::pair<int64_t, int64_t>, 4> reads;  // (serial, charged bytes)
+  c10::SmallVector<Write, 2> writes;
+  c10::SmallVector<int64_t, 4> saves;  // the serials autograd keeps
+  bool none = false;
+};
+
 // The op's storages: `each_arg(f)` calls f on each tensor argument as Python gets them
 // (positional, then keyword), `each_out(f)` on each tensor result (storage_io below, from
-// Python objects; fast_record, from the kernel's own values). The Python objects are made once
-// every storage is known, each tuple at its final size.
+// Python objects; fast_record, from the kernel's own values).
 template <class EachArg, class EachOut>
-OpIo op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
-                 PyObject* saves_in, PyObject* saves_out_pattern) {
+OpData op_data(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
+               PyObject* saves_in, PyObject* saves_out_pattern) {
   StorageIo io{r, low, {}, {}, {}};
   each_arg([&](const at::Tensor& t) { read_tensor(io, t); });
   bool rg = false;
   for (bool g : io.grads) rg = rg || g;
   rg = rg && at::GradMode::is_enabled();
   PyObject* saves_out = rg ? saves_out_pattern : nullptr;
-  c10::SmallVector<Write, 2> writes;
+  OpData out;
   Py_ssize_t k = -1;
   each_out([&](const at::Tensor& t) {
     ++k;
     if (t.is_cpu()) return;  // a host result
     const py::object ref = storage_ref(t, r, allocates);
     const bool kept = saves_out != nullptr && in_pattern(saves_out, k);
-    writes.push_back({serial_of(ref), charged_nbytes(t, low), allocates, kept});
+    out.writes.push_back({serial_of(ref), charged_nbytes(t, low), allocates, kept});
   });
-  OpIo out;
-  if (io.reads.empty() && writes.empty()) {
+  if (io.reads.empty() && out.writes.empty()) {
     out.none = true;
     return out;
   }
-  out.reads = tuple_of(io.reads.size(), [&](size_t i) {  // (serial, nbytes)
-    const auto& [serial, nbytes] = io.reads[i];
+  out.reads = std::move(io.reads);
+  if (rg) {
+    const std::vector<int64_t> kept = saved_arguments(saves_in, io);
+    out.saves.assign(kept.begin(), kept.end());
+  }
+  return out;
+}
+
+// The record's tuples of `d` (not none), each made at its final size.
+OpIo io_tuples(const OpData& d) {
+  OpIo out;
+  out.reads = tuple_of(d.reads.size(), [&](size_t i) {  // (serial, nbytes)
+    const auto& [serial, nbytes] = d.reads[i];
     return tuple_of(2, [&](size_t j) { return new_int(j == 0 ? serial : nbytes); }).release().ptr();
   });
-  out.writes = tuple_of(writes.size(), [&](size_t i) {  // (serial, nbytes, allocates, kept)
-    const Write& w = writes[i];
+  out.writes = tuple_of(d.writes.size(), [&](size_t i) {  // (serial, nbytes, allocates, kept)
+    const Write& w = d.writes[i];
     return tuple_of(4, [&](size_t j) {
              if (j < 2) return new_int(j == 0 ? w.serial : w.nbytes);
              return Py_NewRef((j == 2 ? w.allocates : w.kept) ? Py_True : Py_False);
@@ -947,13 +966,20 @@ OpIo op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bo
         .release()
         .ptr();
   });
-  if (rg) {
-    const std::vector<int64_t> kept = saved_arguments(saves_in, io);
-    out.saves = tuple_of(kept.size(), [&](size_t i) { return new_int(kept[i]); });
-  } else {
-    out.saves = py::tuple();
-  }
+  out.saves = tuple_of(d.saves.size(), [&](size_t i) { return new_int(d.saves[i]); });
   return out;
+}
+
+template <class EachArg, class EachOut>
+OpIo op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
+                 PyObject* saves_in, PyObject* saves_out_pattern) {
+  const OpData d = op_data(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
+  if (d.none) {
+    OpIo out;
+    out.none = true;
+    return out;
+  }
+  return io_tuples(d);
 }
 
 OpIo op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates, bool low,
@@ -992,12 +1018,12 @@ void ivalue_tensors(const IValue& v, F f) {
   }
 }
 
-// op_storages from the kernel's own values: the passed arguments `argv` and the `nret` results at
+// op_data from the kernel's own values: the passed arguments `argv` and the `nret` results at
 // the end of `stack` (Python gets one result as itself, a list's items included, and several as
 // a tuple whose tensors count, not its lists' items).
-OpIo op_storages(const ResidencyState& r, const std::vector<IValue>& argv, const std::vector<bool>& passed,
-                 const torch::jit::Stack& stack, size_t nret, bool allocates, bool low, PyObject* saves_in,
-                 PyObject* saves_out_pattern) {
+OpData op_data(const ResidencyState& r, const std::vector<IValue>& argv, const std::vector<bool>& passed,
+               const torch::jit::Stack& stack, size_t nret, bool allocates, bool low, PyObject* saves_in,
+               PyObject* saves_out_pattern) {
   auto each_arg = [&](auto f) {
     for (size_t i = 0; i < argv.size(); ++i)
       if (passed[i]) ivalue_tensors(argv[i], f);
@@ -1011,7 +1037,7 @@ OpIo op_storages(const ResidencyState& r, const std::vector<IValue>& argv, const
       }
     }
   };
-  return op_storages(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
+  return op_data(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
 }
 
 PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
@@ -1075,21 +1101,226 @@ struct Attrs {
   }
 };
 
+// ---- the pending graph's records, made when read (NOTE [records made when read] in
+// hpu_runtime/bridge/launcher.py) ----
+// OpRecord(mk, cost, reads, writes, saves) of `type` (a tuple subclass): its items set in place.
+py::object make_record(PyObject* type, PyObject* mk, PyObject* cost, const OpData& d) {
+  OpIo io = io_tuples(d);
+  PyTypeObject* record_type = reinterpret_cast<PyTypeObject*>(type);
+  py::object op = py::reinterpret_steal<py::object>(record_type->tp_alloc(record_type, 5));
+  if (!op) throw python_error();
+  PyObject* const items[5] = {Py_NewRef(mk), Py_NewRef(cost), io.reads.release().ptr(), io.writes.release().ptr(),
+                              io.saves.release().ptr()};
+  for (Py_ssize_t i = 0; i < 5; ++i) PyTuple_SET_ITEM(op.ptr(), i, items[i]);
+  return op;
+}
+
+// One op of the pending graph: its record, or what makes it (mk, cost, storages).
+struct PendingEntry {
+  PyObject* made = nullptr;  // the record (a reference), or null until it is read
+  PyObject* mk = nullptr;    // references while `made` is null
+  PyObject* cost = nullptr;
+  OpData data;
+};
+
+// Launcher._ops: a sequence of OpRecord (len, [i], [i:j], iteration, append) whose records
+// the kernel adds as values and makes at their first read.
+struct PendingOpsObject {
+  PyObject_HEAD
+  std::vector<PendingEntry>* entries;
+  PyObject* record_type;  // the OpRecord type of the entries not made yet (a reference), or null
+};
+
+PyTypeObject* g_pending_ops_type = nullptr;
+
+PyObject* pending_ops_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "PendingOps() takes no arguments");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<PendingOpsObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->entries = new (std::nothrow) std::vector<PendingEntry>();
+  self->record_type = nullptr;
+  if (self->entries == nullptr) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void pending_ops_dealloc(PyObject* o) {
+  auto* self = reinterpret_cast<PendingOpsObject*>(o);
+  if (self->entries != nullptr) {
+    for (PendingEntry& e : *self->entries) {
+      Py_XDECREF(e.made);
+      Py_XDECREF(e.mk);
+      Py_XDECREF(e.cost);
+    }
+    delete self->entries;
+  }
+  Py_XDECREF(self->record_type);
+  PyTypeObject* type = Py_TYPE(o);
+  type->tp_free(o);
+  Py_DECREF(type);  // a heap type: its instances hold it
+}
+
+// The record at `i` (in range), made now if it was not: borrowed.
+PyObject* pending_ops_at(PendingOpsObject* self, size_t i) {
+  PendingEntry& e = (*self->entries)[i];
+  if (e.made == nullptr) {
+    e.made = make_record(self->record_type, e.mk, e.cost, e.data).release().ptr();
+    Py_CLEAR(e.mk);
+    Py_CLEAR(e.cost);
+    e.data = OpData();
+  }
+  return e.made;
+}
+
+Py_ssize_t pending_ops_len(PyObject* o) {
+  return static_cast<Py_ssize_t>(reinterpret_cast<PendingOpsObject*>(o)->entries->size());
+}
+
+PyObject* pending_ops_item(PyObject* o, Py_ssize_t i) {
+  HANDLE_TH_ERRORS
+  auto* self = reinterpret_cast<PendingOpsObject*>(o);
+  if (i < 0 || static_cast<size_t>(i) >= self->entries->size()) {
+    PyErr_SetString(PyExc_IndexError, "PendingOps index out of range");
+    return nullptr;
+  }
+  return Py_NewRef(pending_ops_at(self, static_cast<size_t>(i)));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* pending_ops_subscript(PyObject* o, PyObject* key) {
+  HANDLE_TH_ERRORS
+  auto* self = reinterpret_cast<PendingOpsObject*>(o);
+  const Py_ssize_t n = static_cast<Py_ssize_t>(self->entries->size());
+  if (PyIndex_Check(key)) {
+    Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) return nullptr;
+    return pending_ops_item(o, i < 0 ? i + n : i);
+  }
+  if (!PySlice_Check(key)) {
+    PyErr_Format(PyExc_TypeError, "PendingOps indices must be integers or slices, not %.200s", Py_TYPE(key)->tp_name);
+    return nullptr;
+  }
+  Py_ssize_t start, stop, step;
+  if (PySlice_Unpack(key, &start, &stop, &step) < 0) return nullptr;
+  const Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
+  py::list out(len);
+  for (Py_ssize_t k = 0, i = start; k < len; ++k, i += step)
+    PyList_SET_ITEM(out.ptr(), k, Py_NewRef(pending_ops_at(self, static_cast<size_t>(i))));
+  return out.release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+constexpr size_t kPendingReserve = 64;  // entries held from the first push (a graph's ops, most often)
+
+void pending_ops_push(PendingOpsObject* self, PyObject* op) {
+  if (self->entries->capacity() == 0) self->entries->reserve(kPendingReserve);
+  self->entries->emplace_back();
+  self->entries->back().made = Py_NewRef(op);
+}
+
+PyObject* pending_ops_append(PyObject* o, PyObject* op) {
+  HANDLE_TH_ERRORS
+  pending_ops_push(reinterpret_cast<PendingOpsObject*>(o), op);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// Empty it in place, keeping its capacity (Launcher.launch and eager_launch, once a graph is
+// launched).
+void pending_ops_empty(PendingOpsObject* self) {
+  c10::SmallVector<PyObject*, 3 * kPendingReserve> refs;
+  for (const PendingEntry& e : *self->entries)
+    for (PyObject* r : {e.made, e.mk, e.cost})
+      if (r != nullptr) refs.push_back(r);
+  self->entries->clear();  // emptied before any release can run Python code
+  for (PyObject* r : refs) Py_DECREF(r);
+}
+
+PyObject* pending_ops_clear(PyObject* o, PyObject*) {
+  pending_ops_empty(reinterpret_cast<PendingOpsObject*>(o));
+  Py_RETURN_NONE;
+}
+
+PyObject* pending_ops_repr(PyObject* o) {
+  return PyUnicode_FromFormat("<PendingOps of %zd ops>", pending_ops_len(o));
+}
+
+PyObject* pending_ops_values_held(PyObject* o, PyObject*) {
+  auto* self = reinterpret_cast<PendingOpsObject*>(o);
+  Py_ssize_t n = 0;
+  for (const PendingEntry& e : *self->entries) n += e.made == nullptr;
+  return PyLong_FromSsize_t(n);
+}
+
+PyMethodDef g_pending_ops_methods[] = {
+    {"append", &pending_ops_append, METH_O, "Add a record at the end."},
+    {"clear", &pending_ops_clear, METH_NOARGS, "Remove every record (the capacity is kept)."},
+    {"values_held", &pending_ops_values_held, METH_NOARGS, "How many records are held as values, not made yet."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyType_Slot g_pending_ops_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(&pending_ops_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(&pending_ops_dealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(&pending_ops_repr)},
+    {Py_tp_methods, g_pending_ops_methods},
+    {Py_sq_length, reinterpret_cast<void*>(&pending_ops_len)},
+    {Py_sq_item, reinterpret_cast<void*>(&pending_ops_item)},
+    {Py_mp_length, reinterpret_cast<void*>(&pending_ops_len)},
+    {Py_mp_subscript, reinterpret_cast<void*>(&pending_ops_subscript)},
+    {Py_tp_doc, const_cast<char*>("The pending graph's op records, in issue order: a sequence whose records the hpu "
+                                  "kernel adds as plain values and makes when first read.")},
+    {0, nullptr}};
+
+PyType_Spec g_pending_ops_spec = {"hpu_runtime.PendingOps", sizeof(PendingOpsObject), 0, Py_TPFLAGS_DEFAULT,
+                                  g_pending_ops_slots};
+
+// A new, empty Launcher._ops (a list when the type was never made: no Launcher made one).
+py::object new_pending_ops() {
+  PyObject* o = g_pending_ops_type != nullptr ? PyObject_CallNoArgs(reinterpret_cast<PyObject*>(g_pending_ops_type))
+                                              : PyList_New(0);
+  if (o == nullptr) throw python_error();
+  return py::reinterpret_steal<py::object>(o);
+}
+
+// An op record not made yet (fast_record): its graph-key entry, cost, storages, OpRecord type.
+struct Deferred {
+  PyObject* mk;
+  PyObject* cost;
+  OpData& data;
+  PyObject* type;
+};
+
 // Launcher.append_op without its launches: one op record joins the pending graph (its
 // dependency on a collective's output, its log event, the op count, the host's time per op);
 // returns 1 when eager mode launches it at once, 2 when the graph reached
-// PT_HPU_MAX_COMPOUND_OP_SIZE, else 0.
-int launcher_append(const Attrs& l, const Attrs& card, PyObject* op) {
+// PT_HPU_MAX_COMPOUND_OP_SIZE, else 0. The record is `op`, or, when `op` is null, the one
+// `later` describes: made now if the graph's dependency or log needs it (or _ops is not a
+// PendingOps of its type), else kept as values in _ops until read.
+int launcher_append(const Attrs& l, const Attrs& card, PyObject* op, const Deferred* later = nullptr) {
   static PyObject* const one = PyLong_FromLong(1);
-  if (PyDict_GET_SIZE(card[NAME("ready_after")]) > 0) {
+  PyObject* ops = l[NAME("_ops")];
+  auto* deferred_to = Py_TYPE(ops) == g_pending_ops_type ? reinterpret_cast<PendingOpsObject*>(ops) : nullptr;
+  const bool has_deps = PyDict_GET_SIZE(card[NAME("ready_after")]) > 0;
+  PyObject* log = l[NAME("log")];
+  py::object made;
+  if (op == nullptr && (has_deps || log != Py_None || deferred_to == nullptr ||
+                        (deferred_to->record_type != nullptr && deferred_to->record_type != later->type))) {
+    made = make_record(later->type, later->mk, later->cost, later->data);
+    op = made.ptr();
+  }
+  if (has_deps) {
     static PyObject* const dependency_ns = interned("dependency_ns");
     py::object dep = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(card.obj.ptr(), dependency_ns, op));
     if (!dep) throw python_error();
-    const int later = PyObject_RichCompareBool(dep.ptr(), l[NAME("_dep_ns")], Py_GT);
-    if (later < 0) throw python_error();
-    if (later) l.set(NAME("_dep_ns"), dep.ptr());
+    const int later_dep = PyObject_RichCompareBool(dep.ptr(), l[NAME("_dep_ns")], Py_GT);
+    if (later_dep < 0) throw python_error();
+    if (later_dep) l.set(NAME("_dep_ns"), dep.ptr());
   }
-  PyObject* log = l[NAME("log")];
   if (log != Py_None) {
     py::object event = py::make_tuple("op", py::handle(op));
     append(log, event.ptr());
@@ -1102,9 +1333,21 @@ int launcher_append(const Attrs& l, const Attrs& card, PyObject* op) {
   const bool accumulate = lazy || !no_region;
   if (PyList_GET_SIZE(pending) == 0) l.set(NAME("_host_start"), card[NAME("host_ns")]);
   card.add(NAME("host_ns"), l[accumulate ? NAME("_op_host_ns") : NAME("_eager_ns")]);
-  append(pending, PyTuple_GET_ITEM(op, 1));
-  append(l[NAME("_keys")], PyTuple_GET_ITEM(op, 0));
-  append(l[NAME("_ops")], op);
+  append(pending, op != nullptr ? PyTuple_GET_ITEM(op, 1) : later->cost);
+  append(l[NAME("_keys")], op != nullptr ? PyTuple_GET_ITEM(op, 0) : later->mk);
+  if (op == nullptr) {  // kept as values (NOTE [records made when read])
+    if (deferred_to->record_type == nullptr) deferred_to->record_type = Py_NewRef(later->type);
+    if (deferred_to->entries->capacity() == 0) deferred_to->entries->reserve(kPendingReserve);
+    deferred_to->entries->emplace_back();
+    PendingEntry& e = deferred_to->entries->back();
+    e.mk = Py_NewRef(later->mk);
+    e.cost = Py_NewRef(later->cost);
+    e.data = std::move(later->data);
+  } else if (deferred_to != nullptr) {
+    pending_ops_push(deferred_to, op);
+  } else {
+    append(ops, op);
+  }
   if (!accumulate) return 1;
   const Py_ssize_t most = PyLong_AsSsize_t(l[NAME("max_compound_ops")]);
   if (most == -1 && PyErr_Occurred()) throw python_error();
@@ -1333,10 +1576,17 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
   }
   l.add(NAME("graphs_launched"), one);
   l.set(NAME("last_recipe"), recipe.ptr());
-  for (PyObject* list_name : {NAME("pending"), NAME("_keys"), NAME("_ops")}) {
+  for (PyObject* list_name : {NAME("pending"), NAME("_keys")}) {
     py::object empty = py::reinterpret_steal<py::object>(PyList_New(0));
     if (!empty) throw python_error();
     l.set(list_name, empty.ptr());
+  }
+  PyObject* ops = l[NAME("_ops")];
+  if (Py_TYPE(ops) == g_pending_ops_type) {
+    pending_ops_empty(reinterpret_cast<PendingOpsObject*>(ops));
+  } else {
+    py::object empty = new_pending_ops();
+    l.set(NAME("_ops"), empty.ptr());
   }
   l.set(NAME("_dep_ns"), zero);
   if (PyDict_GET_SIZE(card[NAME("ready_after")]) > 0) {
@@ -1632,10 +1882,6 @@ bool pins_hold(PyObject* pins, const std::vector<IValue>& argv, const std::vecto
   return true;
 }
 
-py::object new_record(const CurrentDevice& d, const ResidencyState& r, PyObject* f, PyObject* mk,
-                      const std::vector<IValue>& argv, const std::vector<bool>& passed, const torch::jit::Stack& stack,
-                      size_t nret, bool allocates);
-
 // The record of an op whose kept entry carries its record for this state (OpEntry.fast), made
 // here: true, or false when the after hook must make it (another device, the other side of a
 // compiled region's boundary, other numbers than the record's pins, a capture, bf16 emulation, a
@@ -1681,11 +1927,22 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
   }
   const bool allocates = PyTuple_GET_ITEM(f, 2) == Py_True;
   if (!allocates && on_host) return true;  // in place on a host tensor: host work
-  py::object op = new_record(d, residency_state(d.residency.ptr()), f, mk, argv, passed, stack, nret, allocates);
-  if (!op) return false;
-  if (op.is_none()) return true;  // host work
+  OpData data;
+  try {
+    data = op_data(residency_state(d.residency.ptr()), argv, passed, stack, nret, allocates, false,
+                   PyTuple_GET_ITEM(f, 5), PyTuple_GET_ITEM(f, 6));
+  } catch (const python_error&) {  // the after hook makes the record again and says why (an OOM, a bad tensor)
+    PyErr_Clear();
+    return false;
+  } catch (const py::error_already_set&) {
+    return false;
+  } catch (const c10::Error&) {
+    return false;
+  }
+  if (data.none) return true;  // host work
   scalars_to_device(d, scalars);
-  const int launch = launcher_append(launcher, d.card, op.ptr());
+  const Deferred later{mk, PyTuple_GET_ITEM(f, 4), data, d.op_record.ptr()};
+  const int launch = launcher_append(launcher, d.card, nullptr, &later);
   if (launch == 1 && eager_launch(launcher, d.card)) return true;
   if (launch != 0) {
     py::object r = py::reinterpret_steal<py::object>(
@@ -1694,35 +1951,6 @@ bool fast_record(PyObject* entry, const c10::FunctionSchema& schema, const std::
     if (!r) throw python_error();
   }
   return true;
-}
-
-// A new record of the op (OpRecord), None for host work, or null when the after hook must make
-// it (an OOM, a bad tensor: it says why).
-py::object new_record(const CurrentDevice& d, const ResidencyState& r, PyObject* f, PyObject* mk,
-                      const std::vector<IValue>& argv, const std::vector<bool>& passed, const torch::jit::Stack& stack,
-                      size_t nret, bool allocates) {
-  OpIo io;
-  try {
-    io = op_storages(r, argv, passed, stack, nret, allocates, false, PyTuple_GET_ITEM(f, 5), PyTuple_GET_ITEM(f, 6));
-  } catch (const python_error&) {  // the after hook makes the record again and says why (an OOM, a bad tensor)
-    PyErr_Clear();
-    return py::object();
-  } catch (const py::error_already_set&) {
-    return py::object();
-  } catch (const c10::Error&) {
-    return py::object();
-  }
-  if (io.none) return py::none();  // host work
-  // OpRecord(mk, cost, reads, writes, saves): a tuple subclass, its items set in place
-  PyTypeObject* record_type = reinterpret_cast<PyTypeObject*>(d.op_record.ptr());
-  py::object op = py::reinterpret_steal<py::object>(record_type->tp_alloc(record_type, 5));
-  if (!op) throw python_error();
-  PyObject* const items[5] = {mk, PyTuple_GET_ITEM(f, 4), io.reads.release().ptr(), io.writes.release().ptr(),
-                              io.saves.release().ptr()};
-  Py_INCREF(items[0]);
-  Py_INCREF(items[1]);
-  for (Py_ssize_t i = 0; i < 5; ++i) PyTuple_SET_ITEM(op.ptr(), i, items[i]);
-  return op;
 }
 
 template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
@@ -2186,7 +2414,15 @@ PyObject* hpu_sim_builtins() {
       return nullptr;
     }
   }
-  if (PyDict_SetItemString(d, "DeviceLock", reinterpret_cast<PyObject*>(g_device_lock_type)) != 0) {
+  if (g_pending_ops_type == nullptr) {
+    g_pending_ops_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_pending_ops_spec));
+    if (g_pending_ops_type == nullptr) {
+      Py_DECREF(d);
+      return nullptr;
+    }
+  }
+  if (PyDict_SetItemString(d, "DeviceLock", reinterpret_cast<PyObject*>(g_device_lock_type)) != 0 ||
+      PyDict_SetItemString(d, "PendingOps", reinterpret_cast<PyObject*>(g_pending_ops_type)) != 0) {
     Py_DECREF(d);
     return nullptr;
   }
