@@ -574,3 +574,30 @@ def test_a_forked_rank_that_just_returns_publishes_its_recipes(tmp_path, method)
         assert all(reader.lookup(digest_of(f"forked-{i}")) is not None for i in range(4))
     finally:
         reader.close()
+
+
+def test_a_graph_key_hashes_and_compares_as_the_plain_tuple_of_its_items():
+    """``GraphKey`` (NOTE [a graph key's hash] in hpu_runtime.bridge.launcher) against CPython's
+    own ``hash(tuple(items))`` and tuple equality: empty, one item, items whose hash is -1's
+    (-2), nested signatures with sizes and dtypes, a long key; past the kernel's cache of item
+    hashes (more distinct entries than it keeps) the values stay right; a recipe stored under one
+    is found under the other, either way round; and a key survives pickling."""
+    import pickle
+
+    import torch
+
+    from hpu_runtime.bridge.launcher import GraphKey
+
+    sig = ("aten.addmm.default", ((torch.Size([128]), torch.float32), (torch.Size([32, 64]), torch.bfloat16)))
+    cases = [[], [-1], [sig], [sig, ("view", 3), -1, 2.5, "x", None], [("op", i) for i in range(300)]]
+    cases.append([("many", i) for i in range(70_000)])  # more than the kernel keeps (1 << 16)
+    cases.append([("many", i) for i in range(3)])  # entries from before the cache was emptied
+    for items in cases:
+        key, plain = GraphKey(items), tuple(items)
+        assert hash(key) == hash(plain) and key == plain and plain == key and isinstance(key, tuple)
+        assert pickle.loads(pickle.dumps(key)) == plain
+    cache = RecipeCache(disk=None)
+    cache.insert(GraphKey([sig, sig]), _recipe(1))
+    cache.insert((sig,), _recipe(2))
+    assert cache.lookup((sig, sig)) == _recipe(1) and cache.lookup(GraphKey([sig])) == _recipe(2)
+    assert cache.stats().hits == 2

@@ -1959,6 +1959,58 @@ constexpr PyCFunction fastcall() {
 }
 
 // The library's builtin functions, handed to Python by hpu_sim_builtins().
+// ---- the graph key's hash (NOTE [a graph key's hash] in hpu_runtime/bridge/launcher.py) ----
+// The hashes of the items graph keys hold (graph-key entries: tuples whose hash CPython does not
+// keep), by object, each object held while its hash is: an address cannot name another object
+// meanwhile. Emptied when it holds kMaxItemHashes.
+constexpr size_t kMaxItemHashes = 1 << 16;
+std::unordered_map<PyObject*, Py_hash_t>& g_item_hashes = *new std::unordered_map<PyObject*, Py_hash_t>();
+
+Py_hash_t item_hash(PyObject* o) {
+  const auto it = g_item_hashes.find(o);
+  if (it != g_item_hashes.end()) return it->second;
+  const Py_hash_t h = PyObject_Hash(o);
+  if (h == -1) throw python_error();
+  if (g_item_hashes.size() >= kMaxItemHashes) {
+    std::vector<PyObject*> held;
+    held.reserve(g_item_hashes.size());
+    for (const auto& [obj, _] : g_item_hashes) held.push_back(obj);
+    g_item_hashes.clear();  // emptied before any release can run Python code
+    for (PyObject* obj : held) Py_DECREF(obj);
+  }
+  g_item_hashes.emplace(Py_NewRef(o), h);
+  return h;
+}
+
+// tuple_hash(items: list | tuple) -> int: hash(tuple(items)), as CPython's tuple computes it
+// (Objects/tupleobject.c, tuplehash: xxHash's round over the items' hashes, 64-bit constants), the
+// items' hashes read from g_item_hashes.
+PyObject* tuple_hash_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  static_assert(sizeof(Py_uhash_t) == 8, "tuple_hash follows CPython's 64-bit tuplehash");
+  if (!check_nargs("tuple_hash", nargs, 1)) return nullptr;
+  PyObject* items = argv[0];
+  if (!PyList_Check(items) && !PyTuple_Check(items)) {
+    PyErr_SetString(PyExc_TypeError, "tuple_hash: items must be a list or a tuple");
+    return nullptr;
+  }
+  constexpr Py_uhash_t kPrime1 = 11400714785074694791ULL, kPrime2 = 14029467366897019727ULL,
+                       kPrime5 = 2870177450012600261ULL;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  PyObject** item = PySequence_Fast_ITEMS(items);
+  Py_uhash_t acc = kPrime5;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const Py_uhash_t lane = static_cast<Py_uhash_t>(item_hash(item[i]));
+    acc += lane * kPrime2;
+    acc = (acc << 31) | (acc >> 33);
+    acc *= kPrime1;
+  }
+  acc += static_cast<Py_uhash_t>(n) ^ (kPrime5 ^ 3527539UL);
+  if (acc == static_cast<Py_uhash_t>(-1)) return PyLong_FromSsize_t(1546275796);
+  return PyLong_FromSsize_t(static_cast<Py_hash_t>(acc));
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef g_builtins[] = {
     {"storage_io", fastcall<&storage_io>(), METH_FASTCALL, "An op record's storages (hpu_runtime.bridge.op_accounting)."},
     {"hbm", fastcall<&hbm_py>(), METH_FASTCALL, "An update of HBMModel's counters (hpu_runtime.device.memory)."},
@@ -1968,6 +2020,8 @@ PyMethodDef g_builtins[] = {
      "A residency's weak-reference callback (hpu_runtime.device.residency)."},
     {"launcher_append", fastcall<&launcher_append_py>(), METH_FASTCALL,
      "Launcher.append_op without its launches (hpu_runtime.bridge.launcher)."},
+    {"tuple_hash", fastcall<&tuple_hash_py>(), METH_FASTCALL,
+     "hash(tuple(items)), the items' hashes kept (hpu_runtime.bridge.launcher.GraphKey)."},
     {nullptr, nullptr, 0, nullptr}};
 
 struct Inside {
