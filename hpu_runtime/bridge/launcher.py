@@ -107,9 +107,19 @@ class CapturedGraph:
         return out
 
 
-_APPEND = None
-_PENDING_OPS = None
-_TUPLE_HASH = None
+_BUILTINS: dict | None = None
+
+
+def _builtin(name: str):
+    """The kernel library's builtin ``name`` (:func:`~hpu_runtime.bridge.device_type.builtins`,
+    read once): ``launcher_append(launcher, op) -> 0 | 1 | 2`` (1: eager mode launches the op now;
+    2: the graph reached ``max_compound_ops``), ``tuple_hash``, ``PendingOps``."""
+    global _BUILTINS
+    if _BUILTINS is None:
+        from .device_type import builtins
+
+        _BUILTINS = builtins()
+    return _BUILTINS[name]
 
 
 class GraphKey(tuple):
@@ -117,41 +127,16 @@ class GraphKey(tuple):
     hash]): equal to, and hashing as, the plain tuple of the same items."""
 
     def __new__(cls, items):
-        global _TUPLE_HASH
-        if _TUPLE_HASH is None:
-            from .device_type import builtins
-
-            _TUPLE_HASH = builtins()["tuple_hash"]
         key = super().__new__(cls, items)
-        key._hash = _TUPLE_HASH(key)
+        key._hash = _builtin("tuple_hash")(key)
         return key
 
     def __hash__(self) -> int:
         return self._hash
 
     def __reduce__(self):
+        # rebuilt from its items: the kept hash is this process's (str hashes are salted per process)
         return (GraphKey, (tuple(self),))
-
-
-def _pending_ops():
-    """A new, empty ``PendingOps`` of the kernel library (NOTE [records made when read])."""
-    global _PENDING_OPS
-    if _PENDING_OPS is None:
-        from .device_type import builtins
-
-        _PENDING_OPS = builtins()["PendingOps"]
-    return _PENDING_OPS()
-
-
-def _launcher_append():
-    """The kernel library's ``launcher_append(launcher, op) -> 0 | 1 | 2`` (1: eager mode launches
-    the op now; 2: the graph reached ``max_compound_ops``), loaded once."""
-    global _APPEND
-    if _APPEND is None:
-        from .device_type import builtins
-
-        _APPEND = builtins()["launcher_append"]
-    return _APPEND
 
 
 class Launcher:
@@ -196,7 +181,7 @@ class Launcher:
         self.compilations = 0
         self.new_scalars = 0
         self._keys: list = []
-        self._ops = _pending_ops()  # a sequence of OpRecord (NOTE [records made when read])
+        self._ops = _builtin("PendingOps")()  # a sequence of OpRecord (NOTE [records made when read])
         self._dep_ns = 0  # the pending graph touches a collective's output ready then
         self._colls: list[GraphCollective] = []  # lazy collectives in the pending graph
         self._host_start = 0
@@ -219,7 +204,7 @@ class Launcher:
         collective's output, the ``("op", record)`` log event, ``ops_recorded``, the host's
         time per op, the graph's lists), as the kernel's own op records do (NOTE [the op record,
         in the kernel] in :mod:`hpu_runtime.bridge.op_accounting`); the launches are here."""
-        launch = (_APPEND or _launcher_append())(self, op)
+        launch = _builtin("launcher_append")(self, op)
         if launch == 1:
             self.launch("eager", 0)
         elif launch == 2:

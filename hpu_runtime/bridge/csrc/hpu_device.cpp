@@ -41,6 +41,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -866,8 +867,8 @@ void each_item(PyObject* v, F f) {
 }
 
 // The serials of the resident arguments autograd keeps (op_accounting.AUTOGRAD_SAVES).
-std::vector<int64_t> saved_arguments(PyObject* pattern, const StorageIo& io) {
-  std::vector<int64_t> kept;
+c10::SmallVector<int64_t, 4> saved_arguments(PyObject* pattern, const StorageIo& io) {
+  c10::SmallVector<int64_t, 4> kept;
   const auto& s = io.serials;
   if (is_str(pattern, "all")) {
     for (int64_t x : s)
@@ -895,11 +896,9 @@ bool in_pattern(PyObject* pattern, Py_ssize_t k) {  // saves_out: "all" or posit
   return false;
 }
 
-// An op's storages as an op record holds them (OpRecord.reads, .writes, .saves); `none`: the
-// op reads and writes nothing on the device.
+// An op's storages as an op record holds them (OpRecord.reads, .writes, .saves).
 struct OpIo {
   py::tuple reads, writes, saves;
-  bool none = false;
 };
 
 struct Write {
@@ -943,10 +942,7 @@ OpData op_data(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool
     return out;
   }
   out.reads = std::move(io.reads);
-  if (rg) {
-    const std::vector<int64_t> kept = saved_arguments(saves_in, io);
-    out.saves.assign(kept.begin(), kept.end());
-  }
+  if (rg) out.saves = saved_arguments(saves_in, io);
   return out;
 }
 
@@ -970,20 +966,9 @@ OpIo io_tuples(const OpData& d) {
   return out;
 }
 
-template <class EachArg, class EachOut>
-OpIo op_storages(const ResidencyState& r, EachArg each_arg, EachOut each_out, bool allocates, bool low,
-                 PyObject* saves_in, PyObject* saves_out_pattern) {
-  const OpData d = op_data(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
-  if (d.none) {
-    OpIo out;
-    out.none = true;
-    return out;
-  }
-  return io_tuples(d);
-}
-
-OpIo op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates, bool low,
-                 PyObject* saves_in, PyObject* saves_out_pattern) {
+// op_data from Python objects: the op's `args` and `kwargs`, its result(s) `out`.
+OpData op_data(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyObject* out, bool allocates, bool low,
+               PyObject* saves_in, PyObject* saves_out_pattern) {
   auto tensors_of = [](PyObject* v, auto f) {
     each_item(v, [&](PyObject* a) {
       if (THPVariable_Check(a)) f(THPVariable_Unpack(a));
@@ -999,7 +984,7 @@ OpIo op_storages(const ResidencyState& r, PyObject* args, PyObject* kwargs, PyOb
   };
   // the tensors among the results, as op_accounting.out_tensors
   auto each_out = [&](auto f) { tensors_of(out, f); };
-  return op_storages(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
+  return op_data(r, each_arg, each_out, allocates, low, saves_in, saves_out_pattern);
 }
 
 // A tensor Python gets as a tensor (a wrapped number reaches it as a number).
@@ -1048,9 +1033,10 @@ PyObject* storage_io(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "storage_io: args must be a tuple, kwargs a dict or None");
     return nullptr;
   }
-  OpIo io = op_storages(residency_state(argv[0]), args, kwargs, argv[3], argv[4] == Py_True, argv[5] == Py_True,
-                        argv[6], argv[7]);
-  if (io.none) Py_RETURN_NONE;
+  const OpData d = op_data(residency_state(argv[0]), args, kwargs, argv[3], argv[4] == Py_True, argv[5] == Py_True,
+                           argv[6], argv[7]);
+  if (d.none) Py_RETURN_NONE;
+  const OpIo io = io_tuples(d);
   return PyTuple_Pack(3, io.reads.ptr(), io.writes.ptr(), io.saves.ptr());
   END_HANDLE_TH_ERRORS
 }
@@ -1149,22 +1135,6 @@ PyObject* pending_ops_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
   return reinterpret_cast<PyObject*>(self);
 }
 
-void pending_ops_dealloc(PyObject* o) {
-  auto* self = reinterpret_cast<PendingOpsObject*>(o);
-  if (self->entries != nullptr) {
-    for (PendingEntry& e : *self->entries) {
-      Py_XDECREF(e.made);
-      Py_XDECREF(e.mk);
-      Py_XDECREF(e.cost);
-    }
-    delete self->entries;
-  }
-  Py_XDECREF(self->record_type);
-  PyTypeObject* type = Py_TYPE(o);
-  type->tp_free(o);
-  Py_DECREF(type);  // a heap type: its instances hold it
-}
-
 // The record at `i` (in range), made now if it was not: borrowed.
 PyObject* pending_ops_at(PendingOpsObject* self, size_t i) {
   PendingEntry& e = (*self->entries)[i];
@@ -1217,11 +1187,13 @@ PyObject* pending_ops_subscript(PyObject* o, PyObject* key) {
 
 constexpr size_t kPendingReserve = 64;  // entries held from the first push (a graph's ops, most often)
 
-void pending_ops_push(PendingOpsObject* self, PyObject* op) {
+// A new, empty entry at the end.
+PendingEntry& pending_ops_add(PendingOpsObject* self) {
   if (self->entries->capacity() == 0) self->entries->reserve(kPendingReserve);
-  self->entries->emplace_back();
-  self->entries->back().made = Py_NewRef(op);
+  return self->entries->emplace_back();
 }
+
+void pending_ops_push(PendingOpsObject* self, PyObject* op) { pending_ops_add(self).made = Py_NewRef(op); }
 
 PyObject* pending_ops_append(PyObject* o, PyObject* op) {
   HANDLE_TH_ERRORS
@@ -1239,6 +1211,18 @@ void pending_ops_empty(PendingOpsObject* self) {
       if (r != nullptr) refs.push_back(r);
   self->entries->clear();  // emptied before any release can run Python code
   for (PyObject* r : refs) Py_DECREF(r);
+}
+
+void pending_ops_dealloc(PyObject* o) {
+  auto* self = reinterpret_cast<PendingOpsObject*>(o);
+  if (self->entries != nullptr) {
+    pending_ops_empty(self);
+    delete self->entries;
+  }
+  Py_XDECREF(self->record_type);
+  PyTypeObject* type = Py_TYPE(o);
+  type->tp_free(o);
+  Py_DECREF(type);  // a heap type: its instances hold it
 }
 
 PyObject* pending_ops_clear(PyObject* o, PyObject*) {
@@ -1278,14 +1262,6 @@ PyType_Slot g_pending_ops_slots[] = {
 
 PyType_Spec g_pending_ops_spec = {"hpu_runtime.PendingOps", sizeof(PendingOpsObject), 0, Py_TPFLAGS_DEFAULT,
                                   g_pending_ops_slots};
-
-// A new, empty Launcher._ops (a list when the type was never made: no Launcher made one).
-py::object new_pending_ops() {
-  PyObject* o = g_pending_ops_type != nullptr ? PyObject_CallNoArgs(reinterpret_cast<PyObject*>(g_pending_ops_type))
-                                              : PyList_New(0);
-  if (o == nullptr) throw python_error();
-  return py::reinterpret_steal<py::object>(o);
-}
 
 // An op record not made yet (fast_record): its graph-key entry, cost, storages, OpRecord type.
 struct Deferred {
@@ -1337,9 +1313,7 @@ int launcher_append(const Attrs& l, const Attrs& card, PyObject* op, const Defer
   append(l[NAME("_keys")], op != nullptr ? PyTuple_GET_ITEM(op, 0) : later->mk);
   if (op == nullptr) {  // kept as values (NOTE [records made when read])
     if (deferred_to->record_type == nullptr) deferred_to->record_type = Py_NewRef(later->type);
-    if (deferred_to->entries->capacity() == 0) deferred_to->entries->reserve(kPendingReserve);
-    deferred_to->entries->emplace_back();
-    PendingEntry& e = deferred_to->entries->back();
+    PendingEntry& e = pending_ops_add(deferred_to);
     e.mk = Py_NewRef(later->mk);
     e.cost = Py_NewRef(later->cost);
     e.data = std::move(later->data);
@@ -1576,17 +1550,18 @@ bool eager_launch(const Attrs& l, const Attrs& card) {
   }
   l.add(NAME("graphs_launched"), one);
   l.set(NAME("last_recipe"), recipe.ptr());
-  for (PyObject* list_name : {NAME("pending"), NAME("_keys")}) {
+  auto empty_list = [&](PyObject* name) {
     py::object empty = py::reinterpret_steal<py::object>(PyList_New(0));
     if (!empty) throw python_error();
-    l.set(list_name, empty.ptr());
-  }
+    l.set(name, empty.ptr());
+  };
+  empty_list(NAME("pending"));
+  empty_list(NAME("_keys"));
   PyObject* ops = l[NAME("_ops")];
   if (Py_TYPE(ops) == g_pending_ops_type) {
-    pending_ops_empty(reinterpret_cast<PendingOpsObject*>(ops));
+    pending_ops_empty(reinterpret_cast<PendingOpsObject*>(ops));  // in place, as Launcher.launch empties it
   } else {
-    py::object empty = new_pending_ops();
-    l.set(NAME("_ops"), empty.ptr());
+    empty_list(NAME("_ops"));
   }
   l.set(NAME("_dep_ns"), zero);
   if (PyDict_GET_SIZE(card[NAME("ready_after")]) > 0) {
@@ -1958,7 +1933,6 @@ constexpr PyCFunction fastcall() {
   return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(F));
 }
 
-// The library's builtin functions, handed to Python by hpu_sim_builtins().
 // ---- the graph key's hash (NOTE [a graph key's hash] in hpu_runtime/bridge/launcher.py) ----
 // The hashes of the items graph keys hold (graph-key entries: tuples whose hash CPython does not
 // keep), by object, each object held while its hash is: an address cannot name another object
@@ -2011,6 +1985,7 @@ PyObject* tuple_hash_py(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// The library's builtin functions, handed to Python by hpu_sim_builtins().
 PyMethodDef g_builtins[] = {
     {"storage_io", fastcall<&storage_io>(), METH_FASTCALL, "An op record's storages (hpu_runtime.bridge.op_accounting)."},
     {"hbm", fastcall<&hbm_py>(), METH_FASTCALL, "An update of HBMModel's counters (hpu_runtime.device.memory)."},
@@ -2461,24 +2436,14 @@ int hpu_sim_hooks_on() { return hooks_on() ? 1 : 0; }
 PyObject* hpu_sim_builtins() {
   PyObject* d = PyDict_New();
   if (d == nullptr) return nullptr;
-  if (g_device_lock_type == nullptr) {
-    g_device_lock_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_device_lock_spec));
-    if (g_device_lock_type == nullptr) {
+  const std::tuple<PyTypeObject**, PyType_Spec*, const char*> types[] = {
+      {&g_device_lock_type, &g_device_lock_spec, "DeviceLock"}, {&g_pending_ops_type, &g_pending_ops_spec, "PendingOps"}};
+  for (const auto& [type, spec, name] : types) {  // each class made once per process
+    if (*type == nullptr) *type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(spec));
+    if (*type == nullptr || PyDict_SetItemString(d, name, reinterpret_cast<PyObject*>(*type)) != 0) {
       Py_DECREF(d);
       return nullptr;
     }
-  }
-  if (g_pending_ops_type == nullptr) {
-    g_pending_ops_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_pending_ops_spec));
-    if (g_pending_ops_type == nullptr) {
-      Py_DECREF(d);
-      return nullptr;
-    }
-  }
-  if (PyDict_SetItemString(d, "DeviceLock", reinterpret_cast<PyObject*>(g_device_lock_type)) != 0 ||
-      PyDict_SetItemString(d, "PendingOps", reinterpret_cast<PyObject*>(g_pending_ops_type)) != 0) {
-    Py_DECREF(d);
-    return nullptr;
   }
   for (PyMethodDef* m = g_builtins; m->ml_name != nullptr; ++m) {
     PyObject* f = PyCFunction_New(m, nullptr);
