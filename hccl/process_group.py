@@ -163,6 +163,9 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         found = rendezvous(store, rank, world_size, self._timeout_s, self.config, self._plan, names,
                            settings_of(self.config, self._device.spec, self.cluster))
         self.layout, self._coll = found.layout, found.coll
+        transport = getattr(found.coll, "transport", None)
+        if hasattr(transport, "on_failure"):  # the cause is posted before a connection drops
+            transport.on_failure = self._first_failure
         self._transport_threads = transport_threads(len(self.layout.local_ranks))
         subgroup = bool(global_ranks) and list(global_ranks) != list(range(job_world_size or world_size))
         try:  # a bad HCCL_TOPOLOGY fails here, not mid-training
@@ -284,6 +287,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
         why in the group's store (first writer wins) before it drops its connections. A rank
         that then loses a connection (a peer on another host "closed its connection" only
         because it passed the failure on) or times out reports that first failure instead.
+        The transport between hosts calls this too, as its ``on_failure``, before it closes the
+        connections of a failed phase: a peer that sees a connection close can always read why.
         Returns the message to raise instead of ``exc``'s, or None to keep ``exc``."""
         me = self._names[self._rank]
         try:

@@ -14,7 +14,7 @@ really moves over the sockets. Simulated time still comes from the time plane.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -85,7 +85,15 @@ class HostsTransport:
         layout: which group ranks share a host.
         arena: this host's arena (local index = position in ``layout.local_ranks``).
         mesh: connections to every rank of the other hosts (None for one host).
+
+    Attributes:
+        on_failure: called with the exception of a failed phase before this rank drops its TCP
+            connections (the process group posts the first failure there, NOTE [the first failure
+            names the cause] in :mod:`hccl.process_group`), so no peer on another host sees the
+            connection close before the cause can be read. None: nothing is called.
     """
+
+    on_failure: Callable[[BaseException], object] | None = None
 
     def __init__(self, layout: HostLayout, arena: ShmArena, mesh: TcpMesh | None) -> None:
         self.layout = layout
@@ -152,8 +160,10 @@ class HostsTransport:
             self.arena.wait_until(done, what, awaited, max_sleep_s=None if tcp is None else _TCP_NAP_S)
             while tcp is not None and not tcp.step(mesh.timeout_s):
                 pass
-        except BaseException:
+        except BaseException as exc:
             if mesh is not None:
+                if self.on_failure is not None:  # the cause first, then the closed connections
+                    self.on_failure(exc)
                 mesh.close()  # the peers learn of the failure at once; no thread outlives it
             raise
 

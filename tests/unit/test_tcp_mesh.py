@@ -173,3 +173,36 @@ def test_pump_stops_when_this_rank_closes_its_mesh_from_another_thread():
         assert "closed by this rank" in str(box[0]), box
     finally:
         a.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [1 << 10, 1 << 22], ids=["inline", "pumped"])
+def test_a_failed_phase_reports_its_cause_before_its_connections_drop(size):
+    """NOTE [the first failure names the cause]: when a phase between hosts fails, the
+    transport calls ``on_failure`` with the exception before it closes its TCP connections
+    (a peer on another host that sees the closed connection can then read the cause), for
+    the inline small phases and the pumped large ones alike."""
+    import torch
+
+    from hccl.transport.multihost import HostLayout, HostsTransport
+    from hccl.transport.tcp import ConnectionLost
+
+    a, b = _pair()
+    events: list = []
+    close = b.close
+
+    def closing() -> None:
+        events.append("close")
+        close()
+
+    b.close = closing
+    transport = HostsTransport(HostLayout(((0,), (1,)), 1), arena=None, mesh=b)
+    transport.on_failure = lambda exc: events.append(("cause", type(exc).__name__))
+    try:
+        a.close()  # rank 0 goes away: rank 1's receive fails
+        sent, got = torch.ones(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
+        with pytest.raises(ConnectionLost, match="rank 0 (closed its connection to|is unreachable from) rank 1"):
+            transport.exchange([(0, sent)], [(0, got)], 1, "allreduce")
+        assert events[:2] == [("cause", "ConnectionLost"), "close"], events
+    finally:
+        close()
