@@ -17,6 +17,32 @@ def pytest_configure(config):
         " (tests/scheduling.py)")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU this process can keep busy (:func:`tests.scheduling.usable_cpus`),
+    not xdist's count of physical cores; ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides where set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    from tests.scheduling import usable_cpus
+
+    return usable_cpus()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The run's worker count and the machine's CPUs, last (where a CI log's tail shows them)."""
+    if getattr(config, "workerinput", None) is not None:
+        return
+    from tests.scheduling import usable_cpus
+
+    try:
+        import psutil
+
+        cores = f", psutil: {psutil.cpu_count(logical=False)} physical / {psutil.cpu_count()} logical"
+    except ImportError:
+        cores = ""
+    workers = len(getattr(config.option, "tx", None) or []) or 1
+    terminalreporter.write_line(f"xdist workers: {workers} (usable CPUs: {usable_cpus()}{cores})")
+
+
 def pytest_collection_modifyitems(config, items):
     """On an xdist worker, each worker's share starts with the modules that hold slow tests
     (:mod:`tests.scheduling`; the suite runs ``--dist worksteal``, pyproject.toml: xdist sets

@@ -15,13 +15,49 @@ own order, so a module-scoped fixture (a module's Ray cluster) is still set up o
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
-__all__ = ["SLOW", "deal_slow_modules_first", "share_sizes"]
+__all__ = ["SLOW", "deal_slow_modules_first", "share_sizes", "usable_cpus"]
 
 SLOW = "slow"
 """The marker of an end-to-end case that takes 20 s or more on 2 cores."""
+
+
+def usable_cpus(cgroup: str | os.PathLike = "/sys/fs/cgroup") -> int:
+    """How many CPUs this process can keep busy: the CPUs it may run on (its affinity mask),
+    capped by its cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu/cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``, rounded up); at least 1. The worker count of ``pytest -n auto``
+    (``tests/conftest.py``).
+
+    xdist's own count is psutil's *physical* cores: on a VM whose 2 vCPUs are presented as the
+    two threads of one core that is 1, and the suite ran on one worker, at over twice its wall
+    time; and psutil reads neither the affinity mask nor a quota, so in a container it may
+    count the whole host's cores.
+
+    Args:
+        cgroup: where the cgroup file system is mounted (a test passes a folder of its own).
+    """
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    root = Path(cgroup)
+    quota = period = None
+    try:
+        fields = (root / "cpu.max").read_text().split()
+        if fields and fields[0] != "max":
+            quota, period = int(fields[0]), int(fields[1]) if len(fields) > 1 else 100_000
+    except (OSError, ValueError):
+        try:
+            q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+            if q > 0:
+                quota, period = q, int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            pass
+    if quota is not None and period:
+        n = min(n, math.ceil(quota / period))
+    return max(1, n)
 
 
 class _Item(Protocol):

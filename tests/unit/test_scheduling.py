@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.scheduling import deal_slow_modules_first, share_sizes
+from tests.scheduling import deal_slow_modules_first, share_sizes, usable_cpus
 
 
 class _T:
@@ -45,3 +45,20 @@ def test_one_worker_or_no_slow_test_keeps_the_order() -> None:
     assert deal_slow_modules_first(items, 1) == items
     quick = [_T(t.nodeid) for t in items]
     assert deal_slow_modules_first(quick, 2) == quick
+
+
+@pytest.mark.parametrize("files, cap", [
+    ({}, None),  # no cgroup files: the affinity mask alone
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs of quota: 2 workers
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+])
+def test_usable_cpus_is_the_affinity_mask_capped_by_the_cgroup_quota(tmp_path, monkeypatch, files, cap):
+    """``pytest -n auto``'s worker count: the CPUs the process may run on, capped by a CPU quota."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert usable_cpus(tmp_path) == (4 if cap is None else min(4, cap))
