@@ -27,9 +27,11 @@ def pytest_xdist_auto_num_workers(config):
     return usable_cpus()
 
 
-def pytest_terminal_summary(terminalreporter, config):
-    """The run's worker count and the machine's CPUs, last (where a CI log's tail shows them)."""
-    if getattr(config, "workerinput", None) is not None:
+def pytest_unconfigure(config):
+    """The run's worker count and the machine's CPUs, after pytest's last line (where a CI log's
+    tail shows them)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or getattr(config, "workerinput", None) is not None:
         return
     from tests.scheduling import usable_cpus
 
@@ -39,8 +41,8 @@ def pytest_terminal_summary(terminalreporter, config):
         cores = f", psutil: {psutil.cpu_count(logical=False)} physical / {psutil.cpu_count()} logical"
     except ImportError:
         cores = ""
-    workers = len(getattr(config.option, "tx", None) or []) or 1
-    terminalreporter.write_line(f"xdist workers: {workers} (usable CPUs: {usable_cpus()}{cores})")
+    workers = len(getattr(config.option, "tx", None) or []) or "none"
+    reporter.write_line(f"xdist workers: {workers} (usable CPUs: {usable_cpus()}{cores})")
 
 
 def pytest_collection_modifyitems(config, items):
