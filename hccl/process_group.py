@@ -51,7 +51,7 @@ from .config import HcclConfig
 from .plans import make_planner
 from .point_to_point import PointToPointMixin
 from .rendezvous import rendezvous
-from .sim.cluster import from_env as cluster_from_env
+from .sim.cluster import QUIET_STEPS, from_env as cluster_from_env
 from .sim.placement import place_group
 from .sim.variability import rank_slowdown
 from .sim.whatif import link_faults
@@ -178,7 +178,8 @@ class ProcessGroupHCCL(CollectivesMixin, CompositeMixin, PointToPointMixin, dist
                 job = link_faults(self._load_topology(world_size, per_host), self.cluster.whatif)
                 self._placement = place_group(job, range(world_size))
                 # this process's card: its slowdown in each step (NOTE [a slower card, step by step])
-                self._device.set_step_slowdown(rank_slowdown(self.cluster.variability, self.cluster.whatif, rank))
+                self._device.set_step_slowdown(rank_slowdown(self.cluster.variability, self.cluster.whatif, rank,
+                                                             quiet=QUIET_STEPS))
         except BaseException:
             self.shutdown()
             raise

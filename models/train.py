@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
         sim = {"step_ns": 0, "compute_ns": 0, "comm_ns": 0, "exposed_comm_ns": 0, "host_ns": 0}
         step_ns: list[int] = []
         step_times: list[dict] = []
+        step_ends: list[int] = []  # when each step's window closed (the job's steps: NOTE [the job's step])
         for inputs, loss_fn in steps_iter:
             if args.max_steps and steps >= args.max_steps:
                 break
@@ -342,6 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
             # device, forward + loss, backward, mark_step, optimizer, mark_step
             losses.append(training_step(stepped, inputs, loss_fn, opt, autocast=args.autocast))
             t = device.end_step()
+            step_ends.append(device.now_ns())
             if condition.active and total_steps == cluster.ALIGN_STEP:
                 dist.barrier()  # ranks and hosts aligned once, as the planner does (hccl.sim.straggler_plan)
             for k in sim:
@@ -367,6 +369,8 @@ def main(argv: list[str] | None = None) -> dict:
             "wall_epoch_s": wall_s,
             "sim_steps": step_times,
         }
+        if condition.active and step_ends:
+            row["sim_job_steps"] = _job_steps(step_ends, step_ns[0], world)
         epochs.append(row)
         device.begin_step()  # evaluation is not part of any training step
         if rank == 0:
@@ -418,6 +422,27 @@ def main(argv: list[str] | None = None) -> dict:
     gc.collect()
     dist.destroy_process_group()
     return summary
+
+
+def _job_steps(step_ends: list[int], first_step_ns: int, world: int) -> list[int]:
+    """The job's steps of this epoch (simulated ns; NOTE [the job's step] in
+    :mod:`hccl.sim.straggler_plan`): every rank's step ends gathered (an int64 all_gather,
+    after the epoch's steps), then per step the increase of the latest. Every rank must call it.
+
+    Raises:
+        ValueError: ranks that ran different numbers of steps (``--max-steps`` or data shards).
+    """
+    from hccl.sim.straggler_plan import job_steps_ns
+
+    mine = torch.tensor([step_ends[0] - first_step_ns, *step_ends], dtype=torch.int64)
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([mine.numel()], dtype=torch.int64))
+    if len({int(c) for c in counts}) > 1:
+        raise ValueError(f"the ranks ran different numbers of steps this epoch: {[int(c) - 1 for c in counts]}")
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    rows = [t.tolist() for t in every]
+    return job_steps_ns([r[1:] for r in rows], starts=[r[0] for r in rows])
 
 
 def _bucket_count(ddp: DDP) -> int | None:

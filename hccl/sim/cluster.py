@@ -28,12 +28,23 @@ from dataclasses import dataclass
 from . import variability as _var
 from .whatif import ENV, NONE, WhatIf
 
-__all__ = ["Cluster", "ALIGN_STEP", "add_arguments", "from_args", "from_env"]
+__all__ = ["Cluster", "ALIGN_STEP", "SETTLE_STEPS", "QUIET_STEPS", "add_arguments", "from_args", "from_env"]
 
 ALIGN_STEP = 3
 """A training loop with variability or what-ifs aligns its ranks once, after this many steps
 (a barrier, which synchronizes the host: NOTE [planning slower ranks] in
 :mod:`hccl.sim.straggler_plan`), as a logging or evaluation point would."""
+
+SETTLE_STEPS = 2
+"""Steps after the one holding the alignment barrier's wait that refill every rank's pipeline
+before any step is kept (NOTE [the steps after the barrier] in :mod:`hccl.sim.straggler_plan`)."""
+
+QUIET_STEPS = range(ALIGN_STEP, ALIGN_STEP + 1 + SETTLE_STEPS)
+"""The step holding the alignment barrier's wait and the settling steps: every card works at its
+nominal speed in them (its draw left out; a slow-card what-if still applies), so the kept steps
+start from a host sync with every rank's pipeline refilled alike (NOTE [the kept stretch starts
+at a sync] in :mod:`hccl.sim.straggler_plan`). The planner and a live run's process group both
+leave them quiet."""
 
 
 @dataclass(frozen=True, slots=True)

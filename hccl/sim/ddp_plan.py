@@ -105,7 +105,11 @@ class PlannedStep:
         graphs: ``(reason, ops, device_ns)`` per launched graph.
         algorithm: the allreduce algorithm the planner chose for the largest bucket.
         samples: with variability, every planned step's breakdown after the warm-up (``times``
-            is then the median one); empty for the steady state.
+            is then the median one), rank 0's, as a live run's rank 0 has them; empty for the
+            steady state.
+        job_steps: with variability, the job's step (simulated ns) at each of ``samples``: the
+            increase of the latest step end among the ranks (NOTE [the job's step] in
+            :mod:`hccl.sim.straggler_plan`); empty for the steady state.
     """
 
     times: StepTimes
@@ -114,6 +118,7 @@ class PlannedStep:
     graphs: tuple[tuple[str, int, int], ...]
     algorithm: str
     samples: tuple[StepTimes, ...] = ()
+    job_steps: tuple[int, ...] = ()
 
 
 def grad_ready_order(trace: StepTrace) -> list[int]:

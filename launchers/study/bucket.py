@@ -272,12 +272,15 @@ def plan_point(trace, point: Point, model: str, batch_size: int, cfg: StudyConfi
 
 
 def mean_times(plan):
-    """A plan's step breakdown: the mean of its sampled steps (integer ns), or its steady step."""
+    """A plan's step breakdown: the mean of its sampled steps (integer ns), the step being the
+    job's (the latest rank's: NOTE [the job's step] in :mod:`hccl.sim.straggler_plan`) and the
+    rest rank 0's; or its steady step."""
     if not plan.samples:
         return plan.times
     n = len(plan.samples)
-    return type(plan.times)(**{f: sum(getattr(s, f) for s in plan.samples) // n
-                               for f in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "host_ns")})
+    means = {f: sum(getattr(s, f) for s in plan.samples) // n for f in ("compute_ns", "comm_ns", "exposed_comm_ns",
+                                                                         "host_ns")}
+    return type(plan.times)(step_ns=sum(plan.job_steps) // len(plan.job_steps), **means)
 
 
 def _runner_key(cfg: StudyConfig, p: Point) -> tuple:
@@ -437,7 +440,9 @@ def live_step_ns(cfg: StudyConfig, row: dict, *, launcher: str = "torchrun", tim
             raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} failed:\n"
                                f"{proc.stderr[-2000:]}")
         with open(summary) as f:
-            steps_ns = [s["step_ns"] for s in json.load(f)["epochs"][0]["sim_steps"]]
+            epoch = json.load(f)["epochs"][0]
+        # with variability the job's steps (NOTE [the job's step]), as the planned row's
+        steps_ns = epoch["sim_job_steps"] if varies else [s["step_ns"] for s in epoch["sim_steps"]]
         if len(steps_ns) < steps:
             raise RuntimeError(f"live point {row['setting']} {row['bucket_cap_mb']} MB x{n} ran {len(steps_ns)} steps,"
                                f" fewer than the {steps} planned (too little data for the batch?)")

@@ -23,18 +23,24 @@ NOTE [where the efficiency goes]
     - ``waiting for the slowest rank``: the mean sampled step minus the nominal one (the
       variability and slow cards), above ``N0``'s.
 
-    The waiting is the mean over ``--steps`` steps that follow a host sync (the planner's
-    alignment barrier: NOTE [planning slower ranks] in :mod:`hccl.sim.straggler_plan`), so read
-    ``--steps`` as the stretch between host syncs in the user's script (a device read such as
+    A sampled step is the job's (NOTE [the job's step] in :mod:`hccl.sim.straggler_plan`): the
+    increase of the latest rank's step end, not rank 0's, whose host runs on while a later
+    host's lag hides in its device's slack. The waiting is the mean over ``--steps`` steps that
+    follow a host sync (the planner's alignment barrier, after which every card runs nominal
+    until the kept steps start: NOTE [the kept stretch starts at a sync]), so read ``--steps``
+    as the stretch between host syncs in the user's script (a device read such as
     ``loss.item()`` makes each host wait for its device, and through the last allreduce for the
     slowest rank). Where the host binds (lazy mode without HPU graphs) a host runs ahead of its
     device and never waits for the others between syncs, a card slow in one step makes up its
     delay in the next, and the latest host's lead over the average grows about as the square
     root of the steps while the steps grow linearly: the waiting falls as the stretch grows.
-    Measured (ResNet-50, 256 per card, Gaudi2 on hls2, 512 cards against 8, seeds 0-2): 1.5-2.1
-    points at 16 steps, 0.6-1.2 at 64, 0.1-0.5 at 256 (2.9 at 4, seed 0). Where the device
-    binds, every allreduce waits for that step's slowest card and the figure does not depend on
-    the stretch (the same with HPU graphs, seed 0: 4.4 points at 16 steps, 4.7 at 256).
+    Measured (ResNet-50, 256 per card, Gaudi2 on hls2, 512 cards against 8, seeds 0-2): 2.0-2.2
+    points at 16 steps, 0.9-1.5 at 64, 0.2-0.7 at 256. That lag is the largest of the ranks'
+    sums from the sync, so it grows with the cards; the efficiency falls with them but for the
+    two stand-ins' approximation (BERT-Large 48 x 512, seeds 0-2 from 8 to 65,536 cards: at
+    most 0.2 points back up, seed 2 from 64 to 512 cards). Where the device binds, every
+    allreduce waits for that step's slowest card and the figure does not depend on the stretch
+    (the same with HPU graphs, seed 0: 4.4 points at 16 steps, 4.7 at 256).
 
 Outputs (the shared runner's): ``study.csv``, ``study.json`` (``rows``), ``study.png``
 (efficiency against cards, log axis, the causes stacked) and ``summary.md``. Times are
@@ -175,7 +181,8 @@ def plan_world_size(cfg: ScaleConfig, traces: dict, n: int) -> dict:
     """One row's raw plans for ``n`` cards (the ``traces`` of every per-card batch)."""
     b = cfg.batch_at(n)
     plans = _plans(cfg, traces[b], n)
-    samples = [s.step_ns for s in plans["actual"].samples] or [plans["actual"].times.step_ns]
+    # the job's steps: the latest rank's (NOTE [the job's step] in hccl.sim.straggler_plan)
+    samples = list(plans["actual"].job_steps) or [plans["actual"].times.step_ns]
     ordered = sorted(samples)
     a = plans["actual"]
     mean = sum(samples) // len(samples)

@@ -126,7 +126,8 @@ def test_bucket_study_compile_mode_traces_per_cap_and_runs_live_in_that_mode(tmp
         commands.append(cmd)
         summary = cmd[cmd.index("--summary") + 1]
         steps = int(cmd[cmd.index("--max-steps") + 1])  # the study asks for the steps it planned
-        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 123}] * steps}]}))
+        Path(summary).write_text(json.dumps({"epochs": [{"sim_steps": [{"step_ns": 99}] * steps,
+                                                          "sim_job_steps": [123] * steps}]}))  # the study varies
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(bucket.subprocess, "run", fake_run)

@@ -53,10 +53,13 @@ def test_live_steps_equal_planned(n, flags, tmp_path):
                 "--epochs", "1", "--max-steps", str(STEPS), "--eval-samples", "4", "--summary", str(summary),
                 *flags], timeout=180, env={"HCCL_TOPOLOGY": "hls2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    live = json.loads(summary.read_text())["epochs"][0]["sim_steps"][WARMUP:]
+    epoch = json.loads(summary.read_text())["epochs"][0]
+    live = epoch["sim_steps"][WARMUP:]
     planned = _plan(n, flags)
     keys = ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "host_ns")
     assert [tuple(s[k] for k in keys) for s in live] == [tuple(getattr(t, k) for k in keys) for t in planned.samples]
+    # the job's steps (every rank's step ends gathered, NOTE [the job's step]) as planned
+    assert epoch["sim_job_steps"][WARMUP:] == list(planned.job_steps)
     assert len(set(s["step_ns"] for s in live)) > 1  # the steps differ: the variability is on
     nominal = _plan(n, [])
     assert planned.times.step_ns > nominal.times.step_ns  # slower cards and links cost time
