@@ -388,6 +388,10 @@ def main(argv: list[str] | None = None) -> dict:
                 row["sim_host_ns_mean"] / 1e3,
                 wall_s,
             )
+            if "sim_job_steps" in row:  # the cluster varies: the latest rank sets the job's pace
+                job = row["sim_job_steps"]
+                log.info("epoch %d  the job's simulated step (its latest rank's): %.1f us mean",
+                         epoch, sum(job) / len(job) / 1e3)
 
     pg = dist.group.WORLD
     history = getattr(pg, "history", [])
