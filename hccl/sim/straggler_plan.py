@@ -112,10 +112,10 @@ NOTE [the job's step]
     job's step (:func:`job_steps_ns`, ``PlannedStep.job_steps``): per kept step, the increase of
     the latest step end among the ranks (every rank when it replays them all, else rank 0 and
     the two stand-ins), and the studies plan from it; a live run's summary gives the same
-    (``sim_job_steps``: every rank's step ends gathered at the epoch's end). The stretch's last step ends when its slowest card's device work does,
-    so the job's steps also carry that step's device tail: the work still to run after the
-    host's last cut, all of backward with one bucket, the last bucket's share with many: the
-    cost a sync at the stretch's end pays. How much depends on that step's draws (ResNet-50 as
+    (``sim_job_steps``: every rank's step ends gathered at the epoch's end). The stretch's last
+    step ends when its slowest card's device work does, so the job's steps also carry that
+    step's device tail: the work still to run after the host's last cut, all of backward with
+    one bucket, the last bucket's share with many: the cost a sync at the stretch's end pays. How much depends on that step's draws (ResNet-50 as
     above, seed 0, one 100 MB bucket against DDP's default, beyond their nominal difference:
     0.00 ms per step on 8 and 512 cards, 0.13 ms on 64).
 """
