@@ -66,14 +66,15 @@ class Cluster:
         if v.active:
             d = _var.DEFAULT
             out[_var.ENV] = ",".join(f"{k}={getattr(v, k)!r}" for k in ("seed", "jitter", "slow_prob", "slow_min",
-                                                                         "slow_max") if getattr(v, k) != getattr(d, k)
+                                                                         "slow_max", "stretch") if getattr(v, k) != getattr(d, k)
                                      or k == "seed")
         return out
 
     def key(self) -> str:
         """A canonical string every rank of a job must share (compared at group creation)."""
         v = self.variability
-        var = "off" if not v.active else f"{v.seed},{v.jitter!r},{v.slow_prob!r},{v.slow_min!r},{v.slow_max!r}"
+        var = "off" if not v.active else \
+            f"{v.seed},{v.jitter!r},{v.slow_prob!r},{v.slow_min!r},{v.slow_max!r},{v.stretch}"
         return f"variability={var};whatif={sorted(self.whatif.env().items())}"
 
     def describe(self) -> str:
@@ -86,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, variability: str = "off") 
     g = parser.add_argument_group("simulated cluster (variability and what-ifs, hccl.sim.cluster)")
     g.add_argument("--variability", default=variability,
                    help="per-card, per-step slowdowns: off, on (the calibrated model) or seed=N[,jitter=X,"
-                        f"slow_prob=P,slow_min=A,slow_max=B] (default: {variability})")
+                        f"slow_prob=P,slow_min=A,slow_max=B,stretch=K] (default: {variability})")
     g.add_argument("--slow-card", action="append", default=[], metavar="RANK:FACTOR",
                    help="this card takes FACTOR x as long every step (repeatable)")
     g.add_argument("--degraded-link", action="append", default=[], metavar="LINK:FACTOR",

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Variability", "DEFAULT", "OFF", "EXACT_RANKS", "PPM", "ENV", "parse", "rank_slowdown", "slowest_ppm",
-           "world_factors_ppm"]
+__all__ = ["Variability", "DEFAULT", "OFF", "EXACT_RANKS", "PPM", "ENV", "STRETCH_STEPS", "parse", "rank_slowdown",
+           "slowest_ppm", "world_factors_ppm"]
 
 ENV = "HCCL_SIM_VARIABILITY"
 """A live job's variability: ``off`` (default), ``on`` (:data:`DEFAULT`) or ``seed=N[,field=value...]``."""
@@ -59,6 +59,9 @@ PPM = 1_000_000
 
 EXACT_RANKS = 4096
 """Up to this many ranks the planner draws every rank (NOTE [the slowest of n, at scale])."""
+
+STRETCH_STEPS = 1 << 32
+"""Steps between the starts of two stretches of one run (:attr:`Variability.stretch`)."""
 
 _K = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93)
 
@@ -88,7 +91,9 @@ class Variability:
     MLPerf v1.1 HLS-1H ResNet-50 16 -> 32/64/128 and HLS-1 BERT-L phase 1 8 -> 32, against 0.59
     at 8% (a tie, so the value stays), 0.72 at 6%, 0.76 at 12% and 1.15 at 15%, with HCL's box
     iterations in flight sharing the fabric and the steps after the alignment barrier left to
-    settle: NOTE [the steps after the barrier] in :mod:`hccl.sim.straggler_plan`)."""
+    settle: NOTE [the steps after the barrier] in :mod:`hccl.sim.straggler_plan`). Averaged
+    over 8 stretches of draws per point (``--stretches 8``) the fit is no longer a tie: rms
+    0.55 points at 10%, 0.61 at 8% and at 12%, 0.80 at 6%."""
     slow_prob: float = 1e-4
     """Probability that a (rank, step) is a slow step. ASSUMPTION, set a priori (not fitted):
     one card in 10,000 steps; at 1,024 cards about one step in ten then has a slow card."""
@@ -98,6 +103,12 @@ class Variability:
     """Largest extra slowdown of a slow step (0.5: 1.5x; Sinha et al., SC22)."""
     enabled: bool = True
     """False: every factor is 1 (:data:`OFF`)."""
+    stretch: int = 0
+    """Which stretch of a long run the steps belong to: stretch ``k`` draws step ``s`` as step
+    ``s + k x`` :data:`STRETCH_STEPS` of the same seed (the same cluster, later in its run; no
+    training run reaches 2**32 steps, so stretches never share a draw). 0: the run's first
+    steps, what a live run draws unless told ``stretch=K``. The scaling study's ``--stretches K``
+    averages stretches 0 .. K-1 (NOTE [one stretch is one sample] in :mod:`launchers.study.scale`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -109,6 +120,8 @@ class Variability:
         if not 0 <= self.slow_min <= self.slow_max <= 100:  # NaN and inf fail too
             raise ValueError(f"variability needs 0 <= slow_min <= slow_max <= 100 (a slow step at most 101x as"
                              f" long), got {self.slow_min!r}, {self.slow_max!r}")
+        if not isinstance(self.stretch, int) or isinstance(self.stretch, bool) or not 0 <= self.stretch < 1 << 31:
+            raise ValueError(f"variability stretch must be an integer in [0, 2**31), got {self.stretch!r}")
 
     @property
     def active(self) -> bool:
@@ -119,8 +132,13 @@ class Variability:
         """One line for summaries."""
         if not self.active:
             return "off (every card at its nominal speed)"
-        return (f"seed {self.seed}: step jitter +-{self.jitter:.1%} (triangular), slow steps with probability "
-                f"{self.slow_prob:g} taking {self.slow_min:.0%} to {self.slow_max:.0%} longer (Pareto tail)")
+        return (f"seed {self.seed}{f' (stretch {self.stretch})' if self.stretch else ''}: step jitter "
+                f"+-{self.jitter:.1%} (triangular), slow steps with probability {self.slow_prob:g} taking "
+                f"{self.slow_min:.0%} to {self.slow_max:.0%} longer (Pareto tail)")
+
+    def _step(self, step: int) -> int:
+        """The counter of ``step`` in this stretch."""
+        return step + self.stretch * STRETCH_STEPS
 
     # -- the quantile function -------------------------------------------------------------------
     def quantile(self, u) -> np.ndarray:
@@ -145,7 +163,7 @@ class Variability:
         ranks = np.asarray(ranks, dtype=np.int64)
         if not self.active:
             return np.full(ranks.shape, PPM, dtype=np.int64)
-        return self._ppm(self.quantile(_uniform(self.seed, ranks, np.full(ranks.shape, step), 0)))
+        return self._ppm(self.quantile(_uniform(self.seed, ranks, np.full(ranks.shape, self._step(step)), 0)))
 
     def factor_ppm(self, rank: int, step: int) -> int:
         """One rank's factor in ``step``, ppm: what a live rank draws."""
@@ -162,7 +180,7 @@ class Variability:
             if exclude is not None:
                 r = r[r != exclude]
             return int(self.factors_ppm(r, step).max())
-        v = float(_uniform(self.seed, np.asarray([n]), np.asarray([step]), 1)[0])
+        v = float(_uniform(self.seed, np.asarray([n]), np.asarray([self._step(step)]), 1)[0])
         top = -math.expm1(math.log(v) / n)  # 1 - v^(1/n), accurate when tiny
         return int(self._ppm(self.quantile(np.asarray([1.0 - top])))[0])
 
@@ -175,8 +193,8 @@ OFF = Variability(enabled=False)
 
 
 def parse(text: str | None) -> Variability:
-    """``off`` / ``on`` / ``seed=N,jitter=0.01,slow_prob=1e-4,slow_min=0.08,slow_max=0.5`` (any
-    subset, the rest from :data:`DEFAULT`) -> :class:`Variability`.
+    """``off`` / ``on`` / ``seed=N,jitter=0.01,slow_prob=1e-4,slow_min=0.08,slow_max=0.5,stretch=K``
+    (any subset, the rest from :data:`DEFAULT`) -> :class:`Variability`.
 
     Raises:
         ValueError: an unknown field or a bad value, naming it.
@@ -186,7 +204,7 @@ def parse(text: str | None) -> Variability:
         return OFF
     if text in ("on", "1", "true", "default"):
         return DEFAULT
-    fields = {"seed": int, "jitter": float, "slow_prob": float, "slow_min": float, "slow_max": float}
+    fields = {"seed": int, "jitter": float, "slow_prob": float, "slow_min": float, "slow_max": float, "stretch": int}
     values = {}
     for item in text.split(","):
         key, sep, val = (x.strip() for x in item.partition("="))

@@ -5,9 +5,9 @@
 
 One traced step (per per-card batch), then per world size the DDP step planned three ways
 (:func:`hccl.sim.ddp_plan.plan_ddp_step`): as the cluster is (its fabric's contention, its
-variability and what-ifs; ``--steps`` sampled steps, the slowest rank's), on the same fabric
-with every card nominal, and on an ideal fabric with every card nominal. The differences are
-the loss's causes.
+variability and what-ifs; ``--steps`` sampled steps, the job's, in each of ``--stretches``
+stretches), on the same fabric with every card nominal, and on an ideal fabric with every card
+nominal. The differences are the loss's causes.
 
 NOTE [where the efficiency goes]
     With ``t(N)`` the mean step time per sample at ``N`` cards, efficiency is ``t(N0) / t(N)``
@@ -41,6 +41,26 @@ NOTE [where the efficiency goes]
     most 0.2 points back up, seed 2 from 64 to 512 cards). Where the device binds, every
     allreduce waits for that step's slowest card and the figure does not depend on the stretch
     (the same with HPU graphs, seed 0: 4.4 points at 16 steps, 4.7 at 256).
+
+NOTE [one stretch is one sample]
+    A row's waiting is the mean over one stretch of ``--steps`` steps: one sample of the draws.
+    Where the host binds it is the largest of the ranks' lags over that stretch, set by a few
+    ranks and now and then by one slow step, so it moves from sample to sample, and a world
+    size can come out level with a smaller one when the same rank lags most in both (the
+    BERT-Large study above, one stretch: 0.978, 0.934 and 0.965 at 4,096 cards for seeds 0, 1
+    and 2; seed 0 level at 0.978 from 512 to 4,096 cards). A long run is many such stretches
+    between host syncs, each with fresh draws, and its throughput is their mean: ``--stretches
+    K`` plans ``K`` stretches per world size (the variability's stretches, later steps of the
+    same seed's run: :attr:`hccl.sim.variability.Variability.stretch`), and a row gives the
+    mean over all ``K x --steps`` steps with the efficiency's range across the stretches
+    (stretch ``k`` at ``N`` cards against stretch ``k`` at the smallest world size, whose ranks
+    draw the same values as the ranks they share). With 8 stretches the same study gives 0.973,
+    0.970 and 0.970 at 4,096 cards for seeds 0-2 (ranges 0.955-0.986, 0.934-0.988,
+    0.950-0.992) and 0.980, 0.982 and 0.977 at 1,024, and falls at every step from 16 cards
+    on for seed 0 (0.999, 0.994, 0.991, 0.988, 0.987, 0.984, 0.980, 0.973), in 93 s against
+    24 s on 2 cores. The default stays one stretch (the studies' one-minute budget at 65,536
+    cards); the summary says so. Stretch 0 is what a live run draws (``stretch=K`` in
+    ``--variability`` or ``HCCL_SIM_VARIABILITY`` picks another, live or planned).
 
 Outputs (the shared runner's): ``study.csv``, ``study.json`` (``rows``), ``study.png``
 (efficiency against cards, log axis, the causes stacked) and ``summary.md``. Times are
@@ -100,7 +120,11 @@ class ScaleConfig:
     fabric: str = "topology"
     """``topology``: its scale-out fabric as the file says; ``ideal``: no contention."""
     steps: int = 16
-    """Sampled steps per world size (the slowest rank's, after the warm-up)."""
+    """Sampled steps per stretch and world size (the job's, after the warm-up)."""
+    stretches: int = 1
+    """Stretches of ``steps`` steps planned per world size, each with its own draws (the
+    variability's stretches ``k .. k + stretches - 1``): the rows give their mean and the
+    efficiency's range across them (NOTE [one stretch is one sample])."""
     pg_timeout_s: float = 1800.0
     """The process group's timeout (torch's default): how long a dead rank's peers wait."""
     restart_s: float = 30.0
@@ -155,63 +179,101 @@ def validate(cfg: ScaleConfig) -> None:
         raise ValueError(f"recipe cache {cfg.recipe_cache!r} must be cold or warm")
     if cfg.steps < 1:
         raise ValueError(f"steps {cfg.steps} must be >= 1")
+    if not isinstance(cfg.stretches, int) or not 1 <= cfg.stretches <= 1000:
+        raise ValueError(f"stretches {cfg.stretches!r} must be an integer from 1 to 1000")
+    if cfg.condition.variability.stretch + cfg.stretches > 1 << 31:
+        raise ValueError(f"variability stretch {cfg.condition.variability.stretch} + {cfg.stretches} stretches "
+                         "passes 2**31")
 
 
-def _plans(cfg: ScaleConfig, trace, n: int) -> dict:
-    """The three plans of one world size (NOTE [where the efficiency goes])."""
+def _nominal_plans(cfg: ScaleConfig, trace, n: int) -> dict:
+    """The nominal plans of one world size, on its fabric and on an ideal one (NOTE [where the
+    efficiency goes])."""
     from hccl.sim.ddp_plan import plan_ddp_step
     from hccl.sim.fabric import ideal
 
     topo = study_topology(cfg.topology, n, cfg.fabric)
-    kw = dict(world_size=n, bucket_cap_mb=cfg.bucket_cap_mb, first_bucket_mb=cfg.first_bucket_mb,
-              gradient_as_bucket_view=cfg.gradient_as_bucket_view)
     links = dataclasses.replace(cfg.condition.whatif, slow_cards=())  # links stay in the nominal plans
-    nominal = plan_ddp_step(trace, topology=topo, whatif=links, **kw)
-    flat = plan_ddp_step(trace, topology=ideal(topo), whatif=links, **kw)
+    return {"nominal": plan_ddp_step(trace, topology=topo, whatif=links, **_plan_kw(cfg, n)),
+            "ideal": plan_ddp_step(trace, topology=ideal(topo), whatif=links, **_plan_kw(cfg, n))}
+
+
+def _plan_kw(cfg: ScaleConfig, n: int) -> dict:
+    return dict(world_size=n, bucket_cap_mb=cfg.bucket_cap_mb, first_bucket_mb=cfg.first_bucket_mb,
+                gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+
+
+def _stretch_indices(cfg: ScaleConfig) -> range:
+    """The stretches a world size is planned in: ``cfg.stretches`` with variability, else one
+    (every stretch the same)."""
+    return range(cfg.stretches if cfg.condition.variability.active else 1)
+
+
+def _part(cfg: ScaleConfig, trace, n: int, k: int) -> dict:
+    """One stretch of one world size (NOTE [one stretch is one sample]): its job's steps and its
+    breakdowns' exposed communication; the first stretch also carries the nominal plans."""
+    from hccl.sim.ddp_plan import plan_ddp_step
+
     cond = cfg.condition
+    nominal = _nominal_plans(cfg, trace, n) if k == 0 else {}
     if cond.variability.active or cond.whatif.slow_cards:
-        actual = plan_ddp_step(trace, topology=topo, variability=cond.variability, whatif=cond.whatif,
-                               steps=cfg.steps, lockstep=False, **kw)
+        var = dataclasses.replace(cond.variability, stretch=cond.variability.stretch + k) \
+            if cond.variability.active else cond.variability
+        actual = plan_ddp_step(trace, topology=study_topology(cfg.topology, n, cfg.fabric), variability=var,
+                               whatif=cond.whatif, steps=cfg.steps, lockstep=False, **_plan_kw(cfg, n))
     else:
-        actual = nominal
-    return {"actual": actual, "nominal": nominal, "ideal": flat}
+        actual = nominal["nominal"]
+    part = {"job_steps": list(actual.job_steps) or [actual.times.step_ns],
+            "exposed_comm_ns": [s.exposed_comm_ns for s in actual.samples] or [actual.times.exposed_comm_ns]}
+    if k == 0:
+        part.update(comm_ns=actual.times.comm_ns, nominal_step_ns=nominal["nominal"].times.step_ns,
+                    ideal_step_ns=nominal["ideal"].times.step_ns, algorithm=actual.algorithm,
+                    num_buckets=len(actual.buckets), graphs=[g[1] for g in actual.graphs])
+    return part
 
 
-def plan_world_size(cfg: ScaleConfig, traces: dict, n: int) -> dict:
-    """One row's raw plans for ``n`` cards (the ``traces`` of every per-card batch)."""
-    b = cfg.batch_at(n)
-    plans = _plans(cfg, traces[b], n)
-    # the job's steps: the latest rank's (NOTE [the job's step] in hccl.sim.straggler_plan)
-    samples = list(plans["actual"].job_steps) or [plans["actual"].times.step_ns]
+def _row(n: int, batch: int, parts: list[dict]) -> dict:
+    """One row from its stretches' parts (stretch 0 first)."""
+    per = [p["job_steps"] for p in parts]
+    samples = [x for p in per for x in p]
     ordered = sorted(samples)
-    a = plans["actual"]
-    mean = sum(samples) // len(samples)
+    exposed = [x for p in parts for x in p["exposed_comm_ns"]]
+    first = parts[0]
     return {
-        "world_size": n, "batch_size": b, "step_mean_ns": mean, "step_median_ns": ordered[(len(ordered) - 1) // 2],
+        "world_size": n, "batch_size": batch, "step_mean_ns": sum(samples) // len(samples),
+        "step_median_ns": ordered[(len(ordered) - 1) // 2],
         "step_p99_ns": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "steps_sampled": len(samples),
-        "exposed_comm_ns": (sum(s.exposed_comm_ns for s in a.samples) // len(a.samples)) if a.samples
-        else a.times.exposed_comm_ns,
-        "comm_ns": a.times.comm_ns, "nominal_step_ns": plans["nominal"].times.step_ns,
-        "ideal_step_ns": plans["ideal"].times.step_ns, "algorithm": a.algorithm,
-        "num_buckets": len(a.buckets), "graphs": [g[1] for g in a.graphs],
+        "steps_sampled": len(samples), "stretch_means_ns": [sum(p) // len(p) for p in per],
+        "exposed_comm_ns": sum(exposed) // len(exposed),
+        **{k: first[k] for k in ("comm_ns", "nominal_step_ns", "ideal_step_ns", "algorithm", "num_buckets",
+                                 "graphs")},
     }
 
 
-def _plan(cfg: ScaleConfig, traces: dict, n: int) -> dict:
-    return plan_world_size(cfg, traces, n)
+def plan_world_size(cfg: ScaleConfig, traces: dict, n: int) -> dict:
+    """One row's raw plans for ``n`` cards (the ``traces`` of every per-card batch), every
+    stretch in this process. The sampled steps are every stretch's, stretch by stretch, the
+    job's (NOTE [the job's step] in :mod:`hccl.sim.straggler_plan`); ``stretch_means_ns`` the
+    mean of each stretch."""
+    b = cfg.batch_at(n)
+    return _row(n, b, [_part(cfg, traces[b], n, k) for k in _stretch_indices(cfg)])
+
+
+def _plan(cfg: ScaleConfig, traces: dict, point: tuple[int, int]) -> dict:
+    n, k = point
+    return _part(cfg, traces[cfg.batch_at(n)], n, k)
 
 
 PARALLEL_FROM_RANKS = 4096
-"""``--jobs auto`` plans the world sizes in worker processes when the largest is at least this:
-below, a point plans in about a second or less here, less than a spawned worker takes to
-import torch (about 3 s)."""
+"""``--jobs auto`` plans the points (a stretch of a world size each) in worker processes when
+the largest world size times the stretches is at least this: below, the points together plan
+in a few seconds here, about what a spawned worker takes to import torch (about 3 s)."""
 
 
-def auto_jobs(world_sizes) -> int:
-    """``--jobs auto``: one worker per core when some world size is at least
-    :data:`PARALLEL_FROM_RANKS`, else 1 (plan in this process)."""
-    return affinity_cores() if max(world_sizes) >= PARALLEL_FROM_RANKS else 1
+def auto_jobs(world_sizes, stretches: int = 1) -> int:
+    """``--jobs auto``: one worker per core when the largest world size times the stretches
+    planned is at least :data:`PARALLEL_FROM_RANKS`, else 1 (plan in this process)."""
+    return affinity_cores() if max(world_sizes) * stretches >= PARALLEL_FROM_RANKS else 1
 
 
 def run_scale(cfg: ScaleConfig, *, progress: bool = True, jobs: int | None = None) -> list[dict]:
@@ -227,14 +289,18 @@ def run_scale(cfg: ScaleConfig, *, progress: bool = True, jobs: int | None = Non
                          precision=cfg.precision)
     by_batch = {b: traces[keys[b]] for b in batches}
     sizes = sorted(cfg.world_sizes)
-    rows = run_points(sizes, lambda n: "all", {"all": by_batch}, functools.partial(_plan, cfg), progress=progress,
-                      desc="world sizes", jobs=auto_jobs(sizes) if jobs is None else jobs, cost=lambda n: n)
+    ks = _stretch_indices(cfg)
+    points = [(n, k) for n in sizes for k in ks]  # a stretch of a world size each, planned side by side
+    parts = run_points(points, lambda p: "all", {"all": by_batch}, functools.partial(_plan, cfg), progress=progress,
+                       desc="world sizes x stretches" if len(ks) > 1 else "world sizes",
+                       jobs=auto_jobs(sizes, len(ks)) if jobs is None else jobs, cost=lambda p: p[0])
+    rows = [_row(n, cfg.batch_at(n), parts[i * len(ks):(i + 1) * len(ks)]) for i, n in enumerate(sizes)]
     n0 = sizes[0]
     base = rows[0]
     base_at: dict[int, int] = {base["batch_size"]: base["ideal_step_ns"]}
     for b in batches:  # N0's ideal nominal step at every other batch (the batch cause)
         if b not in base_at:
-            base_at[b] = _plans(cfg, by_batch[b], n0)["ideal"].times.step_ns
+            base_at[b] = _nominal_plans(cfg, by_batch[b], n0)["ideal"].times.step_ns
     _derive(rows, base_at)
     _restart_cost(cfg, rows, by_batch)
     return rows
@@ -257,6 +323,14 @@ def _derive(rows: list[dict], base_at: dict[int, int]) -> None:
                  "waiting": (r["step_mean_ns"] - r["nominal_step_ns"]) / b - w0}
         for k, v in terms.items():
             r[f"loss_{k}_pts"] = 100.0 * v / t
+        # stretch k of N against stretch k of N0 (the same draws on the ranks both have)
+        per = [(m0 / b0) / (m / b) for m0, m in zip(_means(r0), _means(r))]
+        r["efficiency_min"], r["efficiency_max"] = min(per), max(per)
+
+
+def _means(row: dict) -> list[int]:
+    """A row's mean step per stretch (one value when every stretch is the same)."""
+    return row.get("stretch_means_ns") or [row["step_mean_ns"]]
 
 
 def _restart_cost(cfg: ScaleConfig, rows: list[dict], traces: dict) -> None:
@@ -275,7 +349,8 @@ def _restart_cost(cfg: ScaleConfig, rows: list[dict], traces: dict) -> None:
                                                  first_steps_extra_ns=compile_total)
 
 
-FIELDS = ["world_size", "batch_size", "samples_per_s_per_card", "efficiency", "step_mean_ns", "step_median_ns",
+FIELDS = ["world_size", "batch_size", "samples_per_s_per_card", "efficiency", "efficiency_min", "efficiency_max",
+          "step_mean_ns", "step_median_ns",
           "step_p99_ns", "steps_sampled", "exposed_comm_ns", "comm_ns", "nominal_step_ns", "ideal_step_ns",
           *(f"loss_{c}_pts" for c in CAUSES), "algorithm", "num_buckets", "dead_rank_cost_ns"]
 
@@ -284,18 +359,27 @@ def summary_text(cfg: ScaleConfig, rows: list[dict], wall_s: float | None = None
     from tabulate import tabulate
 
     batch = f"global batch {cfg.global_batch}" if cfg.global_batch else f"batch {cfg.batch_size} per card"
+    ranged = cfg.stretches > 1 and cfg.condition.variability.active
     lines = [f"# Scaling study: {cfg.model}, {batch}, {cfg.device_spec} on {cfg.topology}", "",
              f"- fabric: {'ideal (no contention)' if cfg.fabric == 'ideal' else 'the topology file’s (ECMP contention)'}",
              *(f"- {line}" for line in cfg.condition.describe().splitlines()),
              *([f"- waiting for the slowest rank: the mean of {cfg.steps} steps after a host sync (in a host-bound "
                 "step it falls as that stretch grows: NOTE [where the efficiency goes])"]
                if cfg.condition.variability.active or cfg.condition.whatif.slow_cards else []),
+             *([f"- {cfg.stretches} stretches of {cfg.steps} steps, each with its own draws: the rows are their mean, "
+                "the range is the efficiency's across them (NOTE [one stretch is one sample])"]
+               if ranged else
+               ["- one stretch of draws: one sample, which moves from seed to seed where the host binds; "
+                "`--stretches 8` gives the mean of eight and their range (NOTE [one stretch is one sample])"]
+               if cfg.condition.variability.active else []),
              f"- DDP: bucket_cap_mb={cfg.bucket_cap_mb}, gradient_as_bucket_view={cfg.gradient_as_bucket_view}, "
              f"{cfg.mode} mode, {cfg.precision}", ""]
     table = [[r["world_size"], r["batch_size"], f"{r['samples_per_s_per_card']:,.1f}", f"{r['efficiency']:.3f}",
+              *([f"{r['efficiency_min']:.3f}-{r['efficiency_max']:.3f}"] if ranged else []),
               f"{r['step_median_ns'] / 1e6:.2f}", f"{r['step_p99_ns'] / 1e6:.2f}",
               *(f"{r[f'loss_{c}_pts']:+.2f}" for c in CAUSES)] for r in rows]
-    lines.append(tabulate(table, headers=["cards", "batch", "samples/s/card", "efficiency", "median ms", "p99 ms",
+    lines.append(tabulate(table, headers=["cards", "batch", "samples/s/card", "efficiency",
+                                          *(["range over stretches"] if ranged else []), "median ms", "p99 ms",
                                           *(f"{_LABELS[c]} (pts)" for c in CAUSES)], tablefmt="github"))
     if cfg.condition.whatif.dead_rank:
         r, s = cfg.condition.whatif.dead_rank
@@ -327,11 +411,17 @@ def _plot(path: Path, cfg: ScaleConfig, rows: list[dict]) -> None:
                             color=colors[c], label=_LABELS[c])
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.plot(cards, eff, marker="o", color="black", label="efficiency")
+    if cfg.stretches > 1 and cfg.condition.variability.active:
+        lo = [100 * (r["efficiency"] - r["efficiency_min"]) for r in rows]
+        hi = [100 * (r["efficiency_max"] - r["efficiency"]) for r in rows]
+        ax.errorbar(cards, eff, yerr=[[max(0.0, x) for x in lo], [max(0.0, x) for x in hi]], fmt="none",
+                    ecolor="black", capsize=3, label=f"range over {cfg.stretches} stretches")
     ax.set_xscale("log", base=2)
     ax.set_xticks(cards, [str(c) for c in cards])
     ax.set_xlabel("cards (log scale)")
     ax.set_ylabel(f"% of per-card throughput at {cards[0]} cards")
-    ax.set_ylim(min(eff + [90.0]) - 2, max(bottom + [100.0]) + 2)
+    ax.set_ylim(min(eff + [100 * r.get("efficiency_min", 1.0) for r in rows] + [90.0]) - 2,
+                max(bottom + [100 * r.get("efficiency_max", 1.0) for r in rows] + [100.0]) + 2)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     ax.set_title(f"{cfg.model} on {cfg.topology} ({cfg.device_spec}): scaling efficiency and where it goes")
@@ -360,6 +450,10 @@ def add_parser(sub) -> None:
                    help="sampled steps per world size: the stretch between host syncs (a device read such as"
                    " loss.item()) over which the waiting for the slowest rank is averaged; in a host-bound step it"
                    " falls as the stretch grows (NOTE [where the efficiency goes])")
+    s.add_argument("--stretches", type=count(1, 1000, "stretches"), default=1,
+                   help="stretches of --steps steps per world size, each with its own draws; the rows give their"
+                   " mean and the efficiency's range across them (a steadier answer, at K x the planning time;"
+                   " NOTE [one stretch is one sample])")
     s.add_argument("--pg-timeout", type=real(0.0, 1e7, "wall seconds", lo_open=True), default=1800.0,
                    help="process-group timeout in seconds, for --dead-rank's cost")
     s.add_argument("--recipe-cache", default="cold", choices=["cold", "warm"], help="after a --dead-rank restart")
@@ -393,6 +487,7 @@ def scale_main(args: argparse.Namespace) -> dict:
                       topology=topology, mode=args.mode or env_mode(), device_spec=device,
                       precision=args.precision, bucket_cap_mb=args.bucket_cap_mb, first_bucket_mb=args.first_bucket_mb,
                       condition=cluster.from_args(args), fabric=args.fabric, steps=args.steps,
+                      stretches=args.stretches,
                       pg_timeout_s=args.pg_timeout, recipe_cache=args.recipe_cache)
     rows = run_scale(cfg, progress=not args.no_progress, jobs=args.jobs)
     for r in rows:

@@ -20,7 +20,7 @@ from hccl.sim.straggler_plan import WARMUP
 from .launch_helpers import run
 
 CASES = [  # ranks, flags (the same for the live run and the planner)
-    (2, ["--variability", "seed=7,jitter=0.05,slow_prob=0.2", "--degraded-link", "0-1:3"]),
+    (2, ["--variability", "seed=7,jitter=0.05,slow_prob=0.2,stretch=5", "--degraded-link", "0-1:3"]),
     (4, ["--variability", "seed=3,jitter=0.05,slow_prob=0.2", "--slow-card", "3:1.5"]),
 ]
 STEPS = 10  # WARMUP (the alignment, the step holding it, the settling steps) and 4 kept
@@ -45,7 +45,7 @@ def _plan(n: int, flags: list[str]):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n, flags", CASES, ids=["2-ranks-noise-degraded-link", "4-ranks-noise-slow-card"])
+@pytest.mark.parametrize("n, flags", CASES, ids=["2-ranks-noise-stretch-degraded-link", "4-ranks-noise-slow-card"])
 def test_live_steps_equal_planned(n, flags, tmp_path):
     summary = tmp_path / "summary.json"
     proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",

@@ -65,6 +65,44 @@ def test_scale_study_refuses_zero_jobs(tmp_path, capsys):
                     "--out", str(tmp_path / "scale"), "--no-progress"])
     assert exc.value.code == 2 and "argument --jobs: 0 is not in [1, 1,024] jobs" in capsys.readouterr().err
     assert not (tmp_path / "scale").exists()
+    with pytest.raises(SystemExit) as exc:
+        study.main(["scale", "--model", "mlp:debug", "--batch-size", "8", "--world-sizes", "8", "--stretches", "0",
+                    "--out", str(tmp_path / "scale"), "--no-progress"])
+    assert exc.value.code == 2 and "argument --stretches: 0 is not in [1, 1,000] stretches" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_stretches_pool_the_steps_of_separate_studies(tmp_path, capsys):
+    """``--stretches 3`` (planned by two worker processes, a stretch of a world size each) gives
+    what three one-stretch studies give with the variability's stretches 0, 1 and 2: per world
+    size their mean steps, a mean over all their steps, and the efficiency's range from theirs;
+    the summary and the files say so."""
+    import dataclasses
+
+    from hccl.sim.cluster import Cluster
+    from hccl.sim.variability import DEFAULT
+    from launchers.study.scale import ScaleConfig, run_scale
+
+    kw = dict(model="resnet50:debug", batch_size=4, world_sizes=(8, 64, 512), topology="hls2", steps=4)
+    single = [run_scale(ScaleConfig(**kw, condition=Cluster(dataclasses.replace(DEFAULT, stretch=k))),
+                        progress=False, jobs=1) for k in range(3)]
+    out = tmp_path / "pooled"
+    rc = study.main(["scale", "--model", "resnet50:debug", "--batch-size", "4", "--world-sizes", "8,64,512",
+                     "--topology", "hls2", "--steps", "4", "--stretches", "3", "--no-progress", "--jobs", "2",
+                     "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "study.json").read_text())["rows"]
+    for i, r in enumerate(rows):
+        means = [s[i]["step_mean_ns"] for s in single]
+        assert r["stretch_means_ns"] == means and r["steps_sampled"] == 12
+        assert abs(r["step_mean_ns"] - sum(means) / 3) <= 1  # 12 steps' mean (ns, floored)
+        effs = [s[i]["efficiency"] for s in single]
+        assert (r["efficiency_min"], r["efficiency_max"]) == pytest.approx((min(effs), max(effs)), rel=1e-12)
+        assert r["efficiency_min"] - 1e-9 <= r["efficiency"] <= r["efficiency_max"] + 1e-9
+    assert rows[-1]["efficiency_min"] < rows[-1]["efficiency_max"]  # the stretches differ
+    text = (out / "summary.md").read_text()
+    assert "3 stretches of 4 steps" in text and "range over stretches" in text
+    assert "efficiency_min" in (out / "study.csv").read_text().splitlines()[0]
 
 
 @pytest.mark.timeout(120)

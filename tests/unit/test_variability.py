@@ -22,6 +22,28 @@ def test_same_seed_same_factors_other_seed_others():
     assert not np.array_equal(a, v.factors_ppm(ranks, 8))
 
 
+def test_a_stretch_is_a_later_part_of_the_same_run():
+    """Stretch k draws step s as step s + k x 2**32 of the same seed (rank by rank and, beyond
+    EXACT_RANKS, the slowest card's order statistic); stretches do not share draws; flags and
+    the live job's environment carry the stretch; a bad stretch is named."""
+    ranks = np.arange(500)
+    v = Variability(seed=9)
+    later = Variability(seed=9, stretch=3)
+    assert np.array_equal(later.factors_ppm(ranks, 7), v.factors_ppm(ranks, 7 + 3 * (1 << 32)))
+    assert (later.factors_ppm(ranks, 7) != v.factors_ppm(ranks, 7)).mean() > 0.9
+    big = variability.EXACT_RANKS + 10
+    assert later.slowest_ppm(big, 2) == v.slowest_ppm(big, 2 + 3 * (1 << 32))
+    assert later.slowest_ppm(65536, 2) != v.slowest_ppm(65536, 2) or later.slowest_ppm(65536, 3) != \
+        v.slowest_ppm(65536, 3)
+    assert "(stretch 3)" in later.describe() and "stretch" not in v.describe()
+    c = cluster.Cluster(variability.parse("seed=9,stretch=3"))
+    assert c.variability == dataclasses.replace(variability.DEFAULT, seed=9, stretch=3)
+    assert cluster.from_env(c.env()) == c and c.key() != cluster.Cluster(variability.parse("seed=9")).key()
+    for bad in (-1, 1 << 31, True, 1.0):
+        with pytest.raises(ValueError, match="stretch"):
+            Variability(stretch=bad)
+
+
 def test_distribution_body_and_tail():
     """The body stays within +-jitter; slow steps come at their rate and within their bounds."""
     v = Variability(seed=1, jitter=0.04, slow_prob=0.01, slow_min=0.08, slow_max=0.5)
