@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
+from hpu_runtime.cli_args import count
+
 from .published_runs import MLPERF_BERT_CHECKPOINT_STEPS, checkpoint_ns, load_figures
 
 __all__ = ["SERIES", "CALIBRATION", "Series", "scaling_rows", "collective_rows", "print_table", "fit", "main"]
@@ -240,7 +242,9 @@ def fit(jitters, *, steps: int = 16, stretches: int = 1) -> list[tuple[float, fl
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.bench_scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=16, help="sampled steps per point and stretch")
-    p.add_argument("--stretches", type=int, default=1, help="stretches of --steps steps per point, averaged")
+    p.add_argument("--stretches", type=count(1, 1000, "stretches"), default=1,
+                   help="stretches of --steps steps per point, averaged (NOTE [one stretch is one sample] in"
+                   " launchers.study.scale)")
     p.add_argument("--fit", type=str, default=None, metavar="J1,J2,...",
                    help="instead of the table: the calibration series' error for each step jitter")
     a = p.parse_args(argv)

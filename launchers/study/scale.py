@@ -143,7 +143,7 @@ def validate(cfg: ScaleConfig) -> None:
 
     Raises:
         ValueError: no batch or both, a global batch that does not divide, a bad world size,
-            topology, mode, device, precision, fabric or what-if.
+            topology, mode, device, precision, fabric or what-if, stretches without variability.
     """
     from hpu_runtime.tools.tracing import MODES
     from hccl.sim.topology import device_and_topology, load_topology
@@ -181,6 +181,9 @@ def validate(cfg: ScaleConfig) -> None:
         raise ValueError(f"steps {cfg.steps} must be >= 1")
     if not isinstance(cfg.stretches, int) or not 1 <= cfg.stretches <= 1000:
         raise ValueError(f"stretches {cfg.stretches!r} must be an integer from 1 to 1000")
+    if cfg.stretches > 1 and not cfg.condition.variability.active:
+        raise ValueError(f"--stretches {cfg.stretches} draws each stretch from the variability, which is off: every "
+                         "stretch would be the same (leave out --stretches or turn --variability on)")
     if cfg.condition.variability.stretch + cfg.stretches > 1 << 31:
         raise ValueError(f"variability stretch {cfg.condition.variability.stretch} + {cfg.stretches} stretches "
                          "passes 2**31")

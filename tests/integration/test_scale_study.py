@@ -48,6 +48,7 @@ def test_scale_study_end_to_end(tmp_path, capsys):
     (["--world-sizes", "8", "--slow-card", "9:2"], "outside the job"),
     (["--world-sizes", "8", "--variability", "jitter=2"], "jitter"),
     (["--world-sizes", "8", "--device-spec", "gaudi2", "--topology", "hls3"], "is a box of gaudi3 cards"),
+    (["--world-sizes", "8", "--variability", "off", "--stretches", "2"], "from the variability, which is off"),
 ])
 def test_scale_study_refuses_bad_input(tmp_path, capsys, argv, match):
     """Bad input: exit code 2 and a message naming it, before any work (no output files)."""
