@@ -108,7 +108,8 @@ class Variability:
     ``s + k x`` :data:`STRETCH_STEPS` of the same seed (the same cluster, later in its run; no
     training run reaches 2**32 steps, so stretches never share a draw). 0: the run's first
     steps, what a live run draws unless told ``stretch=K``. The scaling study's ``--stretches K``
-    averages stretches 0 .. K-1 (NOTE [one stretch is one sample] in :mod:`launchers.study.scale`)."""
+    averages this stretch and the ``K - 1`` after it (NOTE [one stretch is one sample] in
+    :mod:`launchers.study.scale`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
