@@ -327,13 +327,8 @@ def _derive(rows: list[dict], base_at: dict[int, int]) -> None:
         for k, v in terms.items():
             r[f"loss_{k}_pts"] = 100.0 * v / t
         # stretch k of N against stretch k of N0 (the same draws on the ranks both have)
-        per = [(m0 / b0) / (m / b) for m0, m in zip(_means(r0), _means(r))]
+        per = [(m0 / b0) / (m / b) for m0, m in zip(r0["stretch_means_ns"], r["stretch_means_ns"])]
         r["efficiency_min"], r["efficiency_max"] = min(per), max(per)
-
-
-def _means(row: dict) -> list[int]:
-    """A row's mean step per stretch (one value when every stretch is the same)."""
-    return row.get("stretch_means_ns") or [row["step_mean_ns"]]
 
 
 def _restart_cost(cfg: ScaleConfig, rows: list[dict], traces: dict) -> None:
@@ -362,7 +357,7 @@ def summary_text(cfg: ScaleConfig, rows: list[dict], wall_s: float | None = None
     from tabulate import tabulate
 
     batch = f"global batch {cfg.global_batch}" if cfg.global_batch else f"batch {cfg.batch_size} per card"
-    ranged = cfg.stretches > 1 and cfg.condition.variability.active
+    ranged = len(_stretch_indices(cfg)) > 1
     lines = [f"# Scaling study: {cfg.model}, {batch}, {cfg.device_spec} on {cfg.topology}", "",
              f"- fabric: {'ideal (no contention)' if cfg.fabric == 'ideal' else 'the topology file’s (ECMP contention)'}",
              *(f"- {line}" for line in cfg.condition.describe().splitlines()),
@@ -414,7 +409,7 @@ def _plot(path: Path, cfg: ScaleConfig, rows: list[dict]) -> None:
                             color=colors[c], label=_LABELS[c])
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.plot(cards, eff, marker="o", color="black", label="efficiency")
-    if cfg.stretches > 1 and cfg.condition.variability.active:
+    if len(_stretch_indices(cfg)) > 1:
         lo = [100 * (r["efficiency"] - r["efficiency_min"]) for r in rows]
         hi = [100 * (r["efficiency_max"] - r["efficiency"]) for r in rows]
         ax.errorbar(cards, eff, yerr=[[max(0.0, x) for x in lo], [max(0.0, x) for x in hi]], fmt="none",
@@ -423,8 +418,8 @@ def _plot(path: Path, cfg: ScaleConfig, rows: list[dict]) -> None:
     ax.set_xticks(cards, [str(c) for c in cards])
     ax.set_xlabel("cards (log scale)")
     ax.set_ylabel(f"% of per-card throughput at {cards[0]} cards")
-    ax.set_ylim(min(eff + [100 * r.get("efficiency_min", 1.0) for r in rows] + [90.0]) - 2,
-                max(bottom + [100 * r.get("efficiency_max", 1.0) for r in rows] + [100.0]) + 2)
+    ax.set_ylim(min(eff + [100 * r["efficiency_min"] for r in rows] + [90.0]) - 2,
+                max(bottom + [100 * r["efficiency_max"] for r in rows] + [100.0]) + 2)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     ax.set_title(f"{cfg.model} on {cfg.topology} ({cfg.device_spec}): scaling efficiency and where it goes")
