@@ -39,3 +39,16 @@ def test_a_blocks_checkpoint_weighs_more_on_shorter_blocks():
         extra_s = 16 / ckpt[cards] - 16 / plain[cards]
         assert abs(extra_s * 1e9 - one / every) < 1e-3 * one / every
     assert ckpt[64] / ckpt[8] < plain[64] / plain[8]
+
+
+def test_the_table_names_the_rows_beyond_the_target(capsys):
+    """Rows more than 3 points off (either sign) are named after the table; exactly 3 is within."""
+    row = ["S", "8 -> 32", "16", "0.900", "0.930", "+3.0", "prediction"]
+    far = ["T", "8 -> 128", "16", "0.827", "0.998", "+17.1", "prediction"]
+    under = ["U", "16 -> 64", "128", "0.989", "0.950", "-3.9", "calibration"]
+    bench_scaling.print_table([row])
+    assert "every row within the 3-point target" in capsys.readouterr().out
+    bench_scaling.print_table([row, far, under])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("beyond the 3-point target: T 8 -> 128 (+17.1); U 16 -> 64 (-3.9)")
+    assert " S " not in last
