@@ -65,9 +65,9 @@ class Cluster:
         v = self.variability
         if v.active:
             d = _var.DEFAULT
-            out[_var.ENV] = ",".join(f"{k}={getattr(v, k)!r}" for k in ("seed", "jitter", "slow_prob", "slow_min",
-                                                                         "slow_max", "stretch") if getattr(v, k) != getattr(d, k)
-                                     or k == "seed")
+            fields = ("seed", "jitter", "slow_prob", "slow_min", "slow_max", "stretch")
+            out[_var.ENV] = ",".join(f"{k}={getattr(v, k)!r}" for k in fields
+                                     if getattr(v, k) != getattr(d, k) or k == "seed")
         return out
 
     def key(self) -> str:

@@ -115,9 +115,10 @@ NOTE [the job's step]
     (``sim_job_steps``: every rank's step ends gathered at the epoch's end). The stretch's last
     step ends when its slowest card's device work does, so the job's steps also carry that
     step's device tail: the work still to run after the host's last cut, all of backward with
-    one bucket, the last bucket's share with many: the cost a sync at the stretch's end pays. How much depends on that step's draws (ResNet-50 as
-    above, seed 0, one 100 MB bucket against DDP's default, beyond their nominal difference:
-    0.00 ms per step on 8 and 512 cards, 0.13 ms on 64).
+    one bucket, the last bucket's share with many: the cost a sync at the stretch's end pays.
+    How much depends on that step's draws (ResNet-50 as above, seed 0, one 100 MB bucket
+    against DDP's default, beyond their nominal difference: 0.00 ms per step on 8 and 512
+    cards, 0.13 ms on 64).
 """
 
 from __future__ import annotations

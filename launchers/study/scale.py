@@ -348,8 +348,7 @@ def _restart_cost(cfg: ScaleConfig, rows: list[dict], traces: dict) -> None:
 
 
 FIELDS = ["world_size", "batch_size", "samples_per_s_per_card", "efficiency", "efficiency_min", "efficiency_max",
-          "step_mean_ns", "step_median_ns",
-          "step_p99_ns", "steps_sampled", "exposed_comm_ns", "comm_ns", "nominal_step_ns", "ideal_step_ns",
+          "step_mean_ns", "step_median_ns", "step_p99_ns", "steps_sampled", "exposed_comm_ns", "comm_ns", "nominal_step_ns", "ideal_step_ns",
           *(f"loss_{c}_pts" for c in CAUSES), "algorithm", "num_buckets", "dead_rank_cost_ns"]
 
 

@@ -225,13 +225,22 @@ def test_the_kept_stretch_waits_longer_on_more_ranks():
         assert kept[3] == by_hand, seed
 
 
+def _one_stand_in(monkeypatch) -> None:
+    """Plan with one stand-in, as before the two: the latest host with the slowest card's
+    compute stream, the second stand-in nominal."""
+    from hccl.sim import straggler_plan
+
+    real = straggler_plan.stand_in_ppm
+    monkeypatch.setattr(straggler_plan, "stand_in_ppm",
+                        lambda *a: (lambda h, o, d: (h, d, [1_000_000] * len(d)))(*real(*a)))
+
+
 def test_stand_ins_give_what_every_rank_gives_in_a_host_bound_step(monkeypatch):
     """NOTE [planning slower ranks]: in lazy mode the digits MLP's step is host-bound; planned
     with rank 0 and the two stand-ins it takes what replaying every rank gives (rank 0's steps
     and the job's, within 0.1%), for seeds 0-3. One stand-in, latest host and slowest card in
     one, is as close here: the step's device tail is too short to tell them apart (the slow
     test below tells them apart on ResNet-50)."""
-    from hccl.sim import straggler_plan
     from hccl.sim.ddp_plan import plan_ddp_step
     from hpu_runtime.device.spec import get_device_spec
     from hpu_runtime.tools.tracing import trace_step
@@ -248,10 +257,7 @@ def test_stand_ins_give_what_every_rank_gives_in_a_host_bound_step(monkeypatch):
         v = Variability(seed=seed, jitter=0.3)
         every = means(v, True)
         assert all(abs(a / b - 1) < 0.001 for a, b in zip(means(v, False), every)), seed
-        real = straggler_plan.stand_in_ppm
-        # one stand-in: the latest host with the slowest card's compute stream, the other nominal
-        monkeypatch.setattr(straggler_plan, "stand_in_ppm",
-                            lambda *a: (lambda h, o, d: (h, d, [1_000_000] * len(d)))(*real(*a)))
+        _one_stand_in(monkeypatch)
         off.append(means(v, False)[1] / every[1] - 1)
         monkeypatch.undo()
     assert max(off) < 0.001, off  # in so host-bound a step the device's tail is too short to tell
@@ -264,7 +270,6 @@ def test_the_slowest_card_needs_a_stand_in_of_its_own(monkeypatch):
     ranks, seed 2): the two stand-ins give the job's steps every rank's replay gives (within
     0.01%); one stand-in, the latest host with the slowest card's compute stream, gave the job
     0.24% more, as the whole backward graph runs after its host's cut at the slowest factor."""
-    from hccl.sim import straggler_plan
     from hccl.sim.ddp_plan import plan_ddp_step
     from launchers.study._runner import trace_key, trace_steps
 
@@ -279,9 +284,7 @@ def test_the_slowest_card_needs_a_stand_in_of_its_own(monkeypatch):
 
     every = job(True)
     assert abs(job(False) / every - 1) < 1e-4
-    real = straggler_plan.stand_in_ppm
-    monkeypatch.setattr(straggler_plan, "stand_in_ppm",
-                        lambda *a: (lambda h, o, d: (h, d, [1_000_000] * len(d)))(*real(*a)))
+    _one_stand_in(monkeypatch)
     assert job(False) / every - 1 > 0.001
 
 
